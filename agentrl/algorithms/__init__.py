@@ -1,0 +1,22 @@
+"""Pure tensor math of the algorithm (design §5): advantages, task normalization, the PPO loss, KL
+estimators and staleness. Imports torch only; no torch.distributed, MPI, vLLM, HDF5 or config, so
+each function is tested alone on CPU. Variants are picked from the dicts below by config strings.
+"""
+from agentrl.algorithms.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    grpo_advantages,
+    reinforce_pp_advantages,
+    rloo_advantages,
+    token_advantages,
+)
+from agentrl.algorithms.kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3
+from agentrl.algorithms.ppo import LOSS_REDUCTIONS, entropy_from_logits, masked_mean, ppo_loss
+from agentrl.algorithms.staleness import fresh_mask, staleness, truncated_is_weights
+from agentrl.algorithms.task_norm import task_normalize, task_stats
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS", "KL_ESTIMATORS", "LOSS_REDUCTIONS",
+    "entropy_from_logits", "fresh_mask", "grpo_advantages", "kl_k1", "kl_k2", "kl_k3", "masked_mean",
+    "ppo_loss", "reinforce_pp_advantages", "rloo_advantages", "staleness", "task_normalize", "task_stats",
+    "token_advantages", "truncated_is_weights",
+]

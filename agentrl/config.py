@@ -1,0 +1,352 @@
+"""One typed config tree for a run: frozen dataclasses, YAML presets, command-line overrides.
+
+`load_config("demo", ["trainer.lr=1e-5"])` reads `agentrl/presets/demo.yaml`, applies the overrides
+(dotted paths, values parsed as YAML scalars), checks every field's type and range, and returns a frozen
+`RunConfig`. Any problem raises `ConfigError` naming the field, at load time, before a process starts.
+Each role receives only its own sub-config.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PRESETS_DIR = Path(__file__).parent / "presets"
+
+
+class ConfigError(ValueError):
+    """A bad config value; the message starts with the dotted field path."""
+
+
+def _check(cond: bool, path: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{path}: {msg}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str = ""
+    """A Hugging Face model directory. Empty: the run builds its own tiny model (below) under run_dir/model."""
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 2
+    """head_dim = hidden_size / num_heads must be 64 or more (vLLM's CPU attention rejects smaller)."""
+    intermediate_size: int = 512
+    vocab_size: int = 1024
+    """Size of the byte-level BPE vocabulary trained on the task text."""
+    max_position: int = 1024
+
+    def validate(self, p: str) -> None:
+        for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "vocab_size", "max_position"):
+            _check(getattr(self, name) > 0, f"{p}.{name}", "must be positive")
+        _check(self.hidden_size % self.num_heads == 0, f"{p}.num_heads", "must divide hidden_size")
+        _check(self.hidden_size // self.num_heads >= 64, f"{p}.num_heads",
+               "head_dim (hidden_size/num_heads) must be >= 64 for vLLM's CPU attention")
+        _check(self.vocab_size >= 300, f"{p}.vocab_size", "must be >= 300 (256 bytes + special tokens)")
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    host: str = "127.0.0.1"
+    port: int = 0
+    """0 picks a free port; the chosen address goes into rendezvous.json."""
+    heartbeat_s: float = 1.0
+    """How often workers heartbeat."""
+    dead_after_s: float = 5.0
+    """A worker with no heartbeat for this long is dead; its sessions end as env_error."""
+    session_idle_s: float = 600.0
+    """A session with no call for this long is expired (time waiting for the model counts too)."""
+    request_timeout_s: float = 30.0
+    """How long the controller waits for a worker to answer one call."""
+
+    def validate(self, p: str) -> None:
+        _check(0 <= self.port < 65536, f"{p}.port", "must be in [0, 65535]")
+        for name in ("heartbeat_s", "dead_after_s", "session_idle_s", "request_timeout_s"):
+            _check(getattr(self, name) > 0, f"{p}.{name}", "must be positive")
+        _check(self.dead_after_s > self.heartbeat_s, f"{p}.dead_after_s", "must exceed heartbeat_s")
+
+
+@dataclass(frozen=True)
+class EnvsConfig:
+    tasks: tuple[str, ...] = ("lookup",)
+    """Task names served by the env workers (see agentrl.envs.tasks)."""
+    workers: int = 1
+    slots: int = 256
+    """Concurrent sessions one worker accepts."""
+
+    def validate(self, p: str) -> None:
+        _check(len(self.tasks) > 0, f"{p}.tasks", "must name at least one task")
+        _check(self.workers >= 1, f"{p}.workers", "must be >= 1")
+        _check(self.slots >= 1, f"{p}.slots", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    engine: str = "vllm"
+    """vllm | expert (the task's scripted expert, served by the env worker)."""
+    prompts_per_step: int = 8
+    samples_per_prompt: int = 8
+    """n: one GRPO group per prompt."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_turns: int = 4
+    max_new_tokens: int = 48
+    """Per assistant turn."""
+    max_model_len: int = 512
+    """Whole-conversation token limit; past it the episode ends as context_limit."""
+    concurrency: int = 64
+    """Agent loops running at once."""
+    eval_split: str = "test"
+    eval_samples: int = 64
+    """Held-out samples evaluated (greedy) before and after RL."""
+    expert_samples: int = 512
+    """Train-split episodes of the scripted expert for the warm start."""
+    kv_cache_gib: int = 1
+
+    def validate(self, p: str) -> None:
+        _check(self.engine in ("vllm", "expert"), f"{p}.engine", f"unknown engine {self.engine!r} (vllm | expert)")
+        for name in ("prompts_per_step", "samples_per_prompt", "max_turns", "max_new_tokens", "max_model_len",
+                     "concurrency", "kv_cache_gib"):
+            _check(getattr(self, name) >= 1, f"{p}.{name}", "must be >= 1")
+        for name in ("eval_samples", "expert_samples"):
+            _check(getattr(self, name) >= 0, f"{p}.{name}", "must be >= 0")
+        _check(self.temperature >= 0, f"{p}.temperature", "must be >= 0")
+        _check(0 < self.top_p <= 1, f"{p}.top_p", "must be in (0, 1]")
+        _check(self.max_new_tokens < self.max_model_len, f"{p}.max_new_tokens", "must be < max_model_len")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    steps: int = 20
+    """RL steps (one optimizer step per batch)."""
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    micro_batch_tokens: int = 8192
+    """Gradient accumulation: micro-batches of at most this many tokens."""
+    sft_steps: int = 200
+    """Warm-start optimizer steps on the scripted expert's trajectories (0: none)."""
+    sft_lr: float = 3e-3
+    sft_batch: int = 32
+    threads: int = 2
+    seed: int = 0
+
+    def validate(self, p: str) -> None:
+        _check(self.steps >= 0, f"{p}.steps", "must be >= 0")
+        _check(self.sft_steps >= 0, f"{p}.sft_steps", "must be >= 0")
+        for name in ("lr", "sft_lr", "micro_batch_tokens", "sft_batch", "threads"):
+            _check(getattr(self, name) > 0, f"{p}.{name}", "must be positive")
+        _check(self.grad_clip >= 0, f"{p}.grad_clip", "must be >= 0 (0 disables clipping)")
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    adv_estimator: str = "grpo"
+    task_norm: bool = True
+    """Per-task normalization of action-token advantages (AgentRL eq. 1)."""
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    dual_clip: float = 3.0
+    """Dual-clip bound c > 1 for negative advantages; 0 disables it."""
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+    fail_penalty: float = -0.2
+    """Reward for agent failures (invalid_action, turn_limit, context_limit)."""
+    max_staleness: int = 0
+    eps: float = 1e-6
+
+    def validate(self, p: str) -> None:
+        _check(self.adv_estimator in ("grpo", "rloo", "reinforce_pp"), f"{p}.adv_estimator",
+               f"unknown estimator {self.adv_estimator!r}")
+        _check(self.kl_estimator in ("k1", "k2", "k3"), f"{p}.kl_estimator", f"unknown estimator {self.kl_estimator!r}")
+        _check(0 <= self.eps_low < 1, f"{p}.eps_low", "must be in [0, 1)")
+        _check(self.eps_high >= 0, f"{p}.eps_high", "must be >= 0")
+        _check(self.dual_clip == 0 or self.dual_clip > 1, f"{p}.dual_clip", "must be 0 (off) or > 1")
+        _check(self.kl_coef >= 0, f"{p}.kl_coef", "must be >= 0")
+        _check(self.max_staleness >= 0, f"{p}.max_staleness", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    kind: str = "shards"
+    """shards: trajectories travel as HDF5 shards in the run dir (works within and between jobs)."""
+    poll_s: float = 0.05
+
+    def validate(self, p: str) -> None:
+        _check(self.kind in ("shards",), f"{p}.kind", f"unknown transport {self.kind!r} (shards)")
+        _check(self.poll_s > 0, f"{p}.poll_s", "must be positive")
+
+
+@dataclass(frozen=True)
+class MonitorConfig:
+    tensorboard: bool = True
+
+    def validate(self, p: str) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    launcher: str = "local"
+    """local: roles as processes on this machine."""
+    role_timeout_s: float = 3600.0
+    """The local launcher stops the run if a role has not finished by then."""
+
+    def validate(self, p: str) -> None:
+        _check(self.launcher in ("local",), f"{p}.launcher", f"unknown launcher {self.launcher!r} (local)")
+        _check(self.role_timeout_s > 0, f"{p}.role_timeout_s", "must be positive")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    name: str = "demo"
+    run_root: str = "runs"
+    seed: int = 0
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
+    envs: EnvsConfig = field(default_factory=EnvsConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run_root) / self.name
+
+    def validate(self, p: str = "") -> None:
+        _check(bool(self.name) and "/" not in self.name, "name", "must be a non-empty name without '/'")
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if dataclasses.is_dataclass(v):
+                v.validate(f.name)
+
+
+# ---------------------------------------------------------------------------------------------- building
+
+def _coerce(value: Any, tp: Any, path: str) -> Any:
+    """Check `value` against annotation `tp` (int, float, str, bool, tuple[X, ...], dataclass)."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        _check(isinstance(value, dict), path, f"expected a mapping, got {type(value).__name__}")
+        return _build(tp, value, path)
+    if origin is tuple:
+        _check(isinstance(value, (list, tuple)), path, f"expected a list, got {value!r}")
+        (item,) = {a for a in typing.get_args(tp) if a is not Ellipsis}
+        return tuple(_coerce(v, item, f"{path}[{i}]") for i, v in enumerate(value))
+    if tp is bool:
+        _check(isinstance(value, bool), path, f"expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        _check(isinstance(value, int) and not isinstance(value, bool), path, f"expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        _check(isinstance(value, (int, float)) and not isinstance(value, bool), path, f"expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        _check(isinstance(value, str), path, f"expected a string, got {value!r}")
+        return value
+    if isinstance(tp, types.UnionType):  # pragma: no cover - no unions in the tree yet
+        raise ConfigError(f"{path}: unions are not supported")
+    raise ConfigError(f"{path}: unsupported type {tp}")
+
+
+def _build(cls: type, data: dict[str, Any], path: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        where = f"{path}.{key}" if path else key
+        _check(key in names, where, f"unknown field (known: {', '.join(sorted(names))})")
+    kwargs = {k: _coerce(v, hints[k], f"{path}.{k}" if path else k) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+        _check(isinstance(node, dict), dotted, "is not a section")
+    node[keys[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`trainer.lr=1e-5` → ("trainer.lr", 1e-5); the value is read as a YAML scalar or list."""
+    if "=" not in text:
+        raise ConfigError(f"{text}: override must look like section.field=value")
+    key, raw = text.split("=", 1)
+    key = key.strip().lstrip("-")
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    if isinstance(value, str) and _looks_numeric(value):  # YAML 1.1 reads "1e-5" as a string
+        value = float(value)
+    return key, value
+
+
+def _looks_numeric(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
+def config_from_dict(data: dict[str, Any]) -> RunConfig:
+    cfg = _build(RunConfig, _numbers(data), "")
+    cfg.validate()
+    return cfg
+
+
+def _numbers(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _numbers(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_numbers(v) for v in node]
+    if isinstance(node, str) and _looks_numeric(node) and any(c in node for c in "eE.") and " " not in node:
+        return float(node)
+    return node
+
+
+def load_config(preset: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Build the run config from a preset name (or a YAML path) and `a.b=value` overrides."""
+    data: dict[str, Any] = {}
+    if preset:
+        path = Path(preset)
+        if not path.suffix:
+            path = PRESETS_DIR / f"{preset}.yaml"
+        if not path.exists():
+            known = sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+            raise ConfigError(f"preset: no preset {preset!r} (known: {', '.join(known)})")
+        data = yaml.safe_load(path.read_text()) or {}
+        _check(isinstance(data, dict), "preset", f"{path} is not a mapping")
+    for item in overrides:
+        key, value = parse_override(item)
+        _set_dotted(data, key, value)
+    return config_from_dict(data)
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    d = dataclasses.asdict(cfg)
+    return _lists(d)
+
+
+def _lists(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _lists(v) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [_lists(v) for v in node]
+    return node
+
+
+def dump_config(cfg: RunConfig, path: str | Path) -> None:
+    """Write the resolved config as YAML; `load_config(path)` reads it back to an equal config."""
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))

@@ -1,0 +1,104 @@
+"""The local launcher: every role as a process on this machine, the same entry points Slurm would run.
+
+Each role's output goes to run_dir/logs/<role>.log. `watch` follows those logs, echoes agentrl's own
+progress lines, and returns when the roles that define the run's end have exited (or one has failed).
+Standard library only: like the rest of `launch`, it runs without torch or vLLM.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Role:
+    name: str
+    proc: subprocess.Popen
+    log_path: Path
+    offset: int = 0
+
+
+@dataclass
+class LocalLauncher:
+    run_dir: Path
+    python: str = sys.executable
+    roles: dict[str, Role] = field(default_factory=dict)
+
+    def start(self, name: str, module: str, *args: str, env: dict[str, str] | None = None) -> Role:
+        logs = self.run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log_path = logs / f"{name}.log"
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen([self.python, "-m", module, "--run-dir", str(self.run_dir), *args],
+                                    stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+        role = Role(name, proc, log_path)
+        self.roles[name] = role
+        return role
+
+    def run(self, name: str, module: str, *args: str, timeout_s: float = 600.0,
+            echo: Callable[[str, str], None] | None = None) -> None:
+        """Start a role and wait for it; RuntimeError with the log's tail if it fails."""
+        self.start(name, module, *args)
+        failed = self.watch([name], timeout_s, echo)
+        if failed:
+            raise RuntimeError(self.failure_report(failed))
+
+    def watch(self, names: list[str], timeout_s: float, echo: Callable[[str, str], None] | None = None,
+              poll_s: float = 0.5) -> str | None:
+        """Wait until every role in `names` exited 0. Returns the name of a role that failed (any
+        started role exiting non-zero counts), or raises TimeoutError."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if echo:
+                for role in self.roles.values():
+                    self._follow(role, echo)
+            for role in self.roles.values():
+                rc = role.proc.poll()
+                if rc is not None and rc != 0:
+                    return role.name
+            if all(self.roles[n].proc.poll() == 0 for n in names):
+                return None
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"roles {names} still running after {timeout_s:.0f}s")
+            time.sleep(poll_s)
+
+    def _follow(self, role: Role, echo: Callable[[str, str], None]) -> None:
+        with open(role.log_path, "rb") as f:
+            f.seek(role.offset)
+            chunk = f.read()
+        end = chunk.rfind(b"\n") + 1
+        role.offset += end
+        for line in chunk[:end].decode(errors="replace").splitlines():
+            echo(role.name, line)
+
+    def failure_report(self, name: str, lines: int = 40) -> str:
+        role = self.roles[name]
+        tail = role.log_path.read_text(errors="replace").splitlines()[-lines:]
+        return f"role {name} exited with {role.proc.returncode}; last lines of {role.log_path}:\n" + "\n".join(tail)
+
+    def stop_all(self, grace_s: float = 10.0) -> None:
+        """SIGTERM every live role (its whole process group), then SIGKILL what is left after `grace_s`."""
+        live = [r for r in self.roles.values() if r.proc.poll() is None]
+        for r in live:
+            _signal_group(r.proc, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for r in live:
+            try:
+                r.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(r.proc, signal.SIGKILL)
+                r.proc.wait()
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,48 @@
+"""rendezvous.json in the run dir: how roles find each other (controller address, later MPI port names).
+
+Writers merge their keys atomically (write a temp file, fsync, rename), so readers never see a torn file.
+Standard library only: this runs on login nodes too.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+FILENAME = "rendezvous.json"
+
+
+def read(run_dir: str | Path) -> dict[str, Any]:
+    path = Path(run_dir) / FILENAME
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text())
+
+
+def publish(run_dir: str | Path, **entries: Any) -> None:
+    """Merge `entries` into rendezvous.json (single writer per key; the rename is atomic)."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    data = read(run_dir)
+    data.update(entries)
+    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".rendezvous.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, run_dir / FILENAME)
+
+
+def wait_for(run_dir: str | Path, key: str, timeout_s: float = 120.0, poll_s: float = 0.05) -> Any:
+    """Block until `key` appears in rendezvous.json; TimeoutError names the key and the file."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = read(run_dir).get(key)
+        if value is not None:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{key!r} did not appear in {Path(run_dir) / FILENAME} within {timeout_s:.0f}s")
+        time.sleep(poll_s)

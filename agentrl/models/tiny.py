@@ -1,0 +1,58 @@
+"""A tiny Qwen2-architecture causal LM and a byte-level BPE tokenizer, built offline.
+
+Nothing comes from a model hub: the tokenizer is trained with `tokenizers` on text the caller supplies
+(the project renders its tasks' conversations), the model is randomly initialised, and both are saved in
+Hugging Face format so that transformers and vLLM load the directory like any other checkpoint.
+This module knows nothing of tasks or chat formats; the caller passes the special tokens and template.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+
+def train_tokenizer(corpus: Iterable[str], vocab_size: int, special_tokens: list[str],
+                    chat_template: str, eos_token: str, pad_token: str) -> PreTrainedTokenizerFast:
+    """Byte-level BPE over `corpus`; special tokens get the first ids, then the 256 byte symbols."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=special_tokens, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), min_frequency=2,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos_token, pad_token=pad_token,
+                                   additional_special_tokens=[t for t in special_tokens if t not in (eos_token, pad_token)])
+    fast.chat_template = chat_template
+    return fast
+
+
+def build_model(tokenizer: PreTrainedTokenizerFast, hidden_size: int, num_layers: int, num_heads: int,
+                intermediate_size: int, max_position: int, seed: int) -> Qwen2ForCausalLM:
+    """A random-init Qwen2 with tied embeddings (so tokens seen only in context can still be emitted)."""
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
+        max_position_embeddings=max_position, tie_word_embeddings=True, rms_norm_eps=1e-6,
+        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, torch_dtype="float32",
+    )
+    return Qwen2ForCausalLM(config)
+
+
+def save(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, out_dir: str | Path) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def num_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

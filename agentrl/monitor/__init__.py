@@ -1,0 +1,1 @@
+"""Metrics: TensorBoard writer (one per role process on rank 0, a null one elsewhere) and aggregation."""

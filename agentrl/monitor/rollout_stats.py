@@ -1,0 +1,27 @@
+"""Per-task rollout statistics with the metric names of design §9 (`rollout/<task>/...`)."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from agentrl.types import Status, Trajectory
+
+
+def rollout_metrics(trajs: list[Trajectory], prefix: str = "rollout") -> dict[str, float]:
+    by_task: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajs:
+        by_task[t.task].append(t)
+    out: dict[str, float] = {}
+    for task, ts in sorted(by_task.items()):
+        p = f"{prefix}/{task}"
+        out[f"{p}/reward"] = float(np.mean([t.reward for t in ts]))
+        out[f"{p}/success"] = float(np.mean([t.metrics.get("success", 0.0) for t in ts]))
+        out[f"{p}/turns"] = float(np.mean([t.num_turns for t in ts]))
+        out[f"{p}/tokens"] = float(np.mean([t.num_tokens for t in ts]))
+        out[f"{p}/invalid_calls"] = float(np.mean([t.metrics.get("invalid_calls", 0.0) for t in ts]))
+        for s in Status:
+            n = sum(t.status == s for t in ts)
+            if n:
+                out[f"{p}/status/{s.value}"] = n / len(ts)
+    return out

@@ -1,0 +1,88 @@
+"""One agent loop: run one episode of one sample against the env gateway, recording a Trajectory.
+
+The loop keeps the token sequence exactly as the model saw and produced it: the prompt is rendered once,
+each assistant turn appends the sampled token ids (never re-tokenized), and each observation appends the
+rendered env messages. A tool call the model wrote badly becomes an error observation (the model learns
+from it); an env failure ends the episode as `env_error`, which the caller retries or counts, never trains on.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from agentrl.envs.api import EnvError
+from agentrl.rollout import chat
+from agentrl.rollout.engine import Engine, SamplingConfig
+from agentrl.types import Status, Trajectory, TrajectoryBuilder, new_id
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    max_turns: int
+    max_model_len: int
+    max_new_tokens: int
+
+
+async def run_episode(client: Any, engine: Engine, tokenizer: Any, task: str, index: str, group_id: str,
+                      sampling: SamplingConfig, limits: EpisodeLimits) -> Trajectory:
+    """Play one episode; raises EnvError only if the session could not be started."""
+    t_start = time.perf_counter()
+    timings = {"generate_s": 0.0, "env_s": 0.0}
+    start = await client.start_sample(task, index)
+    timings["env_s"] += time.perf_counter() - t_start
+    sid = start.session_id
+    b = TrajectoryBuilder()
+    b.add_context(tokenizer.encode(chat.render(start.messages, start.tools, add_generation_prompt=True),
+                                   add_special_tokens=False))
+    status, reward, metrics, turns, invalid = Status.TURN_LIMIT, 0.0, {}, 0, 0
+    done = False
+    try:
+        while turns < limits.max_turns:
+            budget = limits.max_model_len - len(b)
+            if budget < 2:
+                status = Status.CONTEXT_LIMIT
+                break
+            t0 = time.perf_counter()
+            s = SamplingConfig(min(limits.max_new_tokens, budget - 1), sampling.temperature, sampling.top_p,
+                               sampling.stop_token_ids, sampling.seed)
+            gen = await engine.generate(b.tokens, s, session_id=sid)
+            timings["generate_s"] += time.perf_counter() - t0
+            b.add_action(gen.token_ids, gen.logprobs, gen.version, engine.engine_id)
+            turns += 1
+            parsed = chat.parse_assistant(tokenizer.decode(gen.token_ids, skip_special_tokens=False),
+                                          call_id_prefix=f"call_{turns}")
+            if gen.finish_reason == "length":
+                if len(b) >= limits.max_model_len:
+                    status = Status.CONTEXT_LIMIT
+                    break
+                # The turn ran out of tokens before <|im_end|>: close it (not trained on) and let the
+                # observation tell the model, as with any malformed call.
+                b.add_context(tokenizer.encode(chat.IM_END, add_special_tokens=False))
+                if not parsed.errors:
+                    parsed.errors.append(chat.ToolCallError("", "the message was cut off at the token limit"))
+            if parsed.errors:
+                invalid += 1
+                observation = [{"role": "tool", "content": chat.format_errors(parsed.errors)}]
+            else:
+                t0 = time.perf_counter()
+                res = await client.interact(sid, parsed.to_message())
+                timings["env_s"] += time.perf_counter() - t0
+                if res.done:
+                    done, reward, status, metrics = True, float(res.reward), Status(res.status), dict(res.metrics)
+                    break
+                observation = res.messages
+            b.add_context(tokenizer.encode(chat.render_observation(observation), add_special_tokens=False))
+    except EnvError:  # the worker died or the session expired: an infrastructure outcome
+        done, status, metrics = True, Status.ENV_ERROR, {"env_error": 1.0}
+    finally:
+        if not done:
+            try:
+                await client.cancel(sid)
+            except EnvError:
+                pass
+    metrics.setdefault("success", 0.0)
+    metrics["invalid_calls"] = float(invalid)
+    timings["total_s"] = time.perf_counter() - t_start
+    return b.build(traj_id=new_id(), task=task, index=index, group_id=group_id, reward=reward,
+                   status=status, num_turns=turns, timings=timings, metrics=metrics)

@@ -1,0 +1,169 @@
+"""The chat format of agentrl's models: rendering messages and tools to text, parsing tool calls back.
+
+One format, written twice: as Python (what the agent loop uses, piece by piece, so that a trajectory's
+tokens are exactly what the model saw and sampled) and as a Jinja chat template saved with the tokenizer
+(what `tokenizer.apply_chat_template` and vLLM's chat API use). A test keeps the two identical.
+
+    <|im_start|>system\n{system}\n<tools>\n{function schema as JSON, one per line}\n</tools><|im_end|>\n
+    <|im_start|>user\n{content}<|im_end|>\n
+    <|im_start|>assistant\n{content}<tool_call>{"name": ..., "arguments": {...}}</tool_call><|im_end|>\n
+    <|im_start|>tool\n{content}<|im_end|>\n
+    <|im_start|>assistant\n                      <- generation prompt
+
+Parsing never raises on model output: a malformed tool call comes back as a `ToolCallError` that the
+agent loop turns into an error observation for the model.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+CALL_START = "<tool_call>"
+CALL_END = "</tool_call>"
+EOS = "<|endoftext|>"
+SPECIAL_TOKENS = [EOS, IM_START, IM_END, CALL_START, CALL_END]
+GENERATION_PROMPT = f"{IM_START}assistant\n"
+
+
+def _tool_call_text(name: str, arguments: str) -> str:
+    """Canonical text of one call; `arguments` is the OpenAI-style JSON string."""
+    args = json.dumps(json.loads(arguments), ensure_ascii=False) if arguments.strip() else "{}"
+    return f'{CALL_START}{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": {args}}}{CALL_END}'
+
+
+def render_message(msg: dict[str, Any], tools: list[dict[str, Any]] | None = None) -> str:
+    role, content = msg["role"], msg.get("content") or ""
+    if role == "system":
+        text = content
+        if tools:
+            lines = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
+            text += f"\n<tools>\n{lines}\n</tools>"
+        return f"{IM_START}system\n{text}{IM_END}\n"
+    if role == "assistant":
+        calls = "".join(_tool_call_text(c["function"]["name"], c["function"]["arguments"])
+                        for c in msg.get("tool_calls") or [])
+        return f"{IM_START}assistant\n{content}{calls}{IM_END}\n"
+    if role in ("user", "tool"):
+        return f"{IM_START}{role}\n{content}{IM_END}\n"
+    raise ValueError(f"unknown message role {role!r}")
+
+
+def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+           add_generation_prompt: bool = False) -> str:
+    """The whole conversation as text (tools go into the system message; one is added if missing)."""
+    out = []
+    if tools and (not messages or messages[0]["role"] != "system"):
+        out.append(render_message({"role": "system", "content": ""}, tools))
+    out += [render_message(m, tools if i == 0 else None) for i, m in enumerate(messages)]
+    if add_generation_prompt:
+        out.append(GENERATION_PROMPT)
+    return "".join(out)
+
+
+def render_observation(messages: list[dict[str, Any]]) -> str:
+    """What follows an assistant turn's `<|im_end|>`: the newline, the env's messages, the next prompt."""
+    return "\n" + "".join(render_message(m) for m in messages) + GENERATION_PROMPT
+
+
+def render_assistant_body(msg: dict[str, Any]) -> str:
+    """An assistant message as the model would generate it: after the prompt, up to and with <|im_end|>."""
+    return render_message(msg)[len(GENERATION_PROMPT):-1]
+
+
+@dataclass
+class ToolCallError:
+    """A tool call the model wrote that could not be read; `message` is shown to the model."""
+
+    text: str
+    message: str
+
+
+@dataclass
+class ParsedTurn:
+    content: str
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[ToolCallError] = field(default_factory=list)
+
+    def to_message(self) -> dict[str, Any]:
+        msg: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            msg["tool_calls"] = self.tool_calls
+        return msg
+
+
+def parse_assistant(text: str, call_id_prefix: str = "call") -> ParsedTurn:
+    """Split generated text into content and tool calls. Never raises on bad model output."""
+    text = text.split(IM_END, 1)[0].replace(EOS, "")
+    content_parts, calls, errors = [], [], []
+    rest = text
+    while CALL_START in rest:
+        before, after = rest.split(CALL_START, 1)
+        content_parts.append(before)
+        if CALL_END not in after:
+            errors.append(ToolCallError(CALL_START + after, f"tool call is not closed with {CALL_END}"))
+            rest = ""
+            break
+        body, rest = after.split(CALL_END, 1)
+        call = _parse_call(body)
+        if isinstance(call, str):
+            errors.append(ToolCallError(body, call))
+        else:
+            name, args = call
+            calls.append({"id": f"{call_id_prefix}_{len(calls)}", "type": "function",
+                          "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}})
+    content_parts.append(rest)
+    return ParsedTurn("".join(content_parts).strip(), calls, errors)
+
+
+def _parse_call(body: str) -> tuple[str, dict[str, Any]] | str:
+    """(name, arguments) or an error message."""
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError as e:
+        return f"tool call is not valid JSON ({e.msg} at char {e.pos})"
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return 'tool call must be a JSON object with a string "name"'
+    args = obj.get("arguments", {})
+    if not isinstance(args, dict):
+        return 'tool call "arguments" must be a JSON object'
+    return obj["name"], args
+
+
+def format_errors(errors: list[ToolCallError]) -> str:
+    return "Error: " + "; ".join(e.message for e in errors) + \
+        f'. Write tool calls as {CALL_START}{{"name": ..., "arguments": {{...}}}}{CALL_END}.'
+
+
+# The same format as a Jinja template for tokenizer_config.json (kept equal to `render` by a test).
+# transformers renders with trim_blocks, which eats a newline right after a block tag, so every newline
+# is written as the expression {{ nl }}.
+CHAT_TEMPLATE = (
+    "{% set nl = '\\n' %}"
+    "{% if tools and (messages | length == 0 or messages[0]['role'] != 'system') %}"
+    "<|im_start|>system{{ nl }}<tools>{% for t in tools %}{{ nl }}{{ t['function'] | tojson }}{% endfor %}"
+    "{{ nl }}</tools><|im_end|>{{ nl }}"
+    "{% endif %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'system' %}"
+    "<|im_start|>system{{ nl }}{{ m['content'] or '' }}"
+    "{% if tools and loop.first %}{{ nl }}<tools>{% for t in tools %}{{ nl }}{{ t['function'] | tojson }}{% endfor %}"
+    "{{ nl }}</tools>{% endif %}"
+    "<|im_end|>{{ nl }}"
+    "{% elif m['role'] == 'assistant' %}"
+    "<|im_start|>assistant{{ nl }}{{ m['content'] or '' }}"
+    "{% for c in m.get('tool_calls') or [] %}"
+    "<tool_call>{\"name\": {{ c['function']['name'] | tojson }}, \"arguments\": "
+    "{% if c['function']['arguments'] is string %}{{ c['function']['arguments'] }}"
+    "{% else %}{{ c['function']['arguments'] | tojson }}{% endif %}"
+    "}</tool_call>"
+    "{% endfor %}"
+    "<|im_end|>{{ nl }}"
+    "{% else %}"
+    "<|im_start|>{{ m['role'] }}{{ nl }}{{ m['content'] or '' }}<|im_end|>{{ nl }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant{{ nl }}{% endif %}"
+)

@@ -1,0 +1,160 @@
+"""The rollout role on a synchronous schedule.
+
+    expert demonstrations (train split)  → shards/expert-0/000000.h5
+    wait weights v0 → evaluate (test split, greedy) → report/eval-v0.json
+    for each step N: GRPO groups (train split) with v<N> → shards/rollout-0/<N>.h5; wait v<N+1>; swap
+    evaluate the final weights → report/eval-v<steps>.json, report/summary.json
+
+Many agent loops run concurrently (asyncio) against the env gateway; env failures are retried a bounded
+number of times and otherwise kept as `env_error` trajectories, which the trainer counts and skips.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentrl.envs.api import EnvError
+from agentrl.monitor.rollout_stats import rollout_metrics
+from agentrl.rollout import chat
+from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
+from agentrl.rollout.engine import Engine, ExpertEngine, SamplingConfig
+from agentrl.transport import weights as weights_io
+from agentrl.transport.shards import ShardWriter
+from agentrl.types import Status, Trajectory, new_id
+
+log = logging.getLogger("agentrl.rollout")
+
+
+@dataclass(frozen=True)
+class Plan:
+    tasks: tuple[str, ...]
+    steps: int
+    prompts_per_step: int
+    samples_per_prompt: int
+    expert_samples: int
+    eval_split: str
+    eval_samples: int
+    concurrency: int
+    temperature: float
+    top_p: float
+    limits: EpisodeLimits
+    max_retries: int = 2
+    wait_timeout_s: float = 3600.0
+    seed: int = 0
+
+
+async def collect(client: Any, engine: Engine, tok: Any, requests: list[tuple[str, str, str]],
+                  sampling: SamplingConfig, limits: EpisodeLimits, concurrency: int,
+                  max_retries: int) -> tuple[list[Trajectory], int]:
+    """Run one episode per (task, index, group_id), at most `concurrency` at once.
+
+    Returns the trajectories (env_error ones included after `max_retries`) and the number of retries.
+    """
+    sem = asyncio.Semaphore(concurrency)
+    retries = 0
+
+    async def one(task: str, index: str, group: str) -> Trajectory:
+        nonlocal retries
+        for attempt in range(max_retries + 1):
+            async with sem:
+                try:
+                    traj = await run_episode(client, engine, tok, task, index, group, sampling, limits)
+                except EnvError as e:  # could not even start a session
+                    log.warning("start_sample %s/%s failed (%s): attempt %d", task, index, e, attempt + 1)
+                    traj = None
+            if traj is not None and traj.status != Status.ENV_ERROR:
+                return traj
+            if attempt < max_retries:
+                retries += 1
+        if traj is None:  # keep a record: an empty env_error trajectory is counted, never trained on
+            traj = Trajectory(new_id(), task, index, group, [], [], [], [], [], 0.0, Status.ENV_ERROR, 0,
+                              metrics={"env_error": 1.0, "success": 0.0})
+        return traj
+
+    trajs = await asyncio.gather(*(one(*r) for r in requests))
+    return list(trajs), retries
+
+
+def stop_ids(tok: Any) -> tuple[int, ...]:
+    return (tok.convert_tokens_to_ids(chat.IM_END), tok.eos_token_id)
+
+
+async def evaluate(client: Any, engine: Engine, tok: Any, plan: Plan, version: int, report_dir: Path,
+                   monitor) -> dict[str, float]:
+    """Greedy episodes on the first `eval_samples` held-out indices of each task."""
+    reqs = []
+    for task in plan.tasks:
+        idx = (await client.indices(task, plan.eval_split))[: plan.eval_samples]
+        reqs += [(task, i, f"eval-{task}-{i}") for i in idx]
+    greedy = SamplingConfig(plan.limits.max_new_tokens, 0.0, 1.0, stop_ids(tok))
+    t0 = time.perf_counter()
+    trajs, _ = await collect(client, engine, tok, reqs, greedy, plan.limits, plan.concurrency, plan.max_retries)
+    m = rollout_metrics(trajs, prefix="eval")
+    m["eval/success"] = sum(t.metrics.get("success", 0.0) for t in trajs) / max(len(trajs), 1)
+    m["eval/episodes"] = float(len(trajs))
+    m["eval/seconds"] = time.perf_counter() - t0
+    monitor.scalars(m, version)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    (report_dir / f"eval-v{version}.json").write_text(json.dumps({"version": version, **m}, indent=2))
+    log.info("eval v%d: success %.3f over %d held-out episodes", version, m["eval/success"], len(trajs))
+    return m
+
+
+async def run(run_dir: Path, model_dir: Path, client: Any, tok: Any, make_engine, plan: Plan, monitor) -> dict:
+    rng = random.Random(plan.seed)
+    limits = plan.limits
+    sampling = SamplingConfig(limits.max_new_tokens, plan.temperature, plan.top_p, stop_ids(tok))
+
+    if plan.expert_samples > 0:
+        reqs = []
+        for task in plan.tasks:
+            train = await client.indices(task, "train")
+            reqs += [(task, i, f"expert-{task}-{i}") for i in rng.sample(train, min(plan.expert_samples, len(train)))]
+        trajs, _ = await collect(client, ExpertEngine(client, tok), tok, reqs, sampling, limits,
+                                 plan.concurrency, plan.max_retries)
+        ShardWriter(run_dir / "shards" / "expert-0").write(trajs)
+        m = rollout_metrics(trajs, prefix="expert")
+        monitor.scalars(m, 0)
+        log.info("expert: %d demonstrations, success %s", len(trajs),
+                 {k: round(v, 3) for k, v in m.items() if k.endswith("/success")})
+
+    path = await asyncio.to_thread(weights_io.wait_for, run_dir, 0, plan.wait_timeout_s)
+    engine = make_engine()
+    await engine.load_weights(lambda: weights_io.iter_weights(path), 0)
+    before = await evaluate(client, engine, tok, plan, 0, run_dir / "report", monitor)
+
+    writer = ShardWriter(run_dir / "shards" / "rollout-0")
+    train_idx = {t: await client.indices(t, "train") for t in plan.tasks}
+    for step in range(plan.steps):
+        t0 = time.perf_counter()
+        reqs = []
+        for task in plan.tasks:
+            for index in rng.sample(train_idx[task], plan.prompts_per_step):
+                group = f"s{step}-{task}-{index}"
+                reqs += [(task, index, group)] * plan.samples_per_prompt
+        trajs, retries = await collect(client, engine, tok, reqs, sampling, limits, plan.concurrency, plan.max_retries)
+        writer.write(trajs)
+        dt = time.perf_counter() - t0
+        n_act = sum(t.num_action_tokens for t in trajs)
+        m = rollout_metrics(trajs)
+        m.update({"pipeline/rollout_tokens_per_s": n_act / dt, "pipeline/trajectories_per_s": len(trajs) / dt,
+                  "env/retries": float(retries)})
+        monitor.scalars(m, step)
+        log.info("rollout step %d/%d: %d trajectories, reward %.3f, success %.3f, %.1f gen tok/s", step + 1,
+                 plan.steps, len(trajs), sum(t.reward for t in trajs) / len(trajs),
+                 sum(t.metrics.get("success", 0.0) for t in trajs) / len(trajs), n_act / dt)
+        path = await asyncio.to_thread(weights_io.wait_for, run_dir, step + 1, plan.wait_timeout_s)
+        await engine.load_weights(lambda p=path: weights_io.iter_weights(p), step + 1)
+
+    after = await evaluate(client, engine, tok, plan, plan.steps, run_dir / "report", monitor)
+    summary = {"success_before_rl": before["eval/success"], "success_after_rl": after["eval/success"],
+               "eval_episodes": int(after["eval/episodes"]), "rl_steps": plan.steps}
+    (run_dir / "report" / "summary.json").write_text(json.dumps(summary, indent=2))
+    engine.close()
+    return summary

@@ -1,0 +1,144 @@
+"""Plain data shared by every role: the trajectory schema (design §3) and its status enum.
+
+This module holds data only. It imports numpy and nothing else of the project, so every role
+(and a login node) can import it.
+"""
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+
+class Status(str, enum.Enum):
+    """How an episode ended. The first four are the agent's doing; the last two are infrastructure."""
+
+    COMPLETED = "completed"
+    INVALID_ACTION = "invalid_action"
+    TURN_LIMIT = "turn_limit"
+    CONTEXT_LIMIT = "context_limit"
+    ENV_ERROR = "env_error"
+    CANCELLED = "cancelled"
+    RUNNING = "running"  # only on the wire, for an episode that has not ended
+
+    @property
+    def is_infra(self) -> bool:
+        """Infrastructure outcomes are never trained on as agent failures."""
+        return self in (Status.ENV_ERROR, Status.CANCELLED)
+
+    @property
+    def is_agent_failure(self) -> bool:
+        return self in (Status.INVALID_ACTION, Status.TURN_LIMIT, Status.CONTEXT_LIMIT)
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass
+class Trajectory:
+    """One episode of one sample of one task, as token arrays of equal length T.
+
+    `loss_mask` is 1 on tokens the policy generated and 0 on prompt and observation tokens;
+    `logprobs`, `policy_version` and `engine` are meaningful only where the mask is 1
+    (0.0, -1 and -1 elsewhere).
+    """
+
+    traj_id: str
+    task: str
+    index: str
+    group_id: str
+    tokens: np.ndarray  # int32[T]
+    loss_mask: np.ndarray  # uint8[T]
+    logprobs: np.ndarray  # float32[T]
+    policy_version: np.ndarray  # int32[T]
+    engine: np.ndarray  # int16[T]
+    reward: float
+    status: Status
+    num_turns: int
+    timings: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.tokens = np.asarray(self.tokens, dtype=np.int32)
+        self.loss_mask = np.asarray(self.loss_mask, dtype=np.uint8)
+        self.logprobs = np.asarray(self.logprobs, dtype=np.float32)
+        self.policy_version = np.asarray(self.policy_version, dtype=np.int32)
+        self.engine = np.asarray(self.engine, dtype=np.int16)
+        self.status = Status(self.status)
+        n = len(self.tokens)
+        for name in ("loss_mask", "logprobs", "policy_version", "engine"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"Trajectory.{name} has length {len(getattr(self, name))}, tokens has {n}")
+
+    @property
+    def num_tokens(self) -> int:
+        return int(len(self.tokens))
+
+    @property
+    def num_action_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+    def oldest_version(self) -> int:
+        """The oldest policy version that sampled an action token (-1 if there is none)."""
+        v = self.policy_version[self.loss_mask.astype(bool)]
+        return int(v.min()) if len(v) else -1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "traj_id": self.traj_id, "task": self.task, "index": self.index, "group_id": self.group_id,
+            "tokens": self.tokens.tolist(), "loss_mask": self.loss_mask.tolist(),
+            "logprobs": self.logprobs.tolist(), "policy_version": self.policy_version.tolist(),
+            "engine": self.engine.tolist(), "reward": float(self.reward), "status": self.status.value,
+            "num_turns": int(self.num_turns), "timings": dict(self.timings), "metrics": dict(self.metrics),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Trajectory":
+        return cls(**d)
+
+
+class TrajectoryBuilder:
+    """Accumulates the token arrays of a trajectory segment by segment while an episode runs."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.loss_mask: list[int] = []
+        self.logprobs: list[float] = []
+        self.policy_version: list[int] = []
+        self.engine: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add_context(self, tokens: list[int]) -> None:
+        """Prompt or observation tokens: not trained on."""
+        n = len(tokens)
+        self.tokens += tokens
+        self.loss_mask += [0] * n
+        self.logprobs += [0.0] * n
+        self.policy_version += [-1] * n
+        self.engine += [-1] * n
+
+    def add_action(self, tokens: list[int], logprobs: list[float], version: int, engine: int) -> None:
+        """Tokens the policy sampled, with the behaviour log-prob of each."""
+        if len(tokens) != len(logprobs):
+            raise ValueError("one log-prob per sampled token")
+        n = len(tokens)
+        self.tokens += tokens
+        self.loss_mask += [1] * n
+        self.logprobs += list(logprobs)
+        self.policy_version += [version] * n
+        self.engine += [engine] * n
+
+    def build(self, **fields: Any) -> Trajectory:
+        return Trajectory(
+            tokens=np.array(self.tokens, np.int32), loss_mask=np.array(self.loss_mask, np.uint8),
+            logprobs=np.array(self.logprobs, np.float32), policy_version=np.array(self.policy_version, np.int32),
+            engine=np.array(self.engine, np.int16), **fields,
+        )

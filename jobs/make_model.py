@@ -1,0 +1,62 @@
+"""Build the tiny policy: a byte-level BPE tokenizer trained on the tasks' own text, and a random-init
+Qwen2-architecture model, saved in Hugging Face format (transformers and vLLM load the directory).
+
+    python -m jobs.make_model --run-dir runs/demo            # reads runs/demo/config.yaml, writes runs/demo/model
+    srun -n1 python -m jobs.make_model --run-dir $RUN_DIR     # the same inside a Slurm allocation
+
+The training text is the train split's expert conversations rendered in the chat format, so task words
+and numbers become single tokens. Nothing is downloaded.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+from pathlib import Path
+
+from agentrl.config import load_config
+from agentrl.envs.api import Session
+from agentrl.envs.tasks import get_task
+from agentrl.models import tiny
+from agentrl.rollout import chat
+
+log = logging.getLogger("agentrl.make_model")
+
+
+def expert_conversations(task_name: str, n: int, seed: int) -> list[str]:
+    """Render `n` train-split episodes of the task's scripted expert as chat text."""
+    task = get_task(task_name)
+    indices = task.indices("train")
+    out = []
+    for index in random.Random(seed).sample(indices, min(n, len(indices))):
+        s = Session(task, index)
+        messages = list(s.messages)
+        while not s.done:
+            msg = s.expert_message()
+            res = s.interact(msg)
+            messages += [msg, *res.messages]
+        out.append(chat.render(messages, task.tools()))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run-dir", required=True, type=Path)
+    ap.add_argument("--out", type=Path, help="default: RUN_DIR/model")
+    ap.add_argument("--corpus-episodes", type=int, default=1000)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    cfg = load_config(str(args.run_dir / "config.yaml"))
+    m = cfg.model
+    corpus = [text for t in cfg.envs.tasks for text in expert_conversations(t, args.corpus_episodes, cfg.seed)]
+    tok = tiny.train_tokenizer(corpus, m.vocab_size, chat.SPECIAL_TOKENS, chat.CHAT_TEMPLATE, chat.EOS, chat.EOS)
+    model = tiny.build_model(tok, m.hidden_size, m.num_layers, m.num_heads, m.intermediate_size, m.max_position,
+                             cfg.seed)
+    out = tiny.save(model, tok, args.out or args.run_dir / "model")
+    lengths = [len(tok.encode(c)) for c in corpus[:200]]
+    log.info("model at %s: %d parameters, vocab %d, expert episode %.0f tokens on average", out,
+             tiny.num_parameters(model), len(tok), sum(lengths) / len(lengths))
+
+
+if __name__ == "__main__":
+    main()
