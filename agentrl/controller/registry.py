@@ -1,0 +1,198 @@
+"""The controller's state: workers, sessions, ended sessions, and the routing rule. No I/O here.
+
+Every operation is a dict lookup or a scan over workers (tens), never over sessions, except the
+periodic `expire` sweep: that is what lets one asyncio process hold 10,000 concurrent sessions.
+Time is passed in (`now`, monotonic seconds) so the rules are testable without sleeping.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from agentrl.envs.api import EnvError
+from agentrl.types import Status
+
+MAX_TOMBSTONES = 200_000
+"""Ended sessions remembered so their late calls get a status instead of unknown_session (bounded)."""
+
+
+@dataclass
+class WorkerEntry:
+    worker_id: str
+    address: str
+    tasks: tuple[str, ...]
+    slots: int
+    last_heartbeat: float
+    draining: bool = False
+    alive: bool = True
+    reported_active: int = 0
+    sessions: set[str] = field(default_factory=set)
+    pending: int = 0
+    """start_sample calls in flight to this worker: counted as taken so concurrent starts spread out."""
+
+    @property
+    def free(self) -> int:
+        return self.slots - len(self.sessions) - self.pending
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"worker_id": self.worker_id, "address": self.address, "tasks": list(self.tasks),
+                "slots": self.slots, "active": len(self.sessions), "reported_active": self.reported_active,
+                "draining": self.draining, "alive": self.alive}
+
+
+@dataclass
+class SessionEntry:
+    session_id: str
+    task: str
+    worker_id: str
+    last_used: float
+
+
+@dataclass(frozen=True)
+class Ended:
+    """Why a session ended without its client asking (dead worker, idle expiry)."""
+
+    status: Status
+    reason: str
+    at: float
+
+
+class Registry:
+    def __init__(self) -> None:
+        self.workers: dict[str, WorkerEntry] = {}
+        self.sessions: dict[str, SessionEntry] = {}
+        self.tombstones: OrderedDict[str, Ended] = OrderedDict()
+
+    # ------------------------------------------------------------------------------------ workers
+    def register(self, worker_id: str, address: str, tasks: list[str], slots: int,
+                 sessions: list[tuple[str, str]], now: float) -> list[str]:
+        """Add or refresh a worker. `sessions` are (session_id, task) the worker still holds.
+
+        Returns the session ids the worker should drop: those already ended here (e.g. while it was
+        thought dead). Sessions it held before and no longer lists (a restarted worker) end as env_error;
+        sessions it lists that we do not know (a restarted controller) are adopted.
+        """
+        old = self.workers.get(worker_id)
+        listed = {sid for sid, _ in sessions}
+        if old is not None:
+            for sid in list(old.sessions - listed):
+                self.end_session(sid, Ended(Status.ENV_ERROR, f"worker {worker_id} restarted", now))
+        entry = WorkerEntry(worker_id=worker_id, address=address.rstrip("/"), tasks=tuple(tasks), slots=slots,
+                            last_heartbeat=now)
+        self.workers[worker_id] = entry
+        drop = []
+        for sid, task in sessions:
+            if sid in self.tombstones:
+                drop.append(sid)
+            elif sid not in self.sessions or self.sessions[sid].worker_id == worker_id:
+                self.add_session(sid, task, worker_id, now)
+        return drop
+
+    def heartbeat(self, worker_id: str, active: int, draining: bool, now: float) -> bool:
+        """Record a heartbeat; False means "unknown or declared dead: register again"."""
+        entry = self.workers.get(worker_id)
+        if entry is None or not entry.alive:
+            return False
+        entry.last_heartbeat = now
+        entry.reported_active = active
+        entry.draining = draining
+        return True
+
+    def mark_dead(self, worker_id: str, reason: str, now: float) -> list[str]:
+        """Declare a worker dead; its sessions end as env_error. Returns their ids."""
+        entry = self.workers.get(worker_id)
+        if entry is None or not entry.alive:
+            return []
+        entry.alive = False
+        ended = list(entry.sessions)
+        for sid in ended:
+            self.end_session(sid, Ended(Status.ENV_ERROR, f"worker {worker_id} died: {reason}", now))
+        return ended
+
+    def pick(self, task: str, exclude: frozenset[str] | set[str] = frozenset()) -> WorkerEntry:
+        """The live, non-draining worker of `task` with the most free slots.
+
+        Raises unknown_task if no registered worker (alive or not) ever served `task`, no_capacity if
+        none can take a session now (also when no worker has registered yet: that is a wait, not a typo).
+        """
+        serving = [w for w in self.workers.values() if task in w.tasks]
+        if not serving:
+            if self.workers:
+                known = sorted({t for w in self.workers.values() for t in w.tasks})
+                raise EnvError("unknown_task", f"no worker serves task {task!r} (served: {', '.join(known)})")
+            raise EnvError("no_capacity", "no env worker has registered yet")
+        ready = [w for w in serving if w.alive and not w.draining and w.free > 0 and w.worker_id not in exclude]
+        if not ready:
+            raise EnvError("no_capacity", f"no live worker of task {task!r} has a free slot")
+        # ties go to the lowest worker id: deterministic, and all workers fill evenly anyway
+        return min(ready, key=lambda w: (-w.free, w.worker_id))
+
+    def any_worker(self, task: str) -> WorkerEntry:
+        """A live worker of `task`, full or draining ones included (for read-only calls like indices)."""
+        live = [w for w in self.workers.values() if task in w.tasks and w.alive]
+        if live:
+            return min(live, key=lambda w: w.worker_id)
+        self.pick(task)  # raises the right error
+        raise EnvError("no_capacity", f"no live worker of task {task!r}")  # pragma: no cover
+
+    # ------------------------------------------------------------------------------------ sessions
+    def add_session(self, sid: str, task: str, worker_id: str, now: float) -> None:
+        self.sessions[sid] = SessionEntry(sid, task, worker_id, now)
+        self.workers[worker_id].sessions.add(sid)
+
+    def end_session(self, sid: str, ended: Ended | None = None) -> SessionEntry | None:
+        """Forget a session; with `ended`, remember why so its later calls get that status."""
+        entry = self.sessions.pop(sid, None)
+        if entry is not None:
+            worker = self.workers.get(entry.worker_id)
+            if worker is not None:
+                worker.sessions.discard(sid)
+        if ended is not None:
+            self.tombstones[sid] = ended
+            while len(self.tombstones) > MAX_TOMBSTONES:
+                self.tombstones.popitem(last=False)
+        return entry
+
+    def expire(self, now: float, dead_after_s: float, session_idle_s: float,
+               tombstone_ttl_s: float) -> tuple[list[str], list[SessionEntry]]:
+        """One sweep: workers silent past `dead_after_s` die, sessions idle past `session_idle_s` end.
+
+        Returns (dead worker ids, expired sessions); the caller ends the expired ones on their workers.
+        """
+        dead = [w.worker_id for w in self.workers.values() if w.alive and now - w.last_heartbeat > dead_after_s]
+        for wid in dead:
+            self.mark_dead(wid, f"no heartbeat for {dead_after_s:g}s", now)
+        idle = [s for s in self.sessions.values() if now - s.last_used > session_idle_s]
+        for s in idle:
+            self.end_session(s.session_id, Ended(Status.ENV_ERROR, f"idle for more than {session_idle_s:g}s", now))
+        while self.tombstones:
+            sid, ended = next(iter(self.tombstones.items()))
+            if now - ended.at <= tombstone_ttl_s:
+                break
+            del self.tombstones[sid]
+        return dead, idle
+
+    def sessions_per_task(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for s in self.sessions.values():
+            counts[s.task] = counts.get(s.task, 0) + 1
+        return counts
+
+
+class LatencyStats:
+    """Wall time of the last `window` gateway calls, for /status p50/p99 (milliseconds)."""
+
+    def __init__(self, window: int = 10_000) -> None:
+        self.samples: deque[float] = deque(maxlen=window)
+
+    def record(self, ms: float) -> None:
+        self.samples.append(ms)
+
+    def summary(self) -> dict[str, float]:
+        if not self.samples:
+            return {"p50": 0.0, "p99": 0.0, "count": 0}
+        arr = np.fromiter(self.samples, dtype=np.float64)
+        return {"p50": float(np.percentile(arr, 50)), "p99": float(np.percentile(arr, 99)), "count": len(arr)}

@@ -1,0 +1,329 @@
+"""The Task API and the wire types of the env gateway (design §4).
+
+What is here:
+  * `Task` / `Episode`: the two protocols a task author implements (tools, indices, an episode that
+    answers validated tool calls with messages until it ends with a reward and a status);
+  * `ToolBox` and `Session`: the layer every task shares. It parses each tool call's JSON arguments,
+    checks them against the tool's JSON Schema, turns every kind of malformed action into an
+    observation the model can learn from, counts turns, enforces `max_turns`, and turns a raising task
+    into an `env_error` ending instead of a crashed worker;
+  * `StartResult`, `InteractResult`, `EnvError`: what travels over HTTP between rollout, controller
+    and workers (JSON; `to_wire`/`from_wire` convert).
+
+What is not here: HTTP (see `client.py` and `worker.py`), routing (`agentrl.controller`), any task
+(`agentrl.envs.tasks`). This module imports only the standard library, jsonschema and `agentrl.types`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import jsonschema
+
+from agentrl.types import Status
+
+log = logging.getLogger(__name__)
+
+MAX_ARGUMENT_BYTES = 8 * 1024
+"""Tool-call arguments longer than this are refused before parsing (a runaway generation, not a call)."""
+
+ERROR_HTTP_STATUS: dict[str, int] = {
+    "bad_request": 400,
+    "unknown_session": 404,
+    "unknown_task": 404,
+    "not_found": 404,
+    "internal": 500,
+    "env_error": 502,
+    "no_capacity": 503,
+}
+
+
+class EnvError(Exception):
+    """An error of the env API, carried on the wire as `{"error": {"code", "message"}}`.
+
+    `code` is one of `ERROR_HTTP_STATUS`'s keys; the HTTP status follows from it.
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+    @property
+    def http_status(self) -> int:
+        return ERROR_HTTP_STATUS.get(self.code, 500)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "message": self.message}}
+
+    @classmethod
+    def from_wire(cls, body: Any, http_status: int) -> EnvError:
+        """Rebuild the error from a response body; a body that is not ours becomes env_error."""
+        err = body.get("error") if isinstance(body, dict) else None
+        if isinstance(err, dict) and isinstance(err.get("code"), str):
+            return cls(err["code"], str(err.get("message", "")))
+        return cls("env_error", f"HTTP {http_status}: {str(body)[:200]}")
+
+
+# ------------------------------------------------------------------------------------------ wire types
+
+@dataclass
+class StartResult:
+    """Answer to start_sample: the new session, the conversation so far and the tool schemas."""
+
+    session_id: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"session_id": self.session_id, "messages": self.messages, "tools": self.tools}
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> StartResult:
+        return cls(session_id=str(d["session_id"]), messages=list(d["messages"]), tools=list(d["tools"]))
+
+
+@dataclass
+class StepResult:
+    """What an episode answers to one action. `status` is RUNNING until `done`."""
+
+    messages: list[dict[str, Any]]
+    done: bool = False
+    reward: float = 0.0
+    status: Status = Status.RUNNING
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class InteractResult(StepResult):
+    """StepResult on the wire. `error` explains an infrastructure ending (status env_error)."""
+
+    error: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"messages": self.messages, "done": self.done, "reward": float(self.reward),
+                             "status": Status(self.status).value, "metrics": dict(self.metrics)}
+        if self.error is not None:
+            d["error"] = self.error
+        return d
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> InteractResult:
+        return cls(messages=list(d["messages"]), done=bool(d["done"]), reward=float(d["reward"]),
+                   status=Status(d["status"]), metrics=dict(d.get("metrics") or {}), error=d.get("error"))
+
+    @classmethod
+    def from_step(cls, r: StepResult) -> InteractResult:
+        return cls(messages=r.messages, done=r.done, reward=r.reward, status=r.status, metrics=r.metrics)
+
+    @classmethod
+    def ended(cls, status: Status, error: str) -> InteractResult:
+        """An episode ended by the infrastructure (dead worker, expiry): no observation, no reward."""
+        return cls(messages=[], done=True, reward=0.0, status=status, error=error)
+
+
+def require(body: Any, key: str, kind: type | tuple[type, ...] = str) -> Any:
+    """`body[key]`, checked to be of `kind`; anything else is the caller's bad request."""
+    if not isinstance(body, dict):
+        raise EnvError("bad_request", "the request body must be a JSON object")
+    value = body.get(key)
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise EnvError("bad_request", f"field {key!r} is missing or not a {getattr(kind, '__name__', kind)}")
+    return value
+
+
+# ------------------------------------------------------------------------------------------ task API
+
+@dataclass
+class ToolCall:
+    """One tool call whose arguments parsed as JSON and passed the tool's schema."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass
+class Action:
+    """The validated assistant message an episode receives: its text and its valid tool calls.
+
+    `tool_calls` is never empty: a message without a valid call is answered by `Session` and never
+    reaches the episode. `message` is the raw assistant message as the model sent it.
+    """
+
+    content: str
+    tool_calls: list[ToolCall]
+    message: dict[str, Any]
+
+
+@runtime_checkable
+class Episode(Protocol):
+    """One running sample. Methods may raise: `Session` turns that into an env_error ending."""
+
+    def initial_messages(self) -> list[dict[str, Any]]:
+        """System and user messages the conversation starts with."""
+        ...
+
+    def step(self, action: Action) -> StepResult:
+        """Answer validated tool calls with messages (usually one `role: tool` message per call)."""
+        ...
+
+    def expert_message(self) -> dict[str, Any]:
+        """The assistant message the task's scripted expert would send now."""
+        ...
+
+
+@runtime_checkable
+class Task(Protocol):
+    """A task: tool schemas, sample indices per split, and episodes. One instance serves all sessions.
+
+    `indices` and `start` raise `EnvError("bad_request", ...)` for an unknown split or index.
+    Set `blocking = True` on a task whose methods are slow; the worker then runs them in a thread.
+    """
+
+    name: str
+    max_turns: int
+
+    def tools(self) -> list[dict[str, Any]]:
+        ...
+
+    def indices(self, split: str) -> list[str]:
+        ...
+
+    def start(self, index: str) -> Episode:
+        ...
+
+
+def tool_message(call_id: str, name: str, content: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "name": name, "content": content}
+
+
+class ToolBox:
+    """The tool schemas of one task, compiled once, and the checks every tool call goes through."""
+
+    def __init__(self, tools: list[dict[str, Any]]) -> None:
+        self.tools = tools
+        self.validators: dict[str, Any] = {}
+        for tool in tools:
+            fn = tool["function"]
+            schema = fn.get("parameters") or {"type": "object"}
+            cls = jsonschema.validators.validator_for(schema)
+            cls.check_schema(schema)  # a broken schema is the task author's bug: fail at worker start
+            self.validators[fn["name"]] = cls(schema)
+        self.names = ", ".join(self.validators)
+
+    def check(self, message: dict[str, Any]) -> tuple[list[ToolCall], list[dict[str, Any]]]:
+        """Split an assistant message's tool calls into valid calls and error observations.
+
+        Each invalid call gets a tool message starting with "Error:" that says what was wrong, so the
+        model can learn from it; a message with no tool call at all gets a user message asking for one.
+        """
+        raw_calls = message.get("tool_calls") or []
+        if not isinstance(raw_calls, list):
+            raise EnvError("bad_request", "tool_calls must be a list")
+        if not raw_calls:
+            return [], [{"role": "user", "content": f"Please call one of the tools: {self.names}."}]
+        calls: list[ToolCall] = []
+        errors: list[dict[str, Any]] = []
+        for i, raw in enumerate(raw_calls):
+            call_id = str(raw.get("id") or f"call_{i}") if isinstance(raw, dict) else f"call_{i}"
+            fn = raw.get("function") if isinstance(raw, dict) else None
+            name = fn.get("name") if isinstance(fn, dict) else None
+            if not isinstance(fn, dict) or not isinstance(name, str) or not name:
+                errors.append(tool_message(call_id, "", "Error: the tool call has no function name."))
+                continue
+            problem, args = self._check_call(name, fn.get("arguments"))
+            if problem is not None:
+                errors.append(tool_message(call_id, name, f"Error: {problem}"))
+            else:
+                calls.append(ToolCall(id=call_id, name=name, arguments=args))
+        return calls, errors
+
+    def _check_call(self, name: str, arguments: Any) -> tuple[str | None, dict[str, Any]]:
+        if name not in self.validators:
+            return f"unknown tool {name!r}; the tools are: {self.names}.", {}
+        if arguments is None or arguments == "":
+            arguments = "{}"
+        if isinstance(arguments, dict):  # tolerated: some clients send parsed arguments
+            arguments = json.dumps(arguments)
+        if not isinstance(arguments, str):
+            return "arguments must be a JSON object.", {}
+        if len(arguments.encode()) > MAX_ARGUMENT_BYTES:
+            return f"arguments are too long ({len(arguments.encode())} bytes, limit {MAX_ARGUMENT_BYTES}).", {}
+        try:
+            args = json.loads(arguments)
+        except json.JSONDecodeError as e:
+            return f"arguments are not valid JSON ({e.msg} at position {e.pos}).", {}
+        if not isinstance(args, dict):
+            return "arguments must be a JSON object.", {}
+        err = jsonschema.exceptions.best_match(self.validators[name].iter_errors(args))
+        if err is not None:
+            where = "/".join(str(p) for p in err.absolute_path)
+            return f"invalid arguments for {name}{' at ' + where if where else ''}: {err.message}.", {}
+        return None, args
+
+
+class Session:
+    """One episode behind the shared checks: validation, turn counting, the turn limit, task failures.
+
+    Every assistant message counts as a turn, valid or not. When the turn limit is reached without an
+    ending, the episode ends as `turn_limit` with reward 0.0 (penalties are the trainer's business).
+    Metrics are the latest the episode reported, so a task can report e.g. success=0.0 early.
+    """
+
+    def __init__(self, task: Task, index: str, toolbox: ToolBox | None = None) -> None:
+        self.task = task
+        self.index = index
+        self.toolbox = toolbox or ToolBox(task.tools())
+        self.turns = 0
+        self.done = False
+        self.metrics: dict[str, float] = {}
+        try:
+            self.episode = task.start(index)
+            self.messages = list(self.episode.initial_messages())
+        except EnvError:
+            raise
+        except Exception as e:
+            log.exception("task %s failed to start sample %s", task.name, index)
+            raise EnvError("env_error", f"task {task.name} failed to start {index}: {type(e).__name__}: {e}") from e
+
+    def interact(self, message: Any) -> InteractResult:
+        if self.done:
+            raise EnvError("bad_request", "the episode has already ended")
+        if not isinstance(message, dict) or message.get("role", "assistant") != "assistant":
+            raise EnvError("bad_request", "message must be an assistant message object")
+        calls, errors = self.toolbox.check(message)
+        self.turns += 1
+        result = StepResult(messages=errors)
+        if calls:
+            action = Action(content=str(message.get("content") or ""), tool_calls=calls, message=message)
+            try:
+                step = self.episode.step(action)
+            except Exception as e:
+                log.exception("task %s raised in step (index %s)", self.task.name, self.index)
+                self.done = True
+                text = f"Error: the environment failed ({type(e).__name__}: {e})."
+                return InteractResult(messages=errors + [{"role": "user", "content": text}], done=True,
+                                      status=Status.ENV_ERROR, metrics=self.metrics, error=text)
+            result = StepResult(messages=errors + list(step.messages), done=step.done, reward=step.reward,
+                                status=Status(step.status), metrics=step.metrics)
+        if result.metrics:
+            self.metrics = dict(result.metrics)
+        if result.done:
+            if result.status == Status.RUNNING:  # a task that forgot to say how it ended
+                result.status = Status.COMPLETED
+        elif self.turns >= self.task.max_turns:
+            result.done, result.reward, result.status = True, 0.0, Status.TURN_LIMIT
+        self.done = result.done
+        out = InteractResult.from_step(result)
+        out.metrics = dict(self.metrics)
+        return out
+
+    def expert_message(self) -> dict[str, Any]:
+        try:
+            return self.episode.expert_message()
+        except Exception as e:
+            log.exception("task %s expert failed (index %s)", self.task.name, self.index)
+            raise EnvError("env_error", f"expert of {self.task.name} failed: {type(e).__name__}: {e}") from e

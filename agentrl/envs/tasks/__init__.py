@@ -1,0 +1,50 @@
+"""The task registry: task name → Task class.
+
+Built-in tasks are listed by import path and imported only when asked for, so that a worker serving
+one task never imports another task's dependencies. A user's task is a class plus one
+`register_task("mytask", MyTask)` call, or a `"package.module:Class"` name in `envs.tasks`.
+This module has no side effects on import.
+"""
+from __future__ import annotations
+
+import importlib
+
+from agentrl.envs.api import Task
+
+_BUILTIN: dict[str, str] = {
+    "lookup": "agentrl.envs.tasks.lookup:LookupTask",
+}
+_REGISTRY: dict[str, type] = {}
+
+
+def register_task(name: str, cls: type) -> None:
+    """Make `get_task(name)` build `cls()`. Re-registering a name replaces it (handy in tests)."""
+    _REGISTRY[name] = cls
+
+
+def task_names() -> list[str]:
+    """Every name `get_task` knows without an import path."""
+    return sorted(set(_BUILTIN) | set(_REGISTRY))
+
+
+def _import(path: str) -> type:
+    module, _, attr = path.partition(":")
+    cls: type = getattr(importlib.import_module(module), attr)
+    return cls
+
+
+def get_task_class(name: str) -> type:
+    """The class registered as `name`; `"pkg.mod:Class"` names are imported. KeyError if unknown."""
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if name in _BUILTIN:
+        return _import(_BUILTIN[name])
+    if ":" in name:
+        return _import(name)
+    raise KeyError(f"unknown task {name!r} (known: {', '.join(task_names())})")
+
+
+def get_task(name: str) -> Task:
+    """A new instance of the task registered as `name`."""
+    task: Task = get_task_class(name)()
+    return task

@@ -1,0 +1,72 @@
+"""Env worker role: host the configured tasks' sessions for the controller, until SIGTERM/SIGINT.
+
+Locally (after the controller has published its address in the run dir):
+    python -m jobs.env_worker --run-dir runs/demo --worker-id w0
+Under Slurm (one task per worker; inside Apptainer where tasks need a sandbox):
+    srun --het-group=2 --ntasks=$WORKERS python -m jobs.env_worker --run-dir $RUN_DIR
+Through submitit, the launcher calls `main(["--run-dir", run_dir, "--worker-id", id])`.
+
+Waits for `controller_url` in RUN_DIR/rendezvous.json, serves `envs.tasks` with `envs.slots` slots on
+a free port, registers and heartbeats. The worker id defaults to worker-$SLURM_PROCID or host-pid.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
+
+from agentrl.config import load_config
+from agentrl.envs.worker import start_worker
+from agentrl.launch import rendezvous
+
+log = logging.getLogger("agentrl.jobs.env_worker")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def default_worker_id() -> str:
+    if "SLURM_PROCID" in os.environ:
+        return f"worker-{os.environ.get('SLURM_JOB_ID', 'job')}-{os.environ['SLURM_PROCID']}"
+    return f"worker-{socket.gethostname()}-{os.getpid()}"
+
+
+async def serve(run_dir: Path, worker_id: str, host: str | None, advertise: str | None, wait_s: float) -> None:
+    cfg = load_config(str(run_dir / "config.yaml"))
+    controller_url = await asyncio.to_thread(rendezvous.wait_for, run_dir, "controller_url", wait_s)
+    # a controller on loopback means one machine: stay on loopback; otherwise listen everywhere and
+    # advertise this node's name
+    local = urlparse(controller_url).hostname in LOOPBACK
+    host = host or ("127.0.0.1" if local else "0.0.0.0")
+    advertise = advertise or ("127.0.0.1" if local else socket.gethostname())
+    running = await start_worker(cfg.envs, cfg.controller, controller_url, worker_id, host=host,
+                                 advertise_host=advertise)
+    log.info("worker %s serving %s at %s (controller %s)", worker_id, list(cfg.envs.tasks), running.address,
+             controller_url)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("worker %s stopping", worker_id)
+    await running.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument("--worker-id", default=None)
+    parser.add_argument("--host", default=None, help="interface to bind (default: by controller address)")
+    parser.add_argument("--advertise", default=None, help="host name the controller calls back")
+    parser.add_argument("--wait-s", type=float, default=600.0, help="how long to wait for the controller")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(serve(args.run_dir, args.worker_id or default_worker_id(), args.host, args.advertise, args.wait_s))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""The envs and controller packages import only what the design allows (design §2)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2] / "agentrl"
+ALLOWED = {
+    "envs": {"agentrl.types", "agentrl.config", "agentrl.envs"},
+    "controller": {"agentrl.types", "agentrl.config", "agentrl.envs.api", "agentrl.envs.client", "agentrl.controller"},
+}
+
+
+def imported_modules(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_package_imports(package: str) -> None:
+    for path in sorted((ROOT / package).rglob("*.py")):
+        for name in imported_modules(path):
+            assert not name.startswith("jobs"), f"{path} imports {name}"
+            if name.startswith("agentrl"):
+                assert any(name == a or name.startswith(a + ".") for a in ALLOWED[package]), f"{path} imports {name}"
