@@ -40,8 +40,12 @@ class ModelConfig:
     vocab_size: int = 1024
     """Size of the byte-level BPE vocabulary trained on the task text."""
     max_position: int = 1024
+    rope_theta: float = 10000.0
+    """RoPE base. A tiny from-scratch model learns to copy from its context far sooner with a small base
+    (sharper relative positions); the demo uses 100."""
 
     def validate(self, p: str) -> None:
+        _check(self.rope_theta > 1, f"{p}.rope_theta", "must be > 1")
         for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "vocab_size", "max_position"):
             _check(getattr(self, name) > 0, f"{p}.{name}", "must be positive")
         _check(self.hidden_size % self.num_heads == 0, f"{p}.num_heads", "must divide hidden_size")
@@ -133,6 +137,10 @@ class TrainerConfig:
     """Warm-start optimizer steps on the scripted expert's trajectories (0: none)."""
     sft_lr: float = 3e-3
     sft_batch: int = 32
+    sft_all_tokens: bool = False
+    """Warm start on every token of the demonstrations (prompt and observations too), not only the
+    actions. For a random-init model this doubles as pre-training on the task's text, which is what
+    lets it learn to copy names and values out of its context; leave it off for a pretrained model."""
     threads: int = 2
     seed: int = 0
 

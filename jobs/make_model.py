@@ -51,7 +51,7 @@ def main() -> None:
     corpus = [text for t in cfg.envs.tasks for text in expert_conversations(t, args.corpus_episodes, cfg.seed)]
     tok = tiny.train_tokenizer(corpus, m.vocab_size, chat.SPECIAL_TOKENS, chat.CHAT_TEMPLATE, chat.EOS, chat.EOS)
     model = tiny.build_model(tok, m.hidden_size, m.num_layers, m.num_heads, m.intermediate_size, m.max_position,
-                             cfg.seed)
+                             cfg.seed, rope_theta=m.rope_theta)
     out = tiny.save(model, tok, args.out or args.run_dir / "model")
     lengths = [len(tok.encode(c)) for c in corpus[:200]]
     log.info("model at %s: %d parameters, vocab %d, expert episode %.0f tokens on average", out,

@@ -25,7 +25,7 @@ def main() -> None:
     t, a = cfg.trainer, cfg.algo
     hyper = RLHyper(a.adv_estimator, a.task_norm, a.eps_low, a.eps_high, a.dual_clip, a.kl_coef, a.kl_estimator,
                     a.entropy_coef, a.eps, cfg.rollout.temperature, t.grad_clip, t.micro_batch_tokens)
-    schedule = role.Schedule(t.steps, t.sft_steps, t.sft_batch, t.sft_lr, t.lr, t.weight_decay, a.max_staleness,
+    schedule = role.Schedule(t.steps, t.sft_steps, t.sft_batch, t.sft_lr, t.sft_all_tokens, t.lr, t.weight_decay, a.max_staleness,
                              a.fail_penalty, cfg.cluster.role_timeout_s, t.seed)
     model_dir = Path(cfg.model.path) if cfg.model.path else args.run_dir / "model"
     monitor = make_monitor(args.run_dir, "trainer", cfg.monitor.tensorboard)

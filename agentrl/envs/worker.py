@@ -233,7 +233,9 @@ class RunningWorker:
             self._loop_task = None
 
     async def stop(self) -> None:
-        """Stop heartbeats, tell the controller we drain (best effort), close the socket."""
+        """Stop heartbeats, tell the controller we drain (best effort), close the socket. Idempotent."""
+        if self.http.closed:
+            return
         await self.stop_heartbeats()
         self.worker.draining = True
         try:

@@ -11,15 +11,23 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+
+_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
 def train_tokenizer(corpus: Iterable[str], vocab_size: int, special_tokens: list[str],
                     chat_template: str, eos_token: str, pad_token: str) -> PreTrainedTokenizerFast:
     """Byte-level BPE over `corpus`; special tokens get the first ids, then the 256 byte symbols."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # GPT-2's split, with whole numbers kept together (the library's ByteLevel regex splits digits one by
+    # one; a tiny model copies "47" from an observation far more easily as one token than as two).
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=special_tokens, show_progress=False,
@@ -33,13 +41,14 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int, special_tokens: list
 
 
 def build_model(tokenizer: PreTrainedTokenizerFast, hidden_size: int, num_layers: int, num_heads: int,
-                intermediate_size: int, max_position: int, seed: int) -> Qwen2ForCausalLM:
+                intermediate_size: int, max_position: int, seed: int,
+                rope_theta: float = 10000.0) -> Qwen2ForCausalLM:
     """A random-init Qwen2 with tied embeddings (so tokens seen only in context can still be emitted)."""
     torch.manual_seed(seed)
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,
         num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
-        max_position_embeddings=max_position, tie_word_embeddings=True, rms_norm_eps=1e-6,
+        max_position_embeddings=max_position, tie_word_embeddings=True, rope_theta=rope_theta, rms_norm_eps=1e-6,
         bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, torch_dtype="float32",
     )

@@ -33,8 +33,9 @@ async def run_episode(client: Any, engine: Engine, tokenizer: Any, task: str, in
     timings["env_s"] += time.perf_counter() - t_start
     sid = start.session_id
     b = TrajectoryBuilder()
-    b.add_context(tokenizer.encode(chat.render(start.messages, start.tools, add_generation_prompt=True),
-                                   add_special_tokens=False))
+    prompt = tokenizer.encode(chat.render(start.messages, start.tools, add_generation_prompt=True),
+                              add_special_tokens=False)
+    b.add_context(prompt[: limits.max_model_len])  # an over-long prompt ends at once as context_limit
     status, reward, metrics, turns, invalid = Status.TURN_LIMIT, 0.0, {}, 0, 0
     done = False
     try:
@@ -53,7 +54,7 @@ async def run_episode(client: Any, engine: Engine, tokenizer: Any, task: str, in
             parsed = chat.parse_assistant(tokenizer.decode(gen.token_ids, skip_special_tokens=False),
                                           call_id_prefix=f"call_{turns}")
             if gen.finish_reason == "length":
-                if len(b) >= limits.max_model_len:
+                if len(b) + 1 >= limits.max_model_len:
                     status = Status.CONTEXT_LIMIT
                     break
                 # The turn ran out of tokens before <|im_end|>: close it (not trained on) and let the
@@ -72,7 +73,11 @@ async def run_episode(client: Any, engine: Engine, tokenizer: Any, task: str, in
                     done, reward, status, metrics = True, float(res.reward), Status(res.status), dict(res.metrics)
                     break
                 observation = res.messages
-            b.add_context(tokenizer.encode(chat.render_observation(observation), add_special_tokens=False))
+            obs_ids = tokenizer.encode(chat.render_observation(observation), add_special_tokens=False)
+            if len(b) + len(obs_ids) >= limits.max_model_len:  # no room left for the next turn
+                status = Status.CONTEXT_LIMIT
+                break
+            b.add_context(obs_ids)
     except EnvError:  # the worker died or the session expired: an infrastructure outcome
         done, status, metrics = True, Status.ENV_ERROR, {"env_error": 1.0}
     finally:

@@ -4,7 +4,7 @@ One format, written twice: as Python (what the agent loop uses, piece by piece, 
 tokens are exactly what the model saw and sampled) and as a Jinja chat template saved with the tokenizer
 (what `tokenizer.apply_chat_template` and vLLM's chat API use). A test keeps the two identical.
 
-    <|im_start|>system\n{system}\n<tools>\n{function schema as JSON, one per line}\n</tools><|im_end|>\n
+    <|im_start|>system\n{system}\n<tools>\n{one signature line per tool}\n</tools><|im_end|>\n
     <|im_start|>user\n{content}<|im_end|>\n
     <|im_start|>assistant\n{content}<tool_call>{"name": ..., "arguments": {...}}</tool_call><|im_end|>\n
     <|im_start|>tool\n{content}<|im_end|>\n
@@ -34,13 +34,27 @@ def _tool_call_text(name: str, arguments: str) -> str:
     return f'{CALL_START}{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": {args}}}{CALL_END}'
 
 
+def tool_signature(tool: dict[str, Any]) -> str:
+    """One line per tool: `name(arg: type, opt?: type): description`.
+
+    Compact on purpose: a small model attends over a short prompt far more easily than over JSON
+    schemas, and the arguments are still validated against the full JSON Schema by the env.
+    """
+    f = tool["function"]
+    params = f.get("parameters") or {}
+    required = set(params.get("required") or [])
+    args = ", ".join(f"{k}{'' if k in required else '?'}: {v.get('type', 'any')}"
+                     for k, v in (params.get("properties") or {}).items())
+    return f"{f['name']}({args}): {f.get('description', '')}"
+
+
 def render_message(msg: dict[str, Any], tools: list[dict[str, Any]] | None = None) -> str:
     role, content = msg["role"], msg.get("content") or ""
     if role == "system":
         text = content
         if tools:
-            lines = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
-            text += f"\n<tools>\n{lines}\n</tools>"
+            lines = "\n".join(tool_signature(t) for t in tools)
+            text += ("\n" if text else "") + f"<tools>\n{lines}\n</tools>"
         return f"{IM_START}system\n{text}{IM_END}\n"
     if role == "assistant":
         calls = "".join(_tool_call_text(c["function"]["name"], c["function"]["arguments"])
@@ -143,13 +157,13 @@ def format_errors(errors: list[ToolCallError]) -> str:
 CHAT_TEMPLATE = (
     "{% set nl = '\\n' %}"
     "{% if tools and (messages | length == 0 or messages[0]['role'] != 'system') %}"
-    "<|im_start|>system{{ nl }}<tools>{% for t in tools %}{{ nl }}{{ t['function'] | tojson }}{% endfor %}"
+    "<|im_start|>system{{ nl }}<tools>{% for t in tools %}{{ nl }}{{ t['function']['name'] }}({% set p = t['function'].get('parameters') or {} %}{% set req = p.get('required') or [] %}{% for k, v in (p.get('properties') or {}).items() %}{{ k }}{% if k not in req %}?{% endif %}: {{ v.get('type', 'any') }}{% if not loop.last %}, {% endif %}{% endfor %}): {{ t['function'].get('description', '') }}{% endfor %}"
     "{{ nl }}</tools><|im_end|>{{ nl }}"
     "{% endif %}"
     "{% for m in messages %}"
     "{% if m['role'] == 'system' %}"
     "<|im_start|>system{{ nl }}{{ m['content'] or '' }}"
-    "{% if tools and loop.first %}{{ nl }}<tools>{% for t in tools %}{{ nl }}{{ t['function'] | tojson }}{% endfor %}"
+    "{% if tools and loop.first %}{% if m['content'] %}{{ nl }}{% endif %}<tools>{% for t in tools %}{{ nl }}{{ t['function']['name'] }}({% set p = t['function'].get('parameters') or {} %}{% set req = p.get('required') or [] %}{% for k, v in (p.get('properties') or {}).items() %}{{ k }}{% if k not in req %}?{% endif %}: {{ v.get('type', 'any') }}{% if not loop.last %}, {% endif %}{% endfor %}): {{ t['function'].get('description', '') }}{% endfor %}"
     "{{ nl }}</tools>{% endif %}"
     "<|im_end|>{{ nl }}"
     "{% elif m['role'] == 'assistant' %}"

@@ -32,6 +32,7 @@ class Schedule:
     sft_steps: int
     sft_batch: int
     sft_lr: float
+    sft_all_tokens: bool
     lr: float
     weight_decay: float
     max_staleness: int
@@ -58,16 +59,17 @@ def warm_start(model: torch.nn.Module, demos: list[Trajectory], s: Schedule, h: 
     if not demos:
         raise RuntimeError("warm start: the expert produced no successful trajectory")
     opt = torch.optim.AdamW(model.parameters(), lr=s.sft_lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 - i / max(s.sft_steps, 1))
+    # short linear warm-up, then linear decay to 0
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / 10) * (1.0 - i / max(s.sft_steps, 1)))
     rng = random.Random(s.seed)
     stats: dict[str, float] = {}
     for i in range(s.sft_steps):
         picked = rng.sample(demos, min(s.sft_batch, len(demos)))
         batch = collate(picked, [0.0] * len(picked), pad_id)
-        stats = sft_step(model, opt, batch, h.grad_clip, h.micro_batch_tokens)
+        stats = sft_step(model, opt, batch, h.grad_clip, h.micro_batch_tokens, s.sft_all_tokens)
         sched.step()
         monitor.scalars({f"sft/{k}": v for k, v in stats.items()}, i)
-        if i % 25 == 0 or i == s.sft_steps - 1:
+        if i % 50 == 0 or i == s.sft_steps - 1:
             log.info("sft step %d/%d loss %.4f token_acc %.3f", i + 1, s.sft_steps, stats["sft_loss"],
                      stats["sft_token_acc"])
     return stats

@@ -73,10 +73,10 @@ def rl_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Tra
             loss = loss + h.kl_coef * kl
         w = float(n) / total  # micro-batch token means → the batch token mean
         (loss * w).backward()
-        sums["loss"] += float(loss) * w
-        sums["pg_loss"] += float(pg) * w
-        sums["kl"] += float(kl) * w
-        sums["entropy"] += float(ent) * w
+        sums["loss"] += float(loss.detach()) * w
+        sums["pg_loss"] += float(pg.detach()) * w
+        sums["kl"] += float(kl.detach()) * w
+        sums["entropy"] += float(ent.detach()) * w
         sums["clipfrac"] += float(stats["clipfrac"]) * w
         sums["approx_kl"] += float(stats["approx_kl"]) * w
     grad_norm = _clip(model, h.grad_clip)
@@ -91,21 +91,26 @@ def rl_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Tra
 
 
 def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch,
-             grad_clip: float, micro_batch_tokens: int) -> dict[str, float]:
-    """Cross-entropy on action tokens (token mean over the whole batch)."""
-    total = max(batch.num_action_tokens, 1)
+             grad_clip: float, micro_batch_tokens: int, all_tokens: bool = False) -> dict[str, float]:
+    """Cross-entropy on action tokens, or on every real token if `all_tokens` (token mean over the batch).
+
+    `sft_token_acc` is measured on the action tokens either way.
+    """
+    loss_mask = batch.attention[:, 1:].float() if all_tokens else batch.mask  # [B, T-1]
+    total = max(float(loss_mask.sum()), 1.0)
     optimizer.zero_grad(set_to_none=True)
     loss_sum, correct = 0.0, 0.0
     for rows in micro_batches(batch, micro_batch_tokens):
         mb = batch.select(rows)
+        width = mb.mask.shape[1]
         logp, logits = token_logprobs(model, mb.tokens, mb.attention)
-        loss = -(logp * mb.mask).sum() / total
+        loss = -(logp * loss_mask[rows, :width]).sum() / total
         loss.backward()
-        loss_sum += float(loss)
+        loss_sum += float(loss.detach())
         correct += float(((logits.argmax(-1) == mb.tokens[:, 1:]).float() * mb.mask).sum())
     grad_norm = _clip(model, grad_clip)
     optimizer.step()
-    return {"sft_loss": loss_sum, "sft_token_acc": correct / total, "grad_norm": grad_norm}
+    return {"sft_loss": loss_sum, "sft_token_acc": correct / max(batch.num_action_tokens, 1), "grad_norm": grad_norm}
 
 
 def _clip(model: torch.nn.Module, grad_clip: float) -> float:

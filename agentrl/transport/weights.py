@@ -40,10 +40,14 @@ def publish(run_dir: str | Path, version: int, state_dict: dict[str, torch.Tenso
         # without it would leave the engine sampling from the old head.
         tensors[name] = t.clone() if t.data_ptr() in seen else t.contiguous()
         seen.add(t.data_ptr())
-    save_file(tensors, str(tmp / WEIGHTS_FILE))
-    (tmp / "meta.json").write_text(json.dumps({"version": version, "time": time.time(), **(meta or {})}))
-    with open(tmp / WEIGHTS_FILE, "rb") as f:
-        os.fsync(f.fileno())
+    try:
+        save_file(tensors, str(tmp / WEIGHTS_FILE))
+        (tmp / "meta.json").write_text(json.dumps({"version": version, "time": time.time(), **(meta or {})}))
+        with open(tmp / WEIGHTS_FILE, "rb") as f:
+            os.fsync(f.fileno())
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)

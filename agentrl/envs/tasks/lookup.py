@@ -80,7 +80,7 @@ class LookupEpisode:
 
     def initial_messages(self) -> list[dict[str, Any]]:
         return [{"role": "system", "content": SYSTEM_PROMPT},
-                {"role": "user", "content": f"What is the {self.sample.field} of {self.sample.target}?"}]
+                {"role": "user", "content": f"What is the {self.sample.field} of \"{self.sample.target}\"?"}]
 
     def step(self, action: Action) -> StepResult:
         messages: list[dict[str, Any]] = []

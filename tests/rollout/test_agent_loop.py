@@ -1,0 +1,152 @@
+"""The agent loop against a real controller and env worker on loopback sockets, with a scripted engine:
+token bookkeeping, malformed calls as observations, limits, and env failures."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+
+from agentrl.config import RunConfig
+from agentrl.controller.server import start_controller
+from agentrl.envs.client import GatewayClient
+from agentrl.envs.tasks.lookup import make_sample
+from agentrl.envs.worker import start_worker
+from agentrl.rollout import chat
+from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
+from agentrl.rollout.engine import ExpertEngine, SamplingConfig, ScriptedEngine
+from agentrl.rollout.role import collect
+from agentrl.types import Status
+
+INDEX = "test-3"
+
+
+def call(tool: str, **args: str) -> str:
+    return f'{chat.CALL_START}{{"name": "{tool}", "arguments": {json.dumps(args)}}}{chat.CALL_END}{chat.IM_END}'
+
+
+async def _with_env(fn, cfg: RunConfig | None = None):
+    cfg = cfg or RunConfig()
+    controller = await start_controller(cfg.controller)
+    worker = await start_worker(cfg.envs, cfg.controller, controller.url, "worker-test")
+    client = GatewayClient(controller.url)
+    try:
+        for _ in range(200):
+            if (await client.status())["workers"]:
+                break
+            await asyncio.sleep(0.02)
+        return await fn(client, worker)
+    finally:
+        await client.close()
+        await worker.stop()
+        await controller.stop()
+
+
+def _sampling(tok) -> SamplingConfig:
+    return SamplingConfig(48, 1.0, 1.0, (tok.convert_tokens_to_ids(chat.IM_END), tok.eos_token_id))
+
+
+def test_episode_tokens_masks_and_reward(lookup_tokenizer) -> None:
+    tok = lookup_tokenizer
+    s = make_sample(INDEX)
+    replies = [call("lookup", name=s.target), call("submit_answer", answer=s.answer)]
+    engine = ScriptedEngine(replies, tok)
+
+    async def go(client, _):
+        return await run_episode(client, engine, tok, "lookup", INDEX, "g0", _sampling(tok), EpisodeLimits(4, 512, 48))
+
+    t = asyncio.run(_with_env(go))
+    assert t.status == Status.COMPLETED and t.reward == 1.0 and t.metrics["success"] == 1.0
+    assert t.num_turns == 2 and t.metrics["invalid_calls"] == 0
+    # the action tokens are exactly the engine's replies, in order, with the engine's log-probs/version/id
+    action_ids = t.tokens[t.loss_mask == 1].tolist()
+    assert action_ids == [i for r in replies for i in tok.encode(r, add_special_tokens=False)]
+    assert np.all(t.logprobs[t.loss_mask == 1] == -1.0) and np.all(t.logprobs[t.loss_mask == 0] == 0.0)
+    assert set(t.policy_version[t.loss_mask == 1].tolist()) == {3} and set(t.engine[t.loss_mask == 1].tolist()) == {7}
+    assert set(t.policy_version[t.loss_mask == 0].tolist()) == {-1}
+    # what the model saw at its second turn is a prefix of the trajectory, and holds the tool result
+    second_prompt = engine.prompts[1]
+    assert t.tokens[: len(second_prompt)].tolist() == second_prompt
+    seen = tok.decode(second_prompt)
+    assert f"name={s.target}" in seen and seen.endswith("<|im_start|>assistant\n")
+
+
+def test_malformed_call_becomes_an_observation_and_the_episode_goes_on(lookup_tokenizer) -> None:
+    tok = lookup_tokenizer
+    s = make_sample(INDEX)
+    replies = ['<tool_call>{"name": "lookup", "arguments": {"name": </tool_call><|im_end|>',
+               call("lookup", name="nobody"),
+               call("submit_answer", answer=s.answer)]
+    engine = ScriptedEngine(replies, tok)
+
+    async def go(client, _):
+        return await run_episode(client, engine, tok, "lookup", INDEX, "g0", _sampling(tok), EpisodeLimits(4, 512, 48))
+
+    t = asyncio.run(_with_env(go))
+    assert t.status == Status.COMPLETED and t.reward == 1.0
+    assert t.metrics["invalid_calls"] == 1 and t.num_turns == 3
+    text = tok.decode(t.tokens.tolist())
+    assert "Error: tool call is not valid JSON" in text  # our parser's observation
+    assert "Error: no item named 'nobody'" in text  # the task's own observation
+
+
+def test_turn_limit_and_cancel(lookup_tokenizer) -> None:
+    tok = lookup_tokenizer
+    engine = ScriptedEngine([call("lookup", name="nobody")] * 2, tok)
+
+    async def go(client, _):
+        t = await run_episode(client, engine, tok, "lookup", INDEX, "g0", _sampling(tok), EpisodeLimits(2, 512, 48))
+        return t, await client.status()
+
+    t, status = asyncio.run(_with_env(go))
+    assert t.status == Status.TURN_LIMIT and t.num_turns == 2 and t.reward == 0.0
+    assert sum(status["sessions"].values()) == 0  # the session was ended, not leaked
+
+
+def test_context_limit(lookup_tokenizer) -> None:
+    tok = lookup_tokenizer
+    engine = ScriptedEngine(["x" * 400 + chat.IM_END], tok)
+
+    async def go(client, _):
+        return await run_episode(client, engine, tok, "lookup", INDEX, "g0", _sampling(tok), EpisodeLimits(4, 96, 64))
+
+    t = asyncio.run(_with_env(go))
+    assert t.status == Status.CONTEXT_LIMIT and t.num_tokens <= 96
+
+
+def test_expert_collection_through_the_gateway(lookup_tokenizer) -> None:
+    tok = lookup_tokenizer
+
+    async def go(client, _):
+        idx = (await client.indices("lookup", "test"))[:20]
+        reqs = [("lookup", i, f"g{i}") for i in idx]
+        return await collect(client, ExpertEngine(client, tok), tok, reqs, _sampling(tok), EpisodeLimits(4, 512, 48), 8, 1)
+
+    trajs, retries = asyncio.run(_with_env(go))
+    assert len(trajs) == 20 and retries == 0
+    assert all(t.status == Status.COMPLETED and t.reward == 1.0 for t in trajs)
+    assert len({t.traj_id for t in trajs}) == 20
+
+
+def test_dead_worker_gives_env_error_trajectories_not_crashes(lookup_tokenizer) -> None:
+    tok = lookup_tokenizer
+    s = make_sample(INDEX)
+
+    class KillAfterFirstTurn(ScriptedEngine):
+        worker = None
+
+        async def generate(self, prompt_ids, sampling, **context):
+            if len(self.prompts) == 1:
+                await self.worker.stop()
+            return await super().generate(prompt_ids, sampling, **context)
+
+    engine = KillAfterFirstTurn([call("lookup", name=s.target), call("submit_answer", answer=s.answer)], tok)
+
+    async def go(client, worker):
+        engine.worker = worker
+        return await collect(client, engine, tok, [("lookup", INDEX, "g")], _sampling(tok),
+                             EpisodeLimits(4, 512, 48), 1, max_retries=0)
+
+    (t,), retries = asyncio.run(_with_env(go))
+    assert t.status == Status.ENV_ERROR and t.status.is_infra and retries == 0

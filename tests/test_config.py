@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agentrl.config import ConfigError, RunConfig, config_from_dict, dump_config, load_config
+
+
+def test_demo_preset_loads_and_overrides_apply() -> None:
+    cfg = load_config("demo", ["trainer.lr=1e-5", "rollout.temperature=0.7", "envs.tasks=[lookup]", "name=x"])
+    assert cfg.trainer.lr == pytest.approx(1e-5)
+    assert cfg.rollout.temperature == pytest.approx(0.7)
+    assert cfg.envs.tasks == ("lookup",)
+    assert cfg.name == "x" and cfg.run_dir == Path("runs/x")
+    assert cfg.rollout.samples_per_prompt == 8  # from the preset, not the dataclass default
+    with pytest.raises(AttributeError):
+        cfg.trainer.lr = 1.0  # type: ignore[misc]  # frozen
+
+
+def test_resolved_config_round_trips_through_yaml(tmp_path: Path) -> None:
+    cfg = load_config("demo", ["algo.kl_coef=0.001"])
+    dump_config(cfg, tmp_path / "config.yaml")
+    assert load_config(str(tmp_path / "config.yaml")) == cfg
+
+
+@pytest.mark.parametrize("override, field", [
+    ("trainer.lr=-1", "trainer.lr"),
+    ("trainer.lr=fast", "trainer.lr"),
+    ("rollout.engine=tgi", "rollout.engine"),
+    ("algo.dual_clip=0.5", "algo.dual_clip"),
+    ("model.num_heads=4", "model.num_heads"),  # head_dim 32 < 64
+    ("rollout.max_new_tokens=4096", "rollout.max_new_tokens"),
+    ("trainer.lrr=1e-5", "trainer.lrr"),
+    ("envs.tasks=[]", "envs.tasks"),
+    ("algo.task_norm=3", "algo.task_norm"),
+    ("trainer.steps=2.5", "trainer.steps"),
+    ("nosection.x=1", "nosection"),
+])
+def test_bad_values_fail_at_load_naming_the_field(override: str, field: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config("demo", [override])
+    assert str(e.value).startswith(field), str(e.value)
+
+
+def test_unknown_preset_lists_the_known_ones() -> None:
+    with pytest.raises(ConfigError, match="demo"):
+        load_config("no-such-preset")
+
+
+def test_defaults_are_valid() -> None:
+    assert config_from_dict({}) == RunConfig()
+
+
+def test_override_needs_equals() -> None:
+    with pytest.raises(ConfigError, match="section.field=value"):
+        load_config("demo", ["trainer.lr"])
