@@ -71,13 +71,15 @@ def test_initial_messages_and_observation_text() -> None:
     session = Session(LookupTask(), "train-7")
     assert session.messages == [
         {"role": "system", "content": "You are an agent. Use the tools to answer."},
-        {"role": "user", "content": f"What is the {sample.field} of {sample.target}?"}]
-    r = session.interact(call("lookup", {"name": sample.target}))
+        {"role": "user", "content": f"What is the {sample.field} of \"{sample.target}\"?"}]
+    r = session.interact(call("lookup", {"name": sample.target, "field": sample.field}))
     rec = sample.catalog[sample.target]
-    assert r.messages == [{"role": "tool", "tool_call_id": "call_0", "name": "lookup",
-                           "content": f"name={sample.target} code={rec['code']} shelf={rec['shelf']} price={rec['price']}"}]
+    assert r.messages == [{"role": "tool", "tool_call_id": "call_0", "name": "lookup", "content": rec[sample.field]}]
     assert not r.done and r.status == Status.RUNNING
-    r = session.interact(call("lookup", {"name": "qqqq"}, "call_1"))
+    other = next(f for f in FIELDS if f != sample.field)  # any field of any catalog item can be read
+    r = session.interact(call("lookup", {"name": sample.target, "field": other}, "call_1"))
+    assert r.messages[0]["content"] == rec[other]
+    r = session.interact(call("lookup", {"name": "qqqq", "field": "code"}, "call_2"))
     assert r.messages[0]["content"] == "Error: no item named 'qqqq'."
 
 
@@ -93,9 +95,9 @@ def test_wrong_answer_scores_zero() -> None:
 def test_turn_limit() -> None:
     session = Session(LookupTask(), "train-0")
     for turn in range(1, 4):
-        r = session.interact(call("lookup", {"name": "qqqq"}, f"call_{turn}"))
+        r = session.interact(call("lookup", {"name": "qqqq", "field": "code"}, f"call_{turn}"))
         assert not r.done, turn
-    r = session.interact(call("lookup", {"name": "qqqq"}, "call_4"))
+    r = session.interact(call("lookup", {"name": "qqqq", "field": "code"}, "call_4"))
     assert (r.done, r.reward, r.status) == (True, 0.0, Status.TURN_LIMIT)
     with pytest.raises(EnvError):
         session.interact(call("lookup", {"name": "qqqq"}))
@@ -104,8 +106,12 @@ def test_turn_limit() -> None:
 @pytest.mark.parametrize("message, role, expected", [
     (call("lookup", '{"name": "bako"'), "tool", "Error: arguments are not valid JSON"),
     (call("search", {"q": "x"}), "tool", "Error: unknown tool 'search'; the tools are: lookup, submit_answer."),
-    (call("lookup", {"nam": "bako"}), "tool", "Error: invalid arguments for lookup: 'name' is a required property."),
-    (call("lookup", {"name": 5}), "tool", "Error: invalid arguments for lookup at name: 5 is not of type 'string'."),
+    (call("lookup", {"nam": "bako", "field": "code"}), "tool",
+     "Error: invalid arguments for lookup: 'name' is a required property."),
+    (call("lookup", {"name": 5, "field": "code"}), "tool",
+     "Error: invalid arguments for lookup at name: 5 is not of type 'string'."),
+    (call("lookup", {"name": "bako", "field": "colour"}), "tool",
+     "Error: invalid arguments for lookup at field: 'colour' is not one of ['code', 'shelf', 'price']."),
     (call("lookup", '["bako"]'), "tool", "Error: arguments must be a JSON object."),
     (call("lookup", {"name": "b" * 9000}), "tool", "Error: arguments are too long"),
     ({"role": "assistant", "content": "the answer is 42"}, "user", "Please call one of the tools: lookup, submit_answer."),

@@ -50,7 +50,7 @@ def _sampling(tok) -> SamplingConfig:
 def test_episode_tokens_masks_and_reward(lookup_tokenizer) -> None:
     tok = lookup_tokenizer
     s = make_sample(INDEX)
-    replies = [call("lookup", name=s.target), call("submit_answer", answer=s.answer)]
+    replies = [call("lookup", name=s.target, field=s.field), call("submit_answer", answer=s.answer)]
     engine = ScriptedEngine(replies, tok)
 
     async def go(client, _):
@@ -69,14 +69,14 @@ def test_episode_tokens_masks_and_reward(lookup_tokenizer) -> None:
     second_prompt = engine.prompts[1]
     assert t.tokens[: len(second_prompt)].tolist() == second_prompt
     seen = tok.decode(second_prompt)
-    assert f"name={s.target}" in seen and seen.endswith("<|im_start|>assistant\n")
+    assert f"<|im_start|>tool\n{s.answer}<|im_end|>" in seen and seen.endswith("<|im_start|>assistant\n")
 
 
 def test_malformed_call_becomes_an_observation_and_the_episode_goes_on(lookup_tokenizer) -> None:
     tok = lookup_tokenizer
     s = make_sample(INDEX)
     replies = ['<tool_call>{"name": "lookup", "arguments": {"name": </tool_call><|im_end|>',
-               call("lookup", name="nobody"),
+               call("lookup", name="nobody", field="code"),
                call("submit_answer", answer=s.answer)]
     engine = ScriptedEngine(replies, tok)
 
@@ -93,7 +93,7 @@ def test_malformed_call_becomes_an_observation_and_the_episode_goes_on(lookup_to
 
 def test_turn_limit_and_cancel(lookup_tokenizer) -> None:
     tok = lookup_tokenizer
-    engine = ScriptedEngine([call("lookup", name="nobody")] * 2, tok)
+    engine = ScriptedEngine([call("lookup", name="nobody", field="code")] * 2, tok)
 
     async def go(client, _):
         t = await run_episode(client, engine, tok, "lookup", INDEX, "g0", _sampling(tok), EpisodeLimits(2, 512, 48))
@@ -141,7 +141,8 @@ def test_dead_worker_gives_env_error_trajectories_not_crashes(lookup_tokenizer) 
                 await self.worker.stop()
             return await super().generate(prompt_ids, sampling, **context)
 
-    engine = KillAfterFirstTurn([call("lookup", name=s.target), call("submit_answer", answer=s.answer)], tok)
+    engine = KillAfterFirstTurn([call("lookup", name=s.target, field=s.field),
+                                 call("submit_answer", answer=s.answer)], tok)
 
     async def go(client, worker):
         engine.worker = worker

@@ -1,15 +1,17 @@
-"""`lookup`: the smallest task that still needs a tool: look a record up, then submit one field.
+"""`lookup`: the smallest task that still needs a tool: look a value up, then submit it.
 
 Built so that a ~1M-parameter model trained from scratch on CPU can learn it in minutes, while it
 still has to read the observation: each sample is a catalog of 4 items (the target and 3 distractors)
 with random 2-digit fields, and the question asks for one field of one item. Nothing in the question
-gives the value away, so the model must call `lookup(name)` and copy the value from the tool result.
+gives the value away, so the model must call `lookup(name, field)` and copy the value from the tool
+result. (An earlier version returned the whole record and left the model to pick the field; a model
+this small needed far longer than the demo's budget to learn that two-step lookup.)
 
 Reward (the task's own scale): 1.0 if `submit_answer`'s `answer.strip()` equals the target value
 (a 2-digit string), else 0.0. Every ending by `submit_answer` has status "completed" and metrics
 {"success": reward}. At most 4 assistant turns; past them the episode ends as "turn_limit" with
 reward 0.0 (the trainer applies the failure penalty). The scripted expert solves every sample in two
-turns: `lookup(name=<target>)`, then `submit_answer(answer=<value>)`.
+turns: `lookup(name=<target>, field=<field>)`, then `submit_answer(answer=<value>)`.
 
 Samples are a deterministic function of their index string ("train-0".."train-1999",
 "test-0".."test-199"): `random.Random("lookup:<index>")`, so test samples are fresh draws the model
@@ -40,9 +42,10 @@ SYSTEM_PROMPT = "You are an agent. Use the tools to answer."
 
 TOOLS: list[dict[str, Any]] = [
     {"type": "function", "function": {
-        "name": "lookup", "description": "Show the record of an item.",
-        "parameters": {"type": "object", "properties": {"name": {"type": "string"}},
-                       "required": ["name"], "additionalProperties": False}}},
+        "name": "lookup", "description": "Show one field of an item.",
+        "parameters": {"type": "object", "properties": {"name": {"type": "string"},
+                                                        "field": {"type": "string", "enum": list(FIELDS)}},
+                       "required": ["name", "field"], "additionalProperties": False}}},
     {"type": "function", "function": {
         "name": "submit_answer", "description": "Submit the final answer.",
         "parameters": {"type": "object", "properties": {"answer": {"type": "string"}},
@@ -91,22 +94,23 @@ class LookupEpisode:
                 # calls after the submission in the same message are ignored: the episode is over
                 return StepResult(messages=messages, done=True, reward=reward, status=Status.COMPLETED,
                                   metrics={"success": reward})
-            messages.append(tool_message(call.id, call.name, self._lookup(call.arguments["name"])))
+            messages.append(tool_message(call.id, call.name,
+                                         self._lookup(call.arguments["name"], call.arguments["field"])))
         return StepResult(messages=messages, metrics={"success": 0.0})
 
-    def _lookup(self, name: str) -> str:
+    def _lookup(self, name: str, field: str) -> str:
         record = self.sample.catalog.get(name.strip())
         if record is None:
             return f"Error: no item named {name!r}."
-        if name.strip() == self.sample.target:
+        if name.strip() == self.sample.target and field == self.sample.field:
             self.looked_up = True
-        return f"name={name.strip()} " + " ".join(f"{f}={record[f]}" for f in FIELDS)
+        return record[field]
 
     def expert_message(self) -> dict[str, Any]:
         if self.looked_up:
             name, args = "submit_answer", {"answer": self.sample.answer}
         else:
-            name, args = "lookup", {"name": self.sample.target}
+            name, args = "lookup", {"name": self.sample.target, "field": self.sample.field}
         call_id = f"call_{self.expert_turn}"
         self.expert_turn += 1
         return {"role": "assistant", "content": "", "tool_calls": [
