@@ -120,7 +120,9 @@ class RolloutConfig:
         for name in ("eval_samples", "expert_samples"):
             _check(getattr(self, name) >= 0, f"{p}.{name}", "must be >= 0")
         _check(self.temperature >= 0, f"{p}.temperature", "must be >= 0")
-        _check(0 < self.top_p <= 1, f"{p}.top_p", "must be in (0, 1]")
+        # vLLM reports log-probs after top-p renormalisation; the trainer does not re-apply the nucleus,
+        # so with top_p < 1 every PPO ratio would be biased. Until it does, RL samples the full distribution.
+        _check(self.top_p == 1.0, f"{p}.top_p", "must be 1.0 (the trainer's log-probs do not apply top-p yet)")
         _check(self.max_new_tokens < self.max_model_len, f"{p}.max_new_tokens", "must be < max_model_len")
 
 
@@ -167,6 +169,8 @@ class AlgoConfig:
     fail_penalty: float = -0.2
     """Reward for agent failures (invalid_action, turn_limit, context_limit)."""
     max_staleness: int = 0
+    drop_uniform_groups: bool = True
+    """Leave out groups whose rewards are all equal (no GRPO signal) before task normalization."""
     eps: float = 1e-6
 
     def validate(self, p: str) -> None:
@@ -231,11 +235,19 @@ class RunConfig:
         return Path(self.run_root) / self.name
 
     def validate(self, p: str = "") -> None:
-        _check(bool(self.name) and "/" not in self.name, "name", "must be a non-empty name without '/'")
+        _check(bool(self.name) and "/" not in self.name and self.name not in (".", ".."), "name",
+               "must be a non-empty name without '/'")
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if dataclasses.is_dataclass(v):
                 v.validate(f.name)
+        # fields that only make sense together
+        _check(self.trainer.sft_steps == 0 or self.rollout.expert_samples > 0, "rollout.expert_samples",
+               "must be > 0 when trainer.sft_steps > 0 (the warm start trains on the expert's episodes)")
+        _check(self.trainer.steps == 0 or self.rollout.samples_per_prompt >= 2, "rollout.samples_per_prompt",
+               "must be >= 2 for RL: group advantages of a group of one are 0")
+        _check(bool(self.model.path) or self.rollout.max_model_len <= self.model.max_position,
+               "rollout.max_model_len", "must be <= model.max_position")
 
 
 # ---------------------------------------------------------------------------------------------- building
@@ -259,7 +271,8 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         _check(isinstance(value, int) and not isinstance(value, bool), path, f"expected an integer, got {value!r}")
         return value
     if tp is float:
-        _check(isinstance(value, (int, float)) and not isinstance(value, bool), path, f"expected a number, got {value!r}")
+        _check(isinstance(value, (int, float)) and not isinstance(value, bool), path,
+               f"expected a number, got {value!r}")
         return float(value)
     if tp is str:
         _check(isinstance(value, str), path, f"expected a string, got {value!r}")

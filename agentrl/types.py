@@ -78,7 +78,7 @@ class Trajectory:
 
     @property
     def num_tokens(self) -> int:
-        return int(len(self.tokens))
+        return len(self.tokens)
 
     @property
     def num_action_tokens(self) -> int:
@@ -99,7 +99,7 @@ class Trajectory:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Trajectory":
+    def from_dict(cls, d: dict[str, Any]) -> Trajectory:
         return cls(**d)
 
 

@@ -16,7 +16,6 @@ import json
 import shutil
 import sys
 import time
-from pathlib import Path
 
 from agentrl.config import ConfigError, dump_config, load_config
 from agentrl.launch import rendezvous

@@ -25,8 +25,10 @@ def main() -> None:
     t, a = cfg.trainer, cfg.algo
     hyper = RLHyper(a.adv_estimator, a.task_norm, a.eps_low, a.eps_high, a.dual_clip, a.kl_coef, a.kl_estimator,
                     a.entropy_coef, a.eps, cfg.rollout.temperature, t.grad_clip, t.micro_batch_tokens)
-    schedule = role.Schedule(t.steps, t.sft_steps, t.sft_batch, t.sft_lr, t.sft_all_tokens, t.lr, t.weight_decay, a.max_staleness,
-                             a.fail_penalty, cfg.cluster.role_timeout_s, t.seed)
+    schedule = role.Schedule(
+        steps=t.steps, sft_steps=t.sft_steps, sft_batch=t.sft_batch, sft_lr=t.sft_lr, sft_all_tokens=t.sft_all_tokens,
+        lr=t.lr, weight_decay=t.weight_decay, max_staleness=a.max_staleness, drop_uniform_groups=a.drop_uniform_groups,
+        fail_penalty=a.fail_penalty, wait_timeout_s=cfg.cluster.role_timeout_s, seed=t.seed)
     model_dir = Path(cfg.model.path) if cfg.model.path else args.run_dir / "model"
     monitor = make_monitor(args.run_dir, "trainer", cfg.monitor.tensorboard)
     try:

@@ -55,3 +55,16 @@ def test_defaults_are_valid() -> None:
 def test_override_needs_equals() -> None:
     with pytest.raises(ConfigError, match="section.field=value"):
         load_config("demo", ["trainer.lr"])
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (["trainer.sft_steps=10", "rollout.expert_samples=0"], "rollout.expert_samples"),
+    (["rollout.samples_per_prompt=1"], "rollout.samples_per_prompt"),
+    (["rollout.max_model_len=4096"], "rollout.max_model_len"),
+    (["rollout.top_p=0.9"], "rollout.top_p"),
+    (["name=.."], "name"),
+])
+def test_fields_that_only_make_sense_together(overrides: list[str], field: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config("demo", overrides)
+    assert str(e.value).startswith(field), str(e.value)

@@ -5,6 +5,7 @@ each function is tested alone on CPU. Variants are picked from the dicts below b
 from agentrl.algorithms.advantages import (
     ADVANTAGE_ESTIMATORS,
     grpo_advantages,
+    informative_groups,
     reinforce_pp_advantages,
     rloo_advantages,
     token_advantages,
@@ -16,7 +17,8 @@ from agentrl.algorithms.task_norm import task_normalize, task_stats
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "KL_ESTIMATORS", "LOSS_REDUCTIONS",
-    "entropy_from_logits", "fresh_mask", "grpo_advantages", "kl_k1", "kl_k2", "kl_k3", "masked_mean",
+    "entropy_from_logits", "fresh_mask", "grpo_advantages", "informative_groups", "kl_k1", "kl_k2", "kl_k3",
+    "masked_mean",
     "ppo_loss", "reinforce_pp_advantages", "rloo_advantages", "staleness", "task_normalize", "task_stats",
     "token_advantages", "truncated_is_weights",
 ]

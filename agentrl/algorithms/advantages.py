@@ -40,6 +40,22 @@ def _group_stats(rewards: Tensor, group_index: Tensor) -> tuple[Tensor, Tensor, 
     return count[group_index], mean[group_index], var.sqrt()[group_index], constant
 
 
+def informative_groups(
+    rewards: Tensor,  # [B] float
+    group_index: Tensor,  # [B] long, group ids 0..G-1
+) -> Tensor:  # [B] bool
+    """True for trajectories whose group's rewards are not all equal (groups of one are uninformative).
+
+    A group with one reward has no GRPO signal, and keeping its zero advantages in the batch is not
+    harmless once task normalization re-centres: its tokens take the value −μ_task/σ_task, a push in
+    whatever direction the other groups' token mean points (with long failed episodes, towards failing).
+    Dropping such groups before normalization (as DAPO's dynamic sampling does) avoids that.
+    """
+    if rewards.numel() == 0:
+        return torch.zeros(0, dtype=torch.bool)
+    return ~_group_stats(rewards, group_index)[3]
+
+
 def grpo_advantages(
     rewards: Tensor,  # [B] float
     group_index: Tensor,  # [B] long, group ids 0..G-1

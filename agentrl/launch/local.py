@@ -86,7 +86,7 @@ class LocalLauncher:
     def stop_all(self, grace_s: float = 10.0) -> None:
         """SIGTERM every live role (its whole process group), then SIGKILL what is left after `grace_s`."""
         live = [r for r in self.roles.values() if r.proc.poll() is None]
-        for r in live:
+        for r in self.roles.values():  # a crashed role's children (engine cores, sandboxes) live on in its group
             _signal_group(r.proc, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for r in live:
@@ -95,10 +95,12 @@ class LocalLauncher:
             except subprocess.TimeoutExpired:
                 _signal_group(r.proc, signal.SIGKILL)
                 r.proc.wait()
+        for r in self.roles.values():
+            _signal_group(r.proc, signal.SIGKILL)  # whatever is left in the groups
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         pass

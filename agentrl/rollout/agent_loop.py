@@ -36,6 +36,7 @@ async def run_episode(client: Any, engine: Engine, tokenizer: Any, task: str, in
     prompt = tokenizer.encode(chat.render(start.messages, start.tools, add_generation_prompt=True),
                               add_special_tokens=False)
     b.add_context(prompt[: limits.max_model_len])  # an over-long prompt ends at once as context_limit
+    im_end = tokenizer.convert_tokens_to_ids(chat.IM_END)
     status, reward, metrics, turns, invalid = Status.TURN_LIMIT, 0.0, {}, 0, 0
     done = False
     try:
@@ -53,13 +54,17 @@ async def run_episode(client: Any, engine: Engine, tokenizer: Any, task: str, in
             turns += 1
             parsed = chat.parse_assistant(tokenizer.decode(gen.token_ids, skip_special_tokens=False),
                                           call_id_prefix=f"call_{turns}")
+            if gen.finish_reason == "stop" and gen.token_ids and gen.token_ids[-1] != im_end:
+                # ended on EOS rather than <|im_end|>: close the turn (not trained on) so the next
+                # observation follows the chat format
+                b.add_context([im_end])
             if gen.finish_reason == "length":
                 if len(b) + 1 >= limits.max_model_len:
                     status = Status.CONTEXT_LIMIT
                     break
                 # The turn ran out of tokens before <|im_end|>: close it (not trained on) and let the
                 # observation tell the model, as with any malformed call.
-                b.add_context(tokenizer.encode(chat.IM_END, add_special_tokens=False))
+                b.add_context([im_end])
                 if not parsed.errors:
                     parsed.errors.append(chat.ToolCallError("", "the message was cut off at the token limit"))
             if parsed.errors:
@@ -78,8 +83,8 @@ async def run_episode(client: Any, engine: Engine, tokenizer: Any, task: str, in
                 status = Status.CONTEXT_LIMIT
                 break
             b.add_context(obs_ids)
-    except EnvError:  # the worker died or the session expired: an infrastructure outcome
-        done, status, metrics = True, Status.ENV_ERROR, {"env_error": 1.0}
+    except EnvError:  # the worker died, the session expired or the gateway failed: infrastructure
+        status, metrics = Status.ENV_ERROR, {"env_error": 1.0}  # not `done`: cancel below frees the slot
     finally:
         if not done:
             try:

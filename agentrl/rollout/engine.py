@@ -11,6 +11,7 @@ tokens (log-prob 0), so warm-start demonstrations go through exactly the same ag
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import os
 import queue
@@ -45,7 +46,10 @@ class Engine(Protocol):
 
 
 class VLLMEngine:
-    """vLLM in-process, continuous batching from one thread; `load_weights` swaps between requests."""
+    """vLLM in-process, continuous batching from one thread; `load_weights` swaps between requests.
+
+    If the engine thread fails, every waiting and later call raises instead of hanging.
+    """
 
     def __init__(self, model_dir: str, max_model_len: int, max_num_seqs: int = 256, kv_cache_gib: int = 1,
                  seed: int = 0, engine_id: int = 0, version: int = 0, dtype: str = "float32") -> None:
@@ -64,70 +68,84 @@ class VLLMEngine:
         self.version = version
         self._ids = itertools.count()
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self._pending: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[Generation], int]] = {}
-        self._stop = False
+        self._pending: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], int]] = {}
+        self._waiting: list[tuple[str, Any]] = []  # requests held back while a swap waits for the drain
+        self._swaps: collections.deque[Any] = collections.deque()
+        self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=f"vllm-engine-{engine_id}", daemon=True)
         self._thread.start()
 
     # ---------------------------------------------------------------- asyncio side
     async def generate(self, prompt_ids: list[int], sampling: SamplingConfig, **context: Any) -> Generation:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Generation] = loop.create_future()
-        self._inbox.put(("generate", (f"req-{next(self._ids)}", list(prompt_ids), sampling, loop, fut)))
+        fut = self._submit("generate", lambda loop, fut: (f"req-{next(self._ids)}", list(prompt_ids), sampling,
+                                                          loop, fut))
         return await fut
 
     async def load_weights(self, weights: Callable[[], Any], version: int) -> None:
-        """Swap in new weights once no request is in flight. `weights()` yields (name, tensor) pairs."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-        self._inbox.put(("load", (weights, version, loop, fut)))
-        await fut
+        """Swap in new weights once no request is in flight. `weights()` yields (name, tensor) pairs.
+
+        Swaps apply in the order asked; requests that arrive meanwhile wait and then use the new weights.
+        """
+        await self._submit("load", lambda loop, fut: (weights, version, loop, fut))
 
     def close(self) -> None:
-        self._stop = True
-        self._inbox.put(("stop", None))
-        self._thread.join(timeout=30)
+        """Stop the engine thread; anything still waiting gets an error."""
+        if self._thread.is_alive():
+            self._inbox.put(("stop", None))
+            self._thread.join(timeout=60)
+
+    def _submit(self, kind: str, make: Callable[[Any, Any], Any]) -> asyncio.Future[Any]:
+        if self._error is not None or not self._thread.is_alive():
+            raise RuntimeError(f"vLLM engine {self.engine_id} is not running") from self._error
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        payload = make(loop, fut)
+        if kind == "generate":  # a cancelled caller frees its sequence slot
+            fut.add_done_callback(lambda f, rid=payload[0]: f.cancelled() and self._inbox.put(("abort", rid)))
+        self._inbox.put((kind, payload))
+        return fut
 
     # ---------------------------------------------------------------- engine thread
     def _run(self) -> None:
-        deferred: list[tuple[str, Any]] = []  # requests that arrived while a swap waits for the engine to drain
-        swap: tuple[str, Any] | None = None
-        while not self._stop:
-            busy = self._engine.has_unfinished_requests()
-            if not busy and swap is None:
-                item: tuple[str, Any] | None = self._inbox.get()  # idle: sleep until work arrives
-            else:
-                try:
-                    item = self._inbox.get_nowait()
-                except queue.Empty:
-                    item = None
+        try:
+            self._serve()
+            self._fail_all(RuntimeError(f"vLLM engine {self.engine_id} was closed"))
+        except BaseException as e:  # noqa: BLE001 - any failure must reach the waiters, not kill them silently
+            self._error = e
+            self._fail_all(e)
+
+    def _serve(self) -> None:
+        while True:
+            idle = not self._engine.has_unfinished_requests() and not self._swaps
+            try:
+                item: tuple[str, Any] | None = self._inbox.get(block=idle)
+            except queue.Empty:
+                item = None
             while item is not None:
                 kind, payload = item
                 if kind == "stop":
                     return
                 if kind == "load":
-                    swap = item
-                elif swap is not None:
-                    deferred.append(item)
+                    self._swaps.append(payload)
+                elif kind == "abort":
+                    if self._pending.pop(payload, None) is not None:
+                        self._engine.abort_request([payload])
+                elif self._swaps:
+                    self._waiting.append(payload)
                 else:
                     self._add(payload)
                 try:
                     item = self._inbox.get_nowait()
                 except queue.Empty:
                     item = None
-            if swap is not None and not self._engine.has_unfinished_requests():
-                self._swap(swap[1])
-                swap = None
-                for d in deferred:
-                    self._add(d[1])
-                deferred.clear()
+            if self._swaps and not self._engine.has_unfinished_requests():
+                while self._swaps:
+                    self._swap(self._swaps.popleft())
+                for payload in self._waiting:
+                    self._add(payload)
+                self._waiting.clear()
             if self._engine.has_unfinished_requests():
-                try:
-                    outputs = self._engine.step()
-                except Exception as e:  # fail every waiter rather than hang them
-                    self._fail_all(e)
-                    continue
-                for out in outputs:
+                for out in self._engine.step():
                     if out.finished:
                         self._finish(out)
 
@@ -135,18 +153,21 @@ class VLLMEngine:
         from vllm import SamplingParams
 
         req_id, prompt, s, loop, fut = payload
-        params = SamplingParams(max_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
-                                logprobs=0, stop_token_ids=list(s.stop_token_ids), seed=s.seed,
-                                skip_special_tokens=False)
         try:
+            params = SamplingParams(max_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
+                                    logprobs=0, stop_token_ids=list(s.stop_token_ids), seed=s.seed,
+                                    skip_special_tokens=False)
             self._engine.add_request(req_id, {"prompt_token_ids": prompt}, params)
-        except Exception as e:  # e.g. prompt longer than max_model_len
+        except Exception as e:  # a bad request (e.g. a prompt over max_model_len) fails alone
             loop.call_soon_threadsafe(_set_exception, fut, e)
             return
         self._pending[req_id] = (loop, fut, self.version)
 
     def _finish(self, out: Any) -> None:
-        loop, fut, version = self._pending.pop(out.request_id)
+        entry = self._pending.pop(out.request_id, None)
+        if entry is None:  # aborted meanwhile
+            return
+        loop, fut, version = entry
         c = out.outputs[0]
         ids = list(c.token_ids)
         lps = [lp[t].logprob for t, lp in zip(ids, c.logprobs)]
@@ -165,11 +186,32 @@ class VLLMEngine:
             return
         loop.call_soon_threadsafe(_set_result, fut, None)
 
-    def _fail_all(self, e: Exception) -> None:
-        for req_id, (loop, fut, _) in list(self._pending.items()):
-            loop.call_soon_threadsafe(_set_exception, fut, e)
-            self._engine.abort_request([req_id])
+    def _fail_all(self, e: BaseException) -> None:
+        """Hand `e` to every waiter first (aborting can itself fail when the engine is broken)."""
+        waiters = [(loop, fut) for loop, fut, _ in self._pending.values()]
+        waiters += [(p[3], p[4]) for p in self._waiting] + [(p[2], p[3]) for p in self._swaps]
+        while True:
+            try:
+                kind, p = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "generate":
+                waiters.append((p[3], p[4]))
+            elif kind == "load":
+                waiters.append((p[2], p[3]))
+        for loop, fut in waiters:
+            try:
+                loop.call_soon_threadsafe(_set_exception, fut, e)
+            except RuntimeError:  # that event loop is already closed
+                pass
+        ids = list(self._pending)
         self._pending.clear()
+        self._waiting.clear()
+        self._swaps.clear()
+        try:
+            self._engine.abort_request(ids)
+        except Exception:  # noqa: BLE001 - the engine is going away either way
+            pass
 
 
 def _set_result(fut: asyncio.Future[Any], value: Any) -> None:

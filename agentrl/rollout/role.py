@@ -96,8 +96,10 @@ async def evaluate(client: Any, engine: Engine, tok: Any, plan: Plan, version: i
     t0 = time.perf_counter()
     trajs, _ = await collect(client, engine, tok, reqs, greedy, plan.limits, plan.concurrency, plan.max_retries)
     m = rollout_metrics(trajs, prefix="eval")
-    m["eval/success"] = sum(t.metrics.get("success", 0.0) for t in trajs) / max(len(trajs), 1)
-    m["eval/episodes"] = float(len(trajs))
+    scored = [t for t in trajs if not t.status.is_infra]  # env failures say nothing about the policy
+    m["eval/success"] = sum(t.metrics.get("success", 0.0) for t in scored) / max(len(scored), 1)
+    m["eval/episodes"] = float(len(scored))
+    m["eval/env_errors"] = float(len(trajs) - len(scored))
     m["eval/seconds"] = time.perf_counter() - t0
     monitor.scalars(m, version)
     report_dir.mkdir(parents=True, exist_ok=True)
@@ -126,11 +128,24 @@ async def run(run_dir: Path, model_dir: Path, client: Any, tok: Any, make_engine
 
     path = await asyncio.to_thread(weights_io.wait_for, run_dir, 0, plan.wait_timeout_s)
     engine = make_engine()
+    try:
+        return await _rl_loop(run_dir, client, tok, engine, path, plan, sampling, rng, monitor)
+    finally:
+        engine.close()
+
+
+async def _rl_loop(run_dir: Path, client: Any, tok: Any, engine: Any, path: Path, plan: Plan,
+                   sampling: SamplingConfig, rng: random.Random, monitor) -> dict:
     await engine.load_weights(lambda: weights_io.iter_weights(path), 0)
     before = await evaluate(client, engine, tok, plan, 0, run_dir / "report", monitor)
 
     writer = ShardWriter(run_dir / "shards" / "rollout-0")
     train_idx = {t: await client.indices(t, "train") for t in plan.tasks}
+    for task, idx in train_idx.items():
+        if len(idx) < plan.prompts_per_step:
+            raise ValueError(f"rollout.prompts_per_step={plan.prompts_per_step} exceeds the {len(idx)} "
+                             f"train samples of task {task!r}")
+    limits = plan.limits
     for step in range(plan.steps):
         t0 = time.perf_counter()
         reqs = []
@@ -156,5 +171,4 @@ async def run(run_dir: Path, model_dir: Path, client: Any, tok: Any, make_engine
     summary = {"success_before_rl": before["eval/success"], "success_after_rl": after["eval/success"],
                "eval_episodes": int(after["eval/episodes"]), "rl_steps": plan.steps}
     (run_dir / "report" / "summary.json").write_text(json.dumps(summary, indent=2))
-    engine.close()
     return summary

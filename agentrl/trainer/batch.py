@@ -27,7 +27,7 @@ class TrainBatch:
     def num_action_tokens(self) -> int:
         return int(self.mask.sum().item())
 
-    def select(self, rows: slice) -> "TrainBatch":
+    def select(self, rows: slice) -> TrainBatch:
         width = int(self.attention[rows].sum(1).max().item()) if self.attention[rows].numel() else 1
         return TrainBatch(self.tokens[rows, :width], self.attention[rows, :width], self.mask[rows, : width - 1],
                           self.behaviour_logp[rows, : width - 1], self.rewards[rows], self.group_index[rows],

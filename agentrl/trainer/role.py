@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from agentrl.algorithms.advantages import informative_groups
 from agentrl.algorithms.staleness import fresh_mask, staleness
 from agentrl.monitor.rollout_stats import rollout_metrics
 from agentrl.trainer.batch import collate
@@ -36,6 +37,7 @@ class Schedule:
     lr: float
     weight_decay: float
     max_staleness: int
+    drop_uniform_groups: bool
     fail_penalty: float
     wait_timeout_s: float
     seed: int
@@ -79,7 +81,8 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, threads: int, m
     model = load_model(model_dir, threads)
     from transformers import AutoTokenizer
 
-    pad_id = AutoTokenizer.from_pretrained(str(model_dir)).pad_token_id
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)  # padding is masked
     if s.sft_steps > 0:
         demos = ShardReader(run_dir / "shards" / "expert-0").wait(0, timeout_s=s.wait_timeout_s)
         log.info("warm start on %d expert trajectories", len(demos))
@@ -98,19 +101,10 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, threads: int, m
         t_wait = time.perf_counter()
         trajs = reader.wait(step, timeout_s=s.wait_timeout_s)
         t0 = time.perf_counter()
-        usable = [t for t in trajs if not t.status.is_infra]
-        dropped_infra = len(trajs) - len(usable)
-        if usable:
-            pv = torch.tensor([t.oldest_version() for t in usable])
-            stale = staleness_of(pv, step)
-            keep = fresh_mask(stale, s.max_staleness).tolist()
-            dropped_stale = keep.count(False)
-            usable = [t for t, k in zip(usable, keep) if k]
-        else:
-            stale, dropped_stale = torch.zeros(0, dtype=torch.long), 0
+        usable, rewards, counts = select_training_data(trajs, step, s)
         stats: dict[str, float] = {}
         if usable:
-            batch = collate(usable, shaped_rewards(usable, s.fail_penalty), pad_id)
+            batch = collate(usable, rewards, pad_id)
             model.train()
             stats = rl_step(model, opt, batch, h, ref_model)
         weights_io.publish(run_dir, step + 1, model.state_dict())
@@ -118,16 +112,40 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, threads: int, m
         n_tok = sum(t.num_tokens for t in usable)
         metrics = {f"train/{k}": v for k, v in stats.items()}
         metrics.update(rollout_metrics(trajs))
-        metrics.update({
-            "train/lr": opt.param_groups[0]["lr"], "pipeline/batch_size": float(len(usable)),
-            "pipeline/dropped_infra": float(dropped_infra), "pipeline/dropped_stale": float(dropped_stale),
-            "pipeline/staleness_max": float(stale.max()) if len(stale) else 0.0,
-            "pipeline/trainer_wait_s": t0 - t_wait, "pipeline/train_tokens_per_s": n_tok / max(dt, 1e-9),
-        })
+        metrics.update({"train/lr": opt.param_groups[0]["lr"], "pipeline/batch_size": float(len(usable)),
+                        "pipeline/trainer_wait_s": t0 - t_wait, "pipeline/train_tokens_per_s": n_tok / max(dt, 1e-9)})
+        metrics.update({f"pipeline/{k}": float(v) for k, v in counts.items()})
         monitor.scalars(metrics, step)
-        log.info("step %d/%d batch %d loss %.4f kl %.4f clipfrac %.3f reward %.3f (%.1fs)", step + 1, s.steps,
-                 len(usable), stats.get("loss", 0.0), stats.get("approx_kl", 0.0), stats.get("clipfrac", 0.0),
-                 sum(t.reward for t in usable) / max(len(usable), 1), dt)
+        log.info("step %d/%d trained on %d of %d (%d in uniform groups) loss %.4f approx_kl %.4f grad_norm %.3f "
+                 "(%.1fs)", step + 1, s.steps, len(usable), len(trajs), counts["dropped_uniform"],
+                 stats.get("loss", 0.0), stats.get("approx_kl", 0.0), stats.get("grad_norm", 0.0), dt)
+
+
+def select_training_data(trajs: list[Trajectory], version: int, s: Schedule
+                         ) -> tuple[list[Trajectory], list[float], dict[str, float]]:
+    """What one step trains on, and why the rest was left out (every exclusion is counted).
+
+    Infrastructure outcomes are never trained on; trajectories more than `max_staleness` versions old
+    are dropped; groups whose (shaped) rewards are all equal carry no GRPO signal and are dropped
+    before task normalization could turn their zero advantages into a bias (see `informative_groups`).
+    """
+    usable = [t for t in trajs if not t.status.is_infra]
+    counts = {"dropped_infra": len(trajs) - len(usable), "dropped_stale": 0, "dropped_uniform": 0,
+              "staleness_max": 0}
+    if usable:
+        stale = staleness_of(torch.tensor([t.oldest_version() for t in usable]), version)
+        keep = fresh_mask(stale, s.max_staleness).tolist()
+        counts["dropped_stale"] = keep.count(False)
+        counts["staleness_max"] = int(stale.max())
+        usable = [t for t, k in zip(usable, keep) if k]
+    rewards = shaped_rewards(usable, s.fail_penalty)
+    if usable and s.drop_uniform_groups:
+        ids = {g: i for i, g in enumerate(dict.fromkeys(t.group_id for t in usable))}
+        keep = informative_groups(torch.tensor(rewards), torch.tensor([ids[t.group_id] for t in usable])).tolist()
+        counts["dropped_uniform"] = keep.count(False)
+        usable = [t for t, k in zip(usable, keep) if k]
+        rewards = [r for r, k in zip(rewards, keep) if k]
+    return usable, rewards, counts
 
 
 def staleness_of(oldest_version: torch.Tensor, current: int) -> torch.Tensor:

@@ -5,6 +5,7 @@ accumulated gradient equals the gradient of the whole batch's token-mean loss.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -80,8 +81,12 @@ def rl_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Tra
         sums["clipfrac"] += float(stats["clipfrac"]) * w
         sums["approx_kl"] += float(stats["approx_kl"]) * w
     grad_norm = _clip(model, h.grad_clip)
-    optimizer.step()
-    out = {**sums, "grad_norm": grad_norm, "action_tokens": float(total)}
+    skipped = not math.isfinite(grad_norm)
+    if skipped:  # never publish weights a NaN/inf gradient touched
+        optimizer.zero_grad(set_to_none=True)
+    else:
+        optimizer.step()
+    out = {**sums, "grad_norm": grad_norm, "action_tokens": float(total), "skipped_step": float(skipped)}
     for k, name in enumerate(batch.task_names):
         sel = (batch.task_index[:, None] == k) & (batch.mask > 0)
         if sel.any():
@@ -115,6 +120,8 @@ def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Tr
 
 def _clip(model: torch.nn.Module, grad_clip: float) -> float:
     params = [p for p in model.parameters() if p.grad is not None]
+    if not params:
+        return 0.0
     if grad_clip > 0:
         return float(torch.nn.utils.clip_grad_norm_(params, grad_clip))
     return float(torch.norm(torch.stack([p.grad.norm() for p in params])))

@@ -136,3 +136,18 @@ def test_token_advantages() -> None:
     for b in range(3):  # loop reference, bool mask
         for t in range(3):
             assert token_advantages(seq_adv, mask.bool())[b, t] == (seq_adv[b] if mask[b, t] else 0.0)
+
+
+def test_informative_groups_against_a_loop() -> None:
+    from agentrl.algorithms.advantages import informative_groups
+
+    g = torch.Generator().manual_seed(3)
+    for _ in range(5):
+        group = torch.randint(0, 6, (40,), generator=g)
+        rewards = torch.randint(0, 2, (40,), generator=g).float()
+        got = informative_groups(rewards, group)
+        want = [len({float(r) for r, gg in zip(rewards, group) if gg == group[i]}) > 1 for i in range(40)]
+        assert got.tolist() == want
+    # hand case: group 0 mixed, group 1 all equal, group 2 a single trajectory
+    r = torch.tensor([1.0, 0.0, 0.5, 0.5, 1.0])
+    assert informative_groups(r, torch.tensor([0, 0, 1, 1, 2])).tolist() == [True, True, False, False, False]

@@ -71,7 +71,7 @@ def test_initial_messages_and_observation_text() -> None:
     session = Session(LookupTask(), "train-7")
     assert session.messages == [
         {"role": "system", "content": "You are an agent. Use the tools to answer."},
-        {"role": "user", "content": f"What is the {sample.field} of \"{sample.target}\"?"}]
+        {"role": "user", "content": f"What is the \"{sample.field}\" of \"{sample.target}\"?"}]
     r = session.interact(call("lookup", {"name": sample.target, "field": sample.field}))
     rec = sample.catalog[sample.target]
     assert r.messages == [{"role": "tool", "tool_call_id": "call_0", "name": "lookup", "content": rec[sample.field]}]

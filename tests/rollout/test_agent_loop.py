@@ -6,7 +6,6 @@ import asyncio
 import json
 
 import numpy as np
-import pytest
 
 from agentrl.config import RunConfig
 from agentrl.controller.server import start_controller

@@ -106,3 +106,24 @@ def test_agent_failures_get_the_penalty_infra_is_never_shaped() -> None:
           _traj(rng, 50, "a", "g", 0.0, Status.INVALID_ACTION), _traj(rng, 50, "a", "g", 0.0, Status.CONTEXT_LIMIT)]
     assert shaped_rewards(ts, -0.2) == [1.0, -0.2, -0.2, -0.2]
     assert Status.ENV_ERROR.is_infra and Status.CANCELLED.is_infra and not Status.TURN_LIMIT.is_infra
+
+
+def test_select_training_data_counts_every_exclusion() -> None:
+    from agentrl.trainer.role import Schedule, select_training_data
+
+    rng = np.random.default_rng(1)
+    s = Schedule(steps=1, sft_steps=0, sft_batch=1, sft_lr=1.0, sft_all_tokens=False, lr=1.0, weight_decay=0.0,
+                 max_staleness=0, drop_uniform_groups=True, fail_penalty=-0.2, wait_timeout_s=1.0, seed=0)
+    mixed = [_traj(rng, 50, "a", "mixed", 1.0), _traj(rng, 50, "a", "mixed", 0.0)]
+    uniform = [_traj(rng, 50, "a", "uniform", 0.0), _traj(rng, 50, "a", "uniform", 0.0)]
+    # a turn-limit failure is shaped to -0.2, so this group differs from a plain 0.0 and carries signal
+    shaped = [_traj(rng, 50, "a", "shaped", 0.0), _traj(rng, 50, "a", "shaped", 0.0, Status.TURN_LIMIT)]
+    infra = [_traj(rng, 50, "a", "mixed", 0.0, Status.ENV_ERROR)]
+    trajs = mixed + uniform + shaped + infra
+    used, rewards, counts = select_training_data(trajs, 0, s)
+    assert [t.group_id for t in used] == ["mixed", "mixed", "shaped", "shaped"]
+    assert rewards == [1.0, 0.0, 0.0, -0.2]
+    assert counts["dropped_infra"] == 1 and counts["dropped_uniform"] == 2 and counts["dropped_stale"] == 0
+    # one version later, with max_staleness 0, everything sampled by version 0 is too old
+    used, _, counts = select_training_data(trajs, 1, s)
+    assert used == [] and counts["dropped_stale"] == 6 and counts["staleness_max"] == 1
