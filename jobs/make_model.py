@@ -49,7 +49,8 @@ def main() -> None:
     cfg = load_config(str(args.run_dir / "config.yaml"))
     m = cfg.model
     corpus = [text for t in cfg.envs.tasks for text in expert_conversations(t, args.corpus_episodes, cfg.seed)]
-    tok = tiny.train_tokenizer(corpus, m.vocab_size, chat.SPECIAL_TOKENS, chat.CHAT_TEMPLATE, chat.EOS, chat.EOS)
+    tok = tiny.train_tokenizer(corpus, m.vocab_size, chat.SPECIAL_TOKENS, chat.CHAT_TEMPLATE, chat.EOS, chat.EOS,
+                               whole_tokens=chat.CALL_SCAFFOLD)
     model = tiny.build_model(tok, m.hidden_size, m.num_layers, m.num_heads, m.intermediate_size, m.max_position,
                              cfg.seed, rope_theta=m.rope_theta)
     out = tiny.save(model, tok, args.out or args.run_dir / "model")

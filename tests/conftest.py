@@ -9,17 +9,9 @@ from agentrl.rollout import chat
 
 @pytest.fixture(scope="session")
 def lookup_tokenizer():
-    """The tokenizer the demo would build, trained on 200 rendered expert episodes of `lookup`."""
-    from agentrl.envs.api import Session
-    from agentrl.envs.tasks import get_task
+    """The tokenizer the demo builds (jobs/make_model.py), from 200 rendered expert episodes of `lookup`."""
+    from jobs.make_model import expert_conversations
 
-    task = get_task("lookup")
-    corpus = []
-    for index in task.indices("train")[:200]:
-        s = Session(task, index)
-        msgs = list(s.messages)
-        while not s.done:
-            m = s.expert_message()
-            msgs += [m, *s.interact(m).messages]
-        corpus.append(chat.render(msgs, task.tools()))
-    return tiny.train_tokenizer(corpus, 800, chat.SPECIAL_TOKENS, chat.CHAT_TEMPLATE, chat.EOS, chat.EOS)
+    corpus = expert_conversations("lookup", 200, seed=0)
+    return tiny.train_tokenizer(corpus, 800, chat.SPECIAL_TOKENS, chat.CHAT_TEMPLATE, chat.EOS, chat.EOS,
+                                whole_tokens=chat.CALL_SCAFFOLD)

@@ -11,16 +11,19 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-
 
 _SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
 def train_tokenizer(corpus: Iterable[str], vocab_size: int, special_tokens: list[str],
-                    chat_template: str, eos_token: str, pad_token: str) -> PreTrainedTokenizerFast:
-    """Byte-level BPE over `corpus`; special tokens get the first ids, then the 256 byte symbols."""
+                    chat_template: str, eos_token: str, pad_token: str,
+                    whole_tokens: list[str] | None = None) -> PreTrainedTokenizerFast:
+    """Byte-level BPE over `corpus`; special tokens get the first ids, then the 256 byte symbols.
+
+    `whole_tokens` are strings that always become one (non-special) token, e.g. fixed tool-call JSON.
+    """
     tok = Tokenizer(models.BPE())
     # GPT-2's split, with whole numbers kept together (the library's ByteLevel regex splits digits one by
     # one; a tiny model copies "47" from an observation far more easily as one token than as two).
@@ -34,8 +37,11 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int, special_tokens: list
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), min_frequency=2,
     )
     tok.train_from_iterator(corpus, trainer=trainer)
+    extra = [t for t in special_tokens if t not in (eos_token, pad_token)]
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos_token, pad_token=pad_token,
-                                   additional_special_tokens=[t for t in special_tokens if t not in (eos_token, pad_token)])
+                                   additional_special_tokens=extra)
+    if whole_tokens:
+        fast.add_tokens([AddedToken(t, normalized=False, special=False) for t in whole_tokens])
     fast.chat_template = chat_template
     return fast
 

@@ -26,6 +26,9 @@ CALL_END = "</tool_call>"
 EOS = "<|endoftext|>"
 SPECIAL_TOKENS = [EOS, IM_START, IM_END, CALL_START, CALL_END]
 GENERATION_PROMPT = f"{IM_START}assistant\n"
+# The fixed JSON around tool-call arguments, as whole tokens for tokenizers trained here: tool calls get
+# 3x shorter, and a name copied from the question into a call is fewer tokens away from its source.
+CALL_SCAFFOLD = ['{"name": "', '", "arguments": {"', '": "', '", "', '"}}', '"}']
 
 
 def _tool_call_text(name: str, arguments: str) -> str:

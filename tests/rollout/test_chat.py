@@ -114,3 +114,18 @@ def test_observation_follows_im_end_and_opens_next_turn() -> None:
     whole = chat.render(msgs + [CONVERSATION[2], {"role": "tool", "content": "x"}], TOOLS, add_generation_prompt=True)
     pieces = chat.render(msgs, TOOLS, add_generation_prompt=True) + chat.render_assistant_body(CONVERSATION[2]) + obs
     assert pieces == whole
+
+
+def test_tool_call_scaffold_is_whole_tokens(lookup_tokenizer) -> None:
+    tok = lookup_tokenizer
+    body = chat.render_assistant_body({"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "lookup", "arguments": '{"name": "buro", "field": "code"}'}}]})
+    pieces = tok.convert_ids_to_tokens(tok.encode(body, add_special_tokens=False))
+    assert pieces == ["<tool_call>", '{"name": "', "lookup", '", "arguments": {"', "name", '": "', "buro", '", "',
+                      "field", '": "', "code", '"}}', "</tool_call>", "<|im_end|>"]
+    assert tok.decode(tok.encode(body, add_special_tokens=False)) == body
+
+
+def test_system_message_without_content_renders_like_the_template(tokenizer) -> None:
+    msgs = [{"role": "system", "content": ""}, CONVERSATION[1]]
+    assert tokenizer.apply_chat_template(msgs, tools=TOOLS, tokenize=False) == chat.render(msgs, TOOLS)
