@@ -27,6 +27,7 @@ from aiohttp.typedefs import Middleware
 from agentrl.config import ControllerConfig
 from agentrl.controller.registry import Ended, LatencyStats, Registry, WorkerEntry
 from agentrl.envs.api import EnvError, InteractResult, require
+from agentrl.envs.wire import error_response
 from agentrl.types import Status
 
 log = logging.getLogger(__name__)
@@ -274,19 +275,11 @@ def _make_middleware(controller: Controller) -> Middleware:
         t0 = time.perf_counter()
         try:
             return await handler(request)
-        except EnvError as e:
-            if e.http_status >= 500:
-                controller.errors += 1
-            return web.json_response(e.to_wire(), status=e.http_status)
-        except web.HTTPException as e:
-            code = "not_found" if e.status == 404 else "bad_request"
-            return web.json_response(EnvError(code, e.reason).to_wire(), status=e.status)
-        except ValueError as e:  # request.json() on a body that is not JSON
-            return web.json_response(EnvError("bad_request", f"invalid JSON body: {e}").to_wire(), status=400)
         except Exception as e:
-            log.exception("unhandled error in %s", request.path)
-            controller.errors += 1
-            return web.json_response(EnvError("internal", f"{type(e).__name__}: {e}").to_wire(), status=500)
+            response = error_response(e, request, unhandled_code="internal")
+            if response.status >= 500:
+                controller.errors += 1
+            return response
         finally:
             if request.path in GATEWAY_ROUTES:
                 controller.latency.record((time.perf_counter() - t0) * 1000.0)

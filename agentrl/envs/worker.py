@@ -25,6 +25,7 @@ from aiohttp import web
 
 from agentrl.config import ControllerConfig, EnvsConfig
 from agentrl.envs.api import EnvError, InteractResult, Session, StartResult, Task, ToolBox, require
+from agentrl.envs.wire import error_response
 
 log = logging.getLogger(__name__)
 
@@ -145,16 +146,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     """Every failure of one request becomes a JSON error for that request only."""
     try:
         return await handler(request)
-    except EnvError as e:
-        return web.json_response(e.to_wire(), status=e.http_status)
-    except web.HTTPException as e:
-        code = "not_found" if e.status == 404 else "bad_request"
-        return web.json_response(EnvError(code, e.reason).to_wire(), status=e.status)
-    except ValueError as e:  # request.json() on a body that is not JSON
-        return web.json_response(EnvError("bad_request", f"invalid JSON body: {e}").to_wire(), status=400)
     except Exception as e:
-        log.exception("unhandled error in %s", request.path)
-        return web.json_response(EnvError("env_error", f"{type(e).__name__}: {e}").to_wire(), status=502)
+        return error_response(e, request, unhandled_code="env_error")
 
 
 def create_worker_app(worker: EnvWorker) -> web.Application:

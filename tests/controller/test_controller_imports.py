@@ -9,7 +9,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2] / "agentrl"
 ALLOWED = {
     "envs": {"agentrl.types", "agentrl.config", "agentrl.envs"},
-    "controller": {"agentrl.types", "agentrl.config", "agentrl.envs.api", "agentrl.envs.client", "agentrl.controller"},
+    "controller": {"agentrl.types", "agentrl.config", "agentrl.envs.api", "agentrl.envs.client", "agentrl.envs.wire",
+                   "agentrl.controller"},
 }
 
 
