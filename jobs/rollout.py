@@ -17,6 +17,7 @@ from agentrl.launch import rendezvous
 from agentrl.monitor.tensorboard import make_monitor
 from agentrl.rollout import role
 from agentrl.rollout.agent_loop import EpisodeLimits
+from agentrl.rollout.engine import ExpertEngine
 
 
 async def amain(run_dir: Path) -> None:
@@ -32,19 +33,22 @@ async def amain(run_dir: Path) -> None:
         eval_split=r.eval_split, eval_samples=r.eval_samples, concurrency=r.concurrency,
         temperature=r.temperature, top_p=r.top_p,
         limits=EpisodeLimits(r.max_turns, r.max_model_len, r.max_new_tokens),
-        wait_timeout_s=cfg.cluster.role_timeout_s, seed=cfg.seed,
+        wait_timeout_s=cfg.cluster.role_timeout_s, seed=cfg.seed, poll_s=cfg.transport.poll_s,
     )
-
-    def make_engine():
-        from agentrl.rollout.engine import VLLMEngine
-
-        return VLLMEngine(str(model_dir), r.max_model_len, max_num_seqs=r.concurrency, kv_cache_gib=r.kv_cache_gib,
-                          seed=cfg.seed)
 
     url = rendezvous.wait_for(run_dir, "controller_url", timeout_s=120)
     monitor = make_monitor(run_dir, "rollout", cfg.monitor.tensorboard)
     try:
         async with GatewayClient(url) as client:
+
+            def make_engine():
+                if r.engine == "expert":  # the task's scripted expert plays every episode (pipeline checks)
+                    return ExpertEngine(client, tok)
+                from agentrl.rollout.engine import VLLMEngine
+
+                return VLLMEngine(str(model_dir), r.max_model_len, max_num_seqs=r.concurrency,
+                                  kv_cache_gib=r.kv_cache_gib, seed=cfg.seed)
+
             summary = await role.run(run_dir, model_dir, client, tok, make_engine, plan, monitor)
     finally:
         monitor.close()

@@ -28,7 +28,8 @@ def main() -> None:
     schedule = role.Schedule(
         steps=t.steps, sft_steps=t.sft_steps, sft_batch=t.sft_batch, sft_lr=t.sft_lr, sft_all_tokens=t.sft_all_tokens,
         lr=t.lr, weight_decay=t.weight_decay, max_staleness=a.max_staleness, drop_uniform_groups=a.drop_uniform_groups,
-        fail_penalty=a.fail_penalty, wait_timeout_s=cfg.cluster.role_timeout_s, seed=t.seed)
+        fail_penalty=a.fail_penalty, wait_timeout_s=cfg.cluster.role_timeout_s, seed=t.seed,
+        poll_s=cfg.transport.poll_s)
     model_dir = Path(cfg.model.path) if cfg.model.path else args.run_dir / "model"
     monitor = make_monitor(args.run_dir, "trainer", cfg.monitor.tensorboard)
     try:

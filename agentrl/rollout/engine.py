@@ -241,6 +241,13 @@ class ExpertEngine:
         ids = self._tok.encode(self._render(msg), add_special_tokens=False)
         return Generation(ids, [0.0] * len(ids), "stop", self.version)
 
+    async def load_weights(self, weights: Callable[[], Any], version: int) -> None:
+        """The expert has no weights; it only takes the version, so trajectories record it."""
+        self.version = version
+
+    def close(self) -> None:
+        pass
+
 
 class ScriptedEngine:
     """Replies with fixed texts, one per turn, in order (for tests and dry runs of an env).

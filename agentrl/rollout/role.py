@@ -47,6 +47,7 @@ class Plan:
     max_retries: int = 2
     wait_timeout_s: float = 3600.0
     seed: int = 0
+    poll_s: float = 0.05
 
 
 async def collect(client: Any, engine: Engine, tok: Any, requests: list[tuple[str, str, str]],
@@ -126,7 +127,7 @@ async def run(run_dir: Path, model_dir: Path, client: Any, tok: Any, make_engine
         log.info("expert: %d demonstrations, success %s", len(trajs),
                  {k: round(v, 3) for k, v in m.items() if k.endswith("/success")})
 
-    path = await asyncio.to_thread(weights_io.wait_for, run_dir, 0, plan.wait_timeout_s)
+    path = await asyncio.to_thread(weights_io.wait_for, run_dir, 0, plan.wait_timeout_s, plan.poll_s)
     engine = make_engine()
     try:
         return await _rl_loop(run_dir, client, tok, engine, path, plan, sampling, rng, monitor)
@@ -164,7 +165,7 @@ async def _rl_loop(run_dir: Path, client: Any, tok: Any, engine: Any, path: Path
         log.info("rollout step %d/%d: %d trajectories, reward %.3f, success %.3f, %.1f gen tok/s", step + 1,
                  plan.steps, len(trajs), sum(t.reward for t in trajs) / len(trajs),
                  sum(t.metrics.get("success", 0.0) for t in trajs) / len(trajs), n_act / dt)
-        path = await asyncio.to_thread(weights_io.wait_for, run_dir, step + 1, plan.wait_timeout_s)
+        path = await asyncio.to_thread(weights_io.wait_for, run_dir, step + 1, plan.wait_timeout_s, plan.poll_s)
         await engine.load_weights(lambda p=path: weights_io.iter_weights(p), step + 1)
 
     after = await evaluate(client, engine, tok, plan, plan.steps, run_dir / "report", monitor)

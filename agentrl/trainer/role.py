@@ -41,6 +41,7 @@ class Schedule:
     fail_penalty: float
     wait_timeout_s: float
     seed: int
+    poll_s: float = 0.05
 
 
 def shaped_rewards(trajs: list[Trajectory], fail_penalty: float) -> list[float]:
@@ -84,7 +85,7 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, threads: int, m
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)  # padding is masked
     if s.sft_steps > 0:
-        demos = ShardReader(run_dir / "shards" / "expert-0").wait(0, timeout_s=s.wait_timeout_s)
+        demos = ShardReader(run_dir / "shards" / "expert-0").wait(0, timeout_s=s.wait_timeout_s, poll_s=s.poll_s)
         log.info("warm start on %d expert trajectories", len(demos))
         warm_start(model, demos, s, h, pad_id, monitor)
     weights_io.publish(run_dir, 0, model.state_dict())
@@ -99,7 +100,7 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, threads: int, m
     reader = ShardReader(run_dir / "shards" / "rollout-0")
     for step in range(s.steps):
         t_wait = time.perf_counter()
-        trajs = reader.wait(step, timeout_s=s.wait_timeout_s)
+        trajs = reader.wait(step, timeout_s=s.wait_timeout_s, poll_s=s.poll_s)
         t0 = time.perf_counter()
         usable, rewards, counts = select_training_data(trajs, step, s)
         stats: dict[str, float] = {}
