@@ -76,18 +76,26 @@ class EnvError(Exception):
 
 @dataclass
 class StartResult:
-    """Answer to start_sample: the new session, the conversation so far and the tool schemas."""
+    """Answer to start_sample: the new session, the conversation so far, the tool schemas and the task's
+    own round limit (`max_turns`: assistant messages before the episode ends as turn_limit; None from a
+    server that does not say)."""
 
     session_id: str
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
+    max_turns: int | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return {"session_id": self.session_id, "messages": self.messages, "tools": self.tools}
+        d: dict[str, Any] = {"session_id": self.session_id, "messages": self.messages, "tools": self.tools}
+        if self.max_turns is not None:
+            d["max_turns"] = self.max_turns
+        return d
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> StartResult:
-        return cls(session_id=str(d["session_id"]), messages=list(d["messages"]), tools=list(d["tools"]))
+        turns = d.get("max_turns")
+        return cls(session_id=str(d["session_id"]), messages=list(d["messages"]), tools=list(d["tools"]),
+                   max_turns=int(turns) if turns is not None else None)
 
 
 @dataclass

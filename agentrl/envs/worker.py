@@ -134,7 +134,8 @@ class EnvWorker:
         session = await self._run(task, Session, task, index, self.toolboxes[task.name], self.max_output_chars)
         sid = uuid.uuid4().hex
         self.sessions[sid] = _Live(session=session, task=task.name, last_used=time.monotonic())
-        return web.json_response(StartResult(sid, session.messages, session.toolbox.tools).to_wire())
+        start = StartResult(sid, session.messages, session.toolbox.tools, task.max_turns)
+        return web.json_response(start.to_wire())
 
     async def interact(self, request: web.Request) -> web.Response:
         body = await request.json()
