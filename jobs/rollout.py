@@ -13,6 +13,7 @@ from pathlib import Path
 
 from agentrl.config import load_config
 from agentrl.envs.client import GatewayClient
+from agentrl.envs.tasks import task_name
 from agentrl.launch import rendezvous
 from agentrl.monitor.tensorboard import make_monitor
 from agentrl.rollout import role
@@ -28,7 +29,7 @@ async def amain(run_dir: Path) -> None:
     model_dir = Path(cfg.model.path) if cfg.model.path else run_dir / "model"
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     plan = role.Plan(
-        tasks=cfg.envs.tasks, steps=cfg.trainer.steps, prompts_per_step=r.prompts_per_step,
+        tasks=tuple(task_name(t) for t in cfg.envs.tasks), steps=cfg.trainer.steps, prompts_per_step=r.prompts_per_step,
         samples_per_prompt=r.samples_per_prompt, expert_samples=r.expert_samples if cfg.trainer.sft_steps else 0,
         eval_split=r.eval_split, eval_samples=r.eval_samples, eval_sampled=r.eval_sampled, concurrency=r.concurrency,
         temperature=r.temperature, top_p=r.top_p,
