@@ -20,6 +20,7 @@ import time
 from agentrl.config import ConfigError, dump_config, load_config
 from agentrl.launch import rendezvous
 from agentrl.launch.local import LocalLauncher
+from agentrl.monitor.eval_summary import summary_lines
 
 
 def echo(role: str, line: str) -> None:
@@ -79,6 +80,8 @@ def main() -> int:
     print(f"summary: held-out success (greedy) {summary['success_before_rl']:.3f} after warm start -> "
           f"{summary['success_after_rl']:.3f} after {summary['rl_steps']} RL steps "
           f"({summary['eval_episodes']} episodes/eval){sampled}; {summary['wall_s']:.0f}s, run dir {run_dir}")
+    for line in summary_lines(summary):
+        print(line)
     return 0
 
 

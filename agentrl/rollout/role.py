@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.envs.api import EnvError
+from agentrl.monitor.eval_summary import per_task_summary, task_eval
 from agentrl.monitor.rollout_stats import rollout_metrics
 from agentrl.rollout import chat
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
@@ -88,9 +89,12 @@ def stop_ids(tok: Any) -> tuple[int, ...]:
 
 
 async def evaluate(client: Any, engine: Engine, tok: Any, plan: Plan, version: int, report_dir: Path,
-                   monitor, sampled: bool = False) -> dict[str, float]:
+                   monitor, sampled: bool = False) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
     """Episodes on the first `eval_samples` held-out indices of each task: greedy, or (`sampled`) each
-    index `eval_sampled` times at the rollout temperature, i.e. the stochastic policy RL optimizes."""
+    index `eval_sampled` times at the rollout temperature, i.e. the stochastic policy RL optimizes.
+
+    Returns the metrics (also logged and written to report/<eval|eval_sampled>-v<version>.json) and the
+    per-task evaluation (`eval_summary.task_eval`: success, episodes, stderr, status counts)."""
     name, repeat = ("eval_sampled", plan.eval_sampled) if sampled else ("eval", 1)
     reqs = []
     for task in plan.tasks:
@@ -106,11 +110,14 @@ async def evaluate(client: Any, engine: Engine, tok: Any, plan: Plan, version: i
     m[f"{name}/episodes"] = float(len(scored))
     m[f"{name}/env_errors"] = float(len(trajs) - len(scored))
     m[f"{name}/seconds"] = time.perf_counter() - t0
+    per_task = task_eval(trajs)
     monitor.scalars(m, version)
     report_dir.mkdir(parents=True, exist_ok=True)
-    (report_dir / f"{name}-v{version}.json").write_text(json.dumps({"version": version, **m}, indent=2))
-    log.info("%s v%d: success %.3f over %d held-out episodes", name, version, m[f"{name}/success"], len(trajs))
-    return m
+    (report_dir / f"{name}-v{version}.json").write_text(
+        json.dumps({"version": version, **m, "per_task": per_task}, indent=2))
+    log.info("%s v%d: success %.3f over %d held-out episodes (%s)", name, version, m[f"{name}/success"], len(trajs),
+             "; ".join(f"{k} {v['success']:.3f}" for k, v in per_task.items()))
+    return m, per_task
 
 
 async def run(run_dir: Path, model_dir: Path, client: Any, tok: Any, make_engine, plan: Plan, monitor) -> dict:
@@ -142,9 +149,12 @@ async def run(run_dir: Path, model_dir: Path, client: Any, tok: Any, make_engine
 async def _rl_loop(run_dir: Path, client: Any, tok: Any, engine: Any, path: Path, plan: Plan,
                    sampling: SamplingConfig, rng: random.Random, monitor) -> dict:
     await engine.load_weights(lambda: weights_io.iter_weights(path), 0)
-    before = await evaluate(client, engine, tok, plan, 0, run_dir / "report", monitor)
+    report = run_dir / "report"
+    before, task_before = await evaluate(client, engine, tok, plan, 0, report, monitor)
+    sampled_before = None
     if plan.eval_sampled:
-        before.update(await evaluate(client, engine, tok, plan, 0, run_dir / "report", monitor, sampled=True))
+        m, sampled_before = await evaluate(client, engine, tok, plan, 0, report, monitor, sampled=True)
+        before.update(m)
 
     writer = ShardWriter(run_dir / "shards" / "rollout-0")
     train_idx = {t: await client.indices(t, "train") for t in plan.tasks}
@@ -174,13 +184,31 @@ async def _rl_loop(run_dir: Path, client: Any, tok: Any, engine: Any, path: Path
         path = await asyncio.to_thread(weights_io.wait_for, run_dir, step + 1, plan.wait_timeout_s, plan.poll_s)
         await engine.load_weights(lambda p=path: weights_io.iter_weights(p), step + 1)
 
-    after = await evaluate(client, engine, tok, plan, plan.steps, run_dir / "report", monitor)
-    summary = {"success_before_rl": before["eval/success"], "success_after_rl": after["eval/success"],
-               "eval_episodes": int(after["eval/episodes"]), "rl_steps": plan.steps}
+    after, task_after = await evaluate(client, engine, tok, plan, plan.steps, report, monitor)
+    trainer_report = _read_json(report / "trainer.json")
+    summary: dict[str, Any] = {
+        "success_before_rl": before["eval/success"], "success_after_rl": after["eval/success"],
+        "eval_episodes": int(after["eval/episodes"]), "env_errors": int(after["eval/env_errors"]),
+        "steps": plan.steps,
+        # steps whose batch changed the weights (a step left with no usable trajectory is not counted)
+        "rl_steps": int(trainer_report.get("rl_steps", plan.steps)), "trainer": trainer_report}
+    sampled_after = None
     if plan.eval_sampled:
-        after.update(await evaluate(client, engine, tok, plan, plan.steps, run_dir / "report", monitor, sampled=True))
+        m, sampled_after = await evaluate(client, engine, tok, plan, plan.steps, report, monitor, sampled=True)
+        after.update(m)
         summary.update({"sampled_success_before_rl": before["eval_sampled/success"],
                         "sampled_success_after_rl": after["eval_sampled/success"],
                         "sampled_eval_episodes": int(after["eval_sampled/episodes"])})
-    (run_dir / "report" / "summary.json").write_text(json.dumps(summary, indent=2))
+    summary["per_task"] = per_task_summary(task_before, task_after, sampled_before, sampled_after)
+    (report / "summary.json").write_text(json.dumps(summary, indent=2))
+    if summary["eval_episodes"] == 0:  # every held-out episode was an env failure: no result to report
+        raise RuntimeError(f"the final evaluation scored no episode ({summary['env_errors']} env errors): "
+                           "the env workers failed; see logs/env_worker-*.log and logs/controller.log")
     return summary
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return {}
