@@ -43,9 +43,13 @@ class ModelConfig:
     rope_theta: float = 10000.0
     """RoPE base. A tiny from-scratch model learns to copy from its context far sooner with a small base
     (sharper relative positions); the demo uses 100."""
+    copy_init: float = 1.0
+    """The built model's first attention layer starts as copy heads (value and output projections are
+    identities, the value scaled by this); 0: plain random init. See `agentrl.models.tiny.init_copy_heads`."""
 
     def validate(self, p: str) -> None:
         _check(self.rope_theta > 1, f"{p}.rope_theta", "must be > 1")
+        _check(self.copy_init >= 0, f"{p}.copy_init", "must be >= 0 (0: off)")
         for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "vocab_size", "max_position"):
             _check(getattr(self, name) > 0, f"{p}.{name}", "must be positive")
         _check(self.hidden_size % self.num_heads == 0, f"{p}.num_heads", "must divide hidden_size")
@@ -125,7 +129,10 @@ class RolloutConfig:
     """n: one GRPO group per prompt."""
     temperature: float = 1.0
     top_p: float = 1.0
-    max_turns: int = 4
+    max_turns: int = 0
+    """Optional global cap on assistant turns per episode; 0: each task's own round limit alone (AgentBench-FC:
+    os 8, db 15, kg 15, alfworld 20, webshop 20). Episodes the cap ends early are counted as `truncated` and
+    get no failure penalty."""
     max_new_tokens: int = 48
     """Per assistant turn."""
     max_model_len: int = 512
@@ -143,7 +150,8 @@ class RolloutConfig:
 
     def validate(self, p: str) -> None:
         _check(self.engine in ("vllm", "expert"), f"{p}.engine", f"unknown engine {self.engine!r} (vllm | expert)")
-        for name in ("prompts_per_step", "samples_per_prompt", "max_turns", "max_new_tokens", "max_model_len",
+        _check(self.max_turns >= 0, f"{p}.max_turns", "must be >= 0 (0: each task's own limit)")
+        for name in ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "max_model_len",
                      "concurrency", "kv_cache_gib"):
             _check(getattr(self, name) >= 1, f"{p}.{name}", "must be >= 1")
         for name in ("eval_samples", "eval_sampled", "expert_samples"):
@@ -172,8 +180,24 @@ class TrainerConfig:
     """Warm start on every token of the demonstrations (prompt and observations too), not only the
     actions. For a random-init model this doubles as pre-training on the task's text, which is what
     lets it learn to copy names and values out of its context; leave it off for a pretrained model."""
+    sft_successful_only: bool = True
+    """Warm start on the expert's successful episodes only (rejection sampling). false: imitate all of them,
+    mistakes included (the demo's imperfect expert: RL then has to do better than its teacher)."""
+    sft_target: float = 0.0
+    """Stop the warm start before `sft_steps` once, for every task, this share of held-out successful
+    demonstrations is reproducible (each action token at probability >= sft_min_token_prob); 0: run all
+    `sft_steps`. Makes the warm start end after the copy skills form, wherever that lands on a machine."""
+    sft_min_token_prob: float = 0.2
+    sft_check_every: int = 50
+    """Warm-start steps between two checks of `sft_target`."""
+    sft_holdout: int = 32
+    """Successful demonstrations per task held out of the warm start for `sft_target` (at most a quarter)."""
+    update: str = "rl"
+    """What each of the `steps` does: rl (train on the rollout's batch) | sft (one more warm-start update on the
+    expert's demonstrations instead: a control run, to tell RL's gain from more imitation)."""
     threads: int = 2
     seed: int = 0
+    """Added to the run's `seed` for the trainer's own draws (warm-start batches, held-out demonstrations)."""
     warmup_steps: int = 0
     """RL learning rate: linear warm-up over this many steps, then constant."""
     packing: bool = True
@@ -195,6 +219,11 @@ class TrainerConfig:
         for name in ("lr", "sft_lr", "micro_batch_tokens", "sft_batch", "threads"):
             _check(getattr(self, name) > 0, f"{p}.{name}", "must be positive")
         _check(self.grad_clip >= 0, f"{p}.grad_clip", "must be >= 0 (0 disables clipping)")
+        _check(0 <= self.sft_target <= 1, f"{p}.sft_target", "must be in [0, 1] (0: off)")
+        _check(0 < self.sft_min_token_prob < 1, f"{p}.sft_min_token_prob", "must be in (0, 1)")
+        _check(self.sft_check_every >= 1, f"{p}.sft_check_every", "must be >= 1")
+        _check(self.sft_holdout >= 1, f"{p}.sft_holdout", "must be >= 1")
+        _check(self.update in ("rl", "sft"), f"{p}.update", f"unknown update {self.update!r} (rl | sft)")
         _check(self.warmup_steps >= 0, f"{p}.warmup_steps", "must be >= 0")
         _check(self.parallel in ("none", "ddp", "fsdp2"), f"{p}.parallel",
                f"unknown layout {self.parallel!r} (none | ddp | fsdp2)")
@@ -294,6 +323,8 @@ class RunConfig:
         # fields that only make sense together
         _check(self.trainer.sft_steps == 0 or self.rollout.expert_samples > 0, "rollout.expert_samples",
                "must be > 0 when trainer.sft_steps > 0 (the warm start trains on the expert's episodes)")
+        _check(self.trainer.update == "rl" or self.trainer.sft_steps > 0, "trainer.update",
+               "sft (the control run) continues the warm start: it needs trainer.sft_steps > 0")
         _check(self.trainer.steps == 0 or self.rollout.samples_per_prompt >= 2, "rollout.samples_per_prompt",
                "must be >= 2 for RL: group advantages of a group of one are 0")
         _check(bool(self.model.path) or self.rollout.max_model_len <= self.model.max_position,
