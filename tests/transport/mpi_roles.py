@@ -4,6 +4,7 @@
     python -m mpi4py tests/transport/mpi_roles.py world-rollout OUT TIMEOUT_S
     python -m mpi4py tests/transport/mpi_roles.py port-trainer  OUT NUM_ROLLOUT TIMEOUT_S RUN_DIR
     python -m mpi4py tests/transport/mpi_roles.py port-rollout  OUT TIMEOUT_S RUN_DIR RANK
+    python -m mpi4py tests/transport/mpi_roles.py bp-trainer OUT PAUSE_S : ... bp-rollout OUT
 
 Rollout rank r sends `make_trajectories(seed=r)` in two messages (the second one with a single
 trajectory of zero length, an awkward case), then waits for the trainer's stop. The trainer answers
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from agentrl.launch import rendezvous
 from agentrl.transport.mpi_channel import Notice, RolloutChannel, TrainerChannel
+from agentrl.types import Trajectory, TrajectoryBuilder
 from tests.transport.test_shards import make_trajectories
 
 ARRAYS = ("tokens", "loss_mask", "logprobs", "policy_version", "engine")
@@ -63,6 +65,39 @@ def rollout(ch: RolloutChannel, out: Path, timeout_s: float) -> None:
         {"first_version": first_version, "notices": [[n.version, n.stop] for n in seen], "version": ch.version}))
 
 
+def big_trajectory(i: int, n: int = 200_000) -> Trajectory:
+    b = TrajectoryBuilder()
+    b.add_action(list(range(n)), [-1.0] * n, version=1, engine=0)
+    return b.build(traj_id=f"big{i}", task="os", index="0", group_id="g", reward=0.0, status="completed",
+                   num_turns=1)
+
+
+def backpressure_trainer(ch: TrainerChannel, out: Path, pause_s: float) -> None:
+    """Measure the CPU an idle receive costs, then stop receiving for `pause_s`, then take all six."""
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    while time.monotonic() - wall0 < 1.0:  # the rollout rank waits for "go": nothing can arrive
+        assert ch.poll() == []
+        time.sleep(ch.poll_s)
+    idle_cpu = time.process_time() - cpu0
+    ch.notify(1)  # go
+    time.sleep(pause_s)  # the queue is "full": receive nothing
+    got = 0
+    deadline = time.monotonic() + 30
+    while got < 6 and time.monotonic() < deadline:
+        got += sum(len(b) for _, b in ch.recv(timeout_s=1.0))
+    ch.close()
+    (out / "trainer.json").write_text(json.dumps({"idle_cpu_s": idle_cpu, "received": got}))
+
+
+def backpressure_rollout(ch: RolloutChannel, out: Path) -> None:
+    while ch.wait_notice(timeout_s=10.0) is None:
+        pass
+    t = big_trajectory(0)
+    waited = sum(ch.send([t]) for _ in range(6))  # max_pending=2: blocks while the trainer is not receiving
+    ch.close()
+    (out / "rollout-0.json").write_text(json.dumps({"waited_s": waited}))
+
+
 def main(argv: list[str]) -> None:
     role, out = argv[0], Path(argv[1])
     if role == "world-trainer":
@@ -79,6 +114,10 @@ def main(argv: list[str]) -> None:
     elif role == "port-rollout":
         t, run_dir, rank = float(argv[2]), Path(argv[3]), int(argv[4])
         rollout(RolloutChannel.connect(run_dir, rank, rendezvous.read, timeout_s=t), out, t)
+    elif role == "bp-trainer":
+        backpressure_trainer(TrainerChannel.world(1, timeout_s=20), out, float(argv[2]))
+    elif role == "bp-rollout":
+        backpressure_rollout(RolloutChannel.world(0, max_pending=2, timeout_s=20), out)
     else:
         raise SystemExit(f"unknown role {role!r}")
 

@@ -106,6 +106,19 @@ def test_separately_launched_roles_join_through_rendezvous(mpirun, tmp_path: Pat
     assert list((run_dir / "mpi").iterdir()) == []  # handshake files consumed
 
 
+def test_backpressure_and_idle_polling(mpirun, tmp_path: Path) -> None:
+    """A trainer that stops receiving blocks the rollout rank's sends (3 MB messages, max_pending=2),
+    and waiting for messages costs little CPU (Improbe + sleep, not a spinning blocking Recv)."""
+    p = mpirun(["1", "bp-trainer", str(tmp_path), "1.5"], ["1", "bp-rollout", str(tmp_path)])
+    rc, log = finish(p)
+    assert rc == 0, log
+    trainer = json.loads((tmp_path / "trainer.json").read_text())
+    rollout = json.loads((tmp_path / "rollout-0.json").read_text())
+    assert trainer["received"] == 6
+    assert 1.0 < rollout["waited_s"] < 10.0  # blocked about the 1.5 s the trainer did not receive
+    assert trainer["idle_cpu_s"] < 0.3  # over 1 s of polling; a blocking Recv would burn about 1.0
+
+
 def test_trainer_timeout_names_the_missing_rollout_rank(mpirun, tmp_path: Path) -> None:
     t0 = time.monotonic()
     p = mpirun(["1", "world-trainer", str(tmp_path), "2", "2"], ["1", "world-rollout", str(tmp_path), "20"])
