@@ -2,7 +2,7 @@
 
     python -m mpi4py tests/transport/mpi_roles.py world-trainer OUT NUM_ROLLOUT TIMEOUT_S
     python -m mpi4py tests/transport/mpi_roles.py world-rollout OUT TIMEOUT_S
-    python -m mpi4py tests/transport/mpi_roles.py port-trainer  OUT NUM_ROLLOUT TIMEOUT_S RUN_DIR
+    python -m mpi4py tests/transport/mpi_roles.py port-trainer  OUT NUM_ROLLOUT TIMEOUT_S RUN_DIR [EXPECT]
     python -m mpi4py tests/transport/mpi_roles.py port-rollout  OUT TIMEOUT_S RUN_DIR RANK
     python -m mpi4py tests/transport/mpi_roles.py bp-trainer OUT PAUSE_S : ... bp-rollout OUT
 
@@ -33,7 +33,10 @@ def batches(rank: int) -> list[list]:
 
 
 def trainer(ch: TrainerChannel, out: Path, num_rollout: int, timeout_s: float) -> None:
+    """Receive everything `num_rollout` ranks send (ranks beyond the ones awaited at start join late)."""
     want = {r: sum(len(b) for b in batches(r)) for r in range(num_rollout)}
+    initial = sorted(ch.peers)
+    print(f"joined {initial}", flush=True)  # a test starts a late rank after reading this
     got: list[dict] = []
     deadline = time.monotonic() + timeout_s
     while len(got) < sum(want.values()):
@@ -45,7 +48,8 @@ def trainer(ch: TrainerChannel, out: Path, num_rollout: int, timeout_s: float) -
     ch.notify(8)
     ch.notify(9)
     late = ch.close(timeout_s=timeout_s)
-    (out / "trainer.json").write_text(json.dumps({"received": got, "late": len(late), "open": ch.open_ranks}))
+    (out / "trainer.json").write_text(json.dumps({"received": got, "late": len(late), "open": ch.open_ranks,
+                                                      "initial": initial}))
 
 
 def rollout(ch: RolloutChannel, out: Path, timeout_s: float) -> None:
@@ -110,7 +114,8 @@ def main(argv: list[str]) -> None:
         rollout(RolloutChannel.world(MPI.COMM_WORLD.Get_rank() - 1, trainer=0, timeout_s=t), out, t)
     elif role == "port-trainer":
         n, t, run_dir = int(argv[2]), float(argv[3]), Path(argv[4])
-        trainer(TrainerChannel.accept(run_dir, n, rendezvous.publish, version=7, timeout_s=t), out, n, t)
+        expect = int(argv[5]) if len(argv) > 5 else n
+        trainer(TrainerChannel.accept(run_dir, n, rendezvous.publish, version=7, timeout_s=t), out, expect, t)
     elif role == "port-rollout":
         t, run_dir, rank = float(argv[2]), Path(argv[3]), int(argv[4])
         rollout(RolloutChannel.connect(run_dir, rank, rendezvous.read, timeout_s=t), out, t)

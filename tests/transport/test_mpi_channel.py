@@ -106,6 +106,21 @@ def test_separately_launched_roles_join_through_rendezvous(mpirun, tmp_path: Pat
     assert list((run_dir / "mpi").iterdir()) == []  # handshake files consumed
 
 
+def test_late_rollout_rank_joins_a_running_trainer(mpirun, tmp_path: Path) -> None:
+    """The trainer starts with rank 0 only; rank 1 asks later and is accepted by `poll` mid-run."""
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    trainer = mpirun(["1", "port-trainer", str(out), "1", "20", str(run_dir), "2"])
+    first = mpirun(["1", "port-rollout", str(out), "20", str(run_dir), "0"])
+    assert trainer.stdout is not None and trainer.stdout.readline().strip() == "joined [0]"
+    late = mpirun(["1", "port-rollout", str(out), "20", str(run_dir), "1"])
+    for p in (trainer, first, late):
+        rc, log = finish(p)
+        assert rc == 0, log
+    check_round_trip(out, 2)
+    assert json.loads((out / "trainer.json").read_text())["initial"] == [0]
+
+
 def test_backpressure_and_idle_polling(mpirun, tmp_path: Path) -> None:
     """A trainer that stops receiving blocks the rollout rank's sends (3 MB messages, max_pending=2),
     and waiting for messages costs little CPU (Improbe + sleep, not a spinning blocking Recv)."""
