@@ -15,6 +15,11 @@ Two ways to meet, one channel:
   asked, and a rollout rank connects only to a port whose owner has just answered it. Rollout ranks may
   join late or rejoin after a restart.
 
+The channel probes its communicator with ANY_TAG (MPI keeps one sender's messages in order only for
+receives that match them all), so it must be the only point-to-point user of it: on COMM_WORLD that
+holds while the roles talk among themselves through torch.distributed; otherwise pass `comm=` a
+communicator of its own (e.g. `COMM_WORLD.Dup()`, made by every rank at start).
+
 Data messages are typed buffers (`codec.encode`), sent with `Isend`; each buffer stays referenced until
 its request completes. Receives poll with a matched `Improbe` and a short sleep, never a blocking `Recv`
 (which busy-polls a core). Waiting for peers has a timeout whose error names the missing peers.
@@ -219,6 +224,9 @@ class TrainerChannel:
                         self._sends.drain(10.0, self.poll_s, f"rollout rank {peer.rollout_rank}")
                         comm.Disconnect()
                         break
+                else:
+                    raise RuntimeError(f"message with foreign tag {tag} from rank {source}: the channel must be "
+                                       "the only point-to-point user of its communicator (pass comm=)")
         return out
 
     def recv(self, timeout_s: float, max_messages: int = 64) -> list[tuple[int, list[Trajectory]]]:
@@ -393,6 +401,7 @@ class RolloutChannel:
                 raise TimeoutError(
                     f"rollout rank {self.rollout_rank}: the trainer did not answer bye in {timeout_s:g} s")
             time.sleep(self.poll_s)
+        self._pull()  # in case a notice sent before the answer is matched only now
         self._sends.drain(timeout_s, self.poll_s, "the trainer")
         if self._port_mode:
             self.comm.Disconnect()
