@@ -5,6 +5,7 @@
     python -m mpi4py tests/transport/mpi_roles.py port-trainer  OUT NUM_ROLLOUT TIMEOUT_S RUN_DIR [EXPECT]
     python -m mpi4py tests/transport/mpi_roles.py port-rollout  OUT TIMEOUT_S RUN_DIR RANK
     python -m mpi4py tests/transport/mpi_roles.py bp-trainer OUT PAUSE_S : ... bp-rollout OUT
+    python -m mpi4py tests/transport/mpi_roles.py idle OUT SECONDS
 
 Rollout rank r sends `make_trajectories(seed=r)` in two messages (the second one with a single
 trajectory of zero length, an awkward case), then waits for the trainer's stop. The trainer answers
@@ -119,6 +120,10 @@ def main(argv: list[str]) -> None:
     elif role == "port-rollout":
         t, run_dir, rank = float(argv[2]), Path(argv[3]), int(argv[4])
         rollout(RolloutChannel.connect(run_dir, rank, rendezvous.read, timeout_s=t), out, t)
+    elif role == "idle":  # a rank that initializes MPI (every rank must: MPI_Init waits for all) but never joins
+        from mpi4py import MPI  # noqa: F401
+
+        time.sleep(float(argv[2]))
     elif role == "bp-trainer":
         backpressure_trainer(TrainerChannel.world(1, timeout_s=20), out, float(argv[2]))
     elif role == "bp-rollout":

@@ -147,6 +147,11 @@ def test_rollout_timeout_names_the_trainer(mpirun, tmp_path: Path) -> None:
     p = mpirun(["1", "port-rollout", str(tmp_path), "1", str(tmp_path / "run"), "0"])
     rc, log = finish(p)
     assert rc != 0 and "rollout rank 0 waited 1 s for the trainer: it published no MPI port" in log
+    t0 = time.monotonic()
+    p = mpirun(["1", "idle", str(tmp_path), "30"], ["1", "world-rollout", str(tmp_path), "1"])  # rank 0 never answers
+    rc, log = finish(p)
+    assert rc != 0 and "rollout rank 0 waited 1 s for the trainer (world rank 0)" in log
+    assert time.monotonic() - t0 < 15  # the abort ends the idle rank too
 
 
 def test_stale_port_of_a_dead_trainer_times_out_instead_of_connecting(mpirun, tmp_path: Path) -> None:
