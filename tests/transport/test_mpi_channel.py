@@ -171,3 +171,13 @@ def test_import_initializes_no_mpi() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.returncode == 0 and out.stdout.strip() == "11", out.stderr
+
+
+def test_missing_mpi_skips_locally_but_fails_in_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.modules[__name__], "MPIEXEC", None)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI must run the MPI tests: mpiexec not installed"):
+        _require_mpi()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="mpiexec not installed"):
+        _require_mpi()
