@@ -61,6 +61,8 @@ class Ended:
     status: Status
     reason: str
     at: float
+    cause: str = "env_error"
+    """The failure class it is counted under in /status (worker_died, idle_expired, worker_timeout, ...)."""
 
 
 class Registry:
@@ -68,6 +70,8 @@ class Registry:
         self.workers: dict[str, WorkerEntry] = {}
         self.sessions: dict[str, SessionEntry] = {}
         self.tombstones: OrderedDict[str, Ended] = OrderedDict()
+        self.ended_by: dict[str, int] = {}
+        """Live sessions ended as env_error, by cause: a session ends once, so it is counted once."""
 
     # ------------------------------------------------------------------------------------ workers
     def register(self, worker_id: str, address: str, tasks: list[str], slots: int,
@@ -82,7 +86,7 @@ class Registry:
         listed = {sid for sid, _ in sessions}
         if old is not None:
             for sid in list(old.sessions - listed):
-                self.end_session(sid, Ended(Status.ENV_ERROR, f"worker {worker_id} restarted", now))
+                self.end_session(sid, Ended(Status.ENV_ERROR, f"worker {worker_id} restarted", now, "worker_died"))
         entry = WorkerEntry(worker_id=worker_id, address=address.rstrip("/"), tasks=tuple(tasks), slots=slots,
                             last_heartbeat=now, draining=draining)
         self.workers[worker_id] = entry
@@ -132,7 +136,7 @@ class Registry:
         entry.alive = False
         ended = list(entry.sessions)
         for sid in ended:
-            self.end_session(sid, Ended(Status.ENV_ERROR, f"worker {worker_id} died: {reason}", now))
+            self.end_session(sid, Ended(Status.ENV_ERROR, f"worker {worker_id} died: {reason}", now, "worker_died"))
         return ended
 
     def pick(self, task: str, exclude: frozenset[str] | set[str] = frozenset()) -> WorkerEntry:
@@ -174,6 +178,8 @@ class Registry:
             worker = self.workers.get(entry.worker_id)
             if worker is not None:
                 worker.sessions.discard(sid)
+            if ended is not None and ended.status == Status.ENV_ERROR:
+                self.ended_by[ended.cause] = self.ended_by.get(ended.cause, 0) + 1
         if ended is not None:
             self.tombstones[sid] = ended
             while len(self.tombstones) > MAX_TOMBSTONES:
@@ -193,7 +199,8 @@ class Registry:
             self.mark_dead(wid, f"no heartbeat for {dead_after_s:g}s", now)
         idle = [s for s in self.sessions.values() if now - s.last_used > session_idle_s] if sessions else []
         for s in idle:
-            self.end_session(s.session_id, Ended(Status.ENV_ERROR, f"idle for more than {session_idle_s:g}s", now))
+            self.end_session(s.session_id, Ended(Status.ENV_ERROR, f"idle for more than {session_idle_s:g}s", now,
+                                                 "idle_expired"))
         while self.tombstones:
             sid, ended = next(iter(self.tombstones.items()))
             if now - ended.at <= tombstone_ttl_s:

@@ -23,7 +23,8 @@ from agentrl.types import Status
 
 CFG = ControllerConfig(heartbeat_s=0.05, dead_after_s=2.0, session_idle_s=30.0, keepalive_s=1.0,
                        request_timeout_s=0.5, max_worker_failures=2, max_body_bytes=64 * 1024)
-ENVS = EnvsConfig(tasks=("lookup", "trouble"), slots=16, max_argument_bytes=512, max_output_chars=1000)
+ENVS = EnvsConfig(tasks=("lookup", "trouble"), slots=16, max_argument_bytes=512, max_output_chars=1000,
+                  expert_route="enabled")
 
 
 class TroubleEpisode:
