@@ -40,7 +40,8 @@ def default_worker_id() -> str:
     return f"worker-{socket.gethostname()}-{os.getpid()}"
 
 
-async def serve(run_dir: Path, worker_id: str, host: str | None, advertise: str | None, wait_s: float) -> None:
+async def serve(run_dir: Path, worker_id: str, host: str | None, advertise: str | None, wait_s: float) -> int:
+    """Serve until a signal; returns how many task calls are still running (past their deadline)."""
     cfg = load_config(str(run_dir / "config.yaml"))
     controller_url = await asyncio.to_thread(rendezvous.wait_for, run_dir, "controller_url", wait_s)
     # a controller on loopback means one machine: stay on loopback; otherwise listen everywhere and
@@ -75,6 +76,7 @@ async def serve(run_dir: Path, worker_id: str, host: str | None, advertise: str 
         drain.cancel()
     log.info("worker %s stopping with %d sessions held", worker_id, len(running.worker.sessions))
     await running.stop()
+    return running.worker.stuck
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -88,7 +90,12 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     raise_fd_limit()
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-        runner.run(serve(args.run_dir, args.worker_id or default_worker_id(), args.host, args.advertise, args.wait_s))
+        stuck = runner.run(serve(args.run_dir, args.worker_id or default_worker_id(), args.host, args.advertise,
+                                 args.wait_s))
+    if stuck:  # threads of hung task calls cannot be stopped, and interpreter exit would join them
+        log.warning("exiting with %d task calls still running", stuck)
+        logging.shutdown()
+        os._exit(0)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.envs.api import EnvError
+from agentrl.envs.api import EnvError, shown
 from agentrl.types import Status
 
 MAX_TOMBSTONES = 200_000
@@ -150,11 +150,11 @@ class Registry:
         if not serving:
             if self.workers:
                 known = sorted({t for w in self.workers.values() for t in w.tasks})
-                raise EnvError("unknown_task", f"no worker serves task {task!r} (served: {', '.join(known)})")
+                raise EnvError("unknown_task", f"no worker serves task {shown(task)} (served: {', '.join(known)})")
             raise EnvError("no_capacity", "no env worker has registered yet")
         ready = [w for w in serving if w.alive and not w.draining and w.free > 0 and w.worker_id not in exclude]
         if not ready:
-            raise EnvError("no_capacity", f"no live worker of task {task!r} has a free slot")
+            raise EnvError("no_capacity", f"no live worker of task {shown(task)} has a free slot")
         # ties go to the lowest worker id: deterministic, and all workers fill evenly anyway
         return min(ready, key=lambda w: (w.failures > 0, -w.free, w.worker_id))
 
@@ -164,7 +164,7 @@ class Registry:
         if live:
             return min(live, key=lambda w: w.worker_id)
         self.pick(task)  # raises the right error
-        raise EnvError("no_capacity", f"no live worker of task {task!r}")  # pragma: no cover
+        raise EnvError("no_capacity", f"no live worker of task {shown(task)}")  # pragma: no cover
 
     # ------------------------------------------------------------------------------------ sessions
     def add_session(self, sid: str, task: str, worker_id: str, now: float) -> None:

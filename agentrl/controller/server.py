@@ -304,10 +304,11 @@ class Controller:
             request[UPSTREAM_S] = time.perf_counter() - t0
         if status == 200 and _is_interact_answer(data):
             worker.failures = 0
-            if data["done"]:
-                ended = self.registry.end_session(sid)
-                if ended is not None and data["status"] == Status.ENV_ERROR.value:  # the worker ended it
-                    self.registry.ended_by["env_error"] = self.registry.ended_by.get("env_error", 0) + 1
+            if data["done"] and data["status"] == Status.ENV_ERROR.value:  # the worker ended it: say so later too
+                reason = str(data.get("error") or f"worker {worker.worker_id} ended the session")
+                self.registry.end_session(sid, Ended(Status.ENV_ERROR, reason, time.monotonic(), "env_error"))
+            elif data["done"]:
+                self.registry.end_session(sid)
             return web.Response(body=out, content_type="application/json")
         if status == 200 or not (isinstance(data, dict) and isinstance(data.get("error"), dict)):
             err = WorkerFailed(f"worker {worker.worker_id} sent a malformed interact answer "
@@ -400,9 +401,10 @@ class Controller:
         return web.json_response({"missing": self.registry.touch(ids, time.monotonic())})
 
     async def status(self, request: web.Request) -> web.Response:
-        reg = self.registry
+        reg, now = self.registry, time.monotonic()
         return web.json_response({
-            "workers": [w.to_wire() for w in sorted(reg.workers.values(), key=lambda w: w.worker_id)],
+            "workers": [{**w.to_wire(), "heartbeat_age_s": round(now - w.last_heartbeat, 3)}
+                        for w in sorted(reg.workers.values(), key=lambda w: w.worker_id)],
             "sessions": reg.sessions_per_task(), "active_sessions": len(reg.sessions),
             "latency_ms": self.latency.summary(),
             "latency_ms_by_route": {r.lstrip("/"): s.summary() for r, s in self.route_latency.items() if s.samples},
@@ -444,7 +446,7 @@ class Controller:
         worker_id = require(parse_json(await self._read(request)), "worker_id")
         worker = self.registry.workers.get(worker_id)
         if worker is None:
-            raise EnvError("not_found", f"no worker {worker_id!r}")
+            raise EnvError("not_found", f"no worker {shown(worker_id)}")
         worker.draining = True
         if worker.alive:
             try:  # so its heartbeats keep saying so; if it cannot hear us the flag here still holds
