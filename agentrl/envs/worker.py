@@ -112,6 +112,7 @@ class EnvWorker:
         # A thread for every slot, and as many again for starts and closes of sessions already gone:
         # a call never waits for a thread because other sessions are slow. Threads start only on demand.
         self.pool = ThreadPoolExecutor(max_workers=2 * slots + 4, thread_name_prefix=f"task-{worker_id}")
+        self._closing: set[asyncio.Task[None]] = set()
         self.changed = asyncio.Event()
         """Set when the controller should hear from us before the next heartbeat is due (a drain)."""
 
@@ -216,7 +217,9 @@ class EnvWorker:
         for sid in session_ids:
             live = self.sessions.pop(sid, None)
             if live is not None:
-                asyncio.get_running_loop().create_task(self._close(live))
+                task = asyncio.get_running_loop().create_task(self._close(live))
+                self._closing.add(task)  # the loop holds tasks only weakly
+                task.add_done_callback(self._closing.discard)
 
     async def _close(self, live: _Live) -> None:
         async with live.lock:  # after a step in flight has finished
