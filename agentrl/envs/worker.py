@@ -28,6 +28,7 @@ Not here: routing, dead-worker detection (the controller's), process setup and l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -142,7 +143,11 @@ class EnvWorker:
                 if late is not None:
                     late(f)
 
-            future.add_done_callback(lambda f: loop.call_soon_threadsafe(returned, f))
+            def from_thread(f: Future[Any]) -> None:
+                with contextlib.suppress(RuntimeError):  # the loop closed: the process is exiting
+                    loop.call_soon_threadsafe(returned, f)
+
+            future.add_done_callback(from_thread)
             if isinstance(e, TimeoutError):
                 self.counters["call_timeouts"] += 1
                 name = getattr(fn, "__qualname__", getattr(fn, "__name__", "call"))
@@ -152,13 +157,17 @@ class EnvWorker:
     def _close_later(self, live: _Live) -> Callable[[Future[Any]], None]:
         """`late` for a call on a session that was ended meanwhile: close it once its call returned."""
         def close(_: Future[Any]) -> None:
-            self.pool.submit(live.session.close)
+            self._close_off_loop(live.session)
         return close
 
     def _close_started(self, f: Future[Any]) -> None:
         """`late` for a start that timed out: the session it made after all is nobody's; close it."""
         if not f.cancelled() and f.exception() is None:
-            self.pool.submit(f.result().close)
+            self._close_off_loop(f.result())
+
+    def _close_off_loop(self, session: Session) -> None:
+        with contextlib.suppress(RuntimeError):  # the pool was shut down: the process is exiting
+            self.pool.submit(session.close)
 
     def _end_here(self, sid: str, reason: str) -> None:
         self.sessions.pop(sid, None)

@@ -52,6 +52,17 @@ def test_controller_and_worker_processes(tmp_path: Path) -> None:
                 return out
 
         assert asyncio.run(episodes()) == [(1.0, Status.COMPLETED)] * 5
+
+        async def forged() -> str:
+            async with GatewayClient(url, secret="not-this-run") as env:
+                try:
+                    await env.status()
+                except EnvError as e:
+                    return e.code
+                return "served"
+
+        assert asyncio.run(forged()) == "unauthorized"  # the roles made and share RUN_DIR/secret, owner-only
+        assert (tmp_path / "secret").stat().st_mode & 0o777 == 0o600
         for p in reversed(procs):
             p.send_signal(signal.SIGTERM)
             assert p.wait(timeout=10) == 0
