@@ -79,10 +79,14 @@ class ControllerConfig:
     """Consecutive failed calls (timeouts, garbage answers) after which a worker is declared dead."""
     max_body_bytes: int = 4 * 1024 * 1024
     """Largest request body the controller and the workers accept (413 bad_request beyond)."""
+    body_timeout_s: float = 10.0
+    """How long the controller and the workers wait for a request's whole body (408 beyond): a client
+    that announces more than it sends holds a socket this long, never a handler forever."""
 
     def validate(self, p: str) -> None:
         _check(0 <= self.port < 65536, f"{p}.port", "must be in [0, 65535]")
-        for name in ("heartbeat_s", "dead_after_s", "session_idle_s", "keepalive_s", "request_timeout_s"):
+        for name in ("heartbeat_s", "dead_after_s", "session_idle_s", "keepalive_s", "request_timeout_s",
+                     "body_timeout_s"):
             _check(getattr(self, name) > 0, f"{p}.{name}", "must be positive")
         _check(self.dead_after_s > self.heartbeat_s, f"{p}.dead_after_s", "must exceed heartbeat_s")
         _check(self.session_idle_s >= 2 * self.keepalive_s, f"{p}.session_idle_s",
@@ -107,6 +111,13 @@ class EnvsConfig:
     """A tool result or other env message longer than this is cut, with a marker saying how much."""
     drain_s: float = 30.0
     """On SIGTERM a worker stops taking sessions and waits up to this long for its own to end."""
+    max_tool_calls: int = 16
+    """Tool calls in one assistant message beyond this: one error observation, none of them run."""
+    expert_route: str = "auto"
+    """Whether workers answer /expert (the task's scripted expert hands out answers): auto | enabled |
+    disabled (words YAML keeps as strings; `on`/`off` would turn into booleans).
+    auto: on exactly when the run plays the expert (rollout.engine: expert, or a warm start with
+    trainer.sft_steps > 0 and rollout.expert_samples > 0); see `agentrl.envs.serving.expert_route_on`."""
 
     def validate(self, p: str) -> None:
         _check(len(self.tasks) > 0, f"{p}.tasks", "must name at least one task")
@@ -118,6 +129,9 @@ class EnvsConfig:
         _check(self.max_argument_bytes >= 64, f"{p}.max_argument_bytes", "must be >= 64")
         _check(self.max_output_chars >= 256, f"{p}.max_output_chars", "must be >= 256")
         _check(self.drain_s >= 0, f"{p}.drain_s", "must be >= 0")
+        _check(self.max_tool_calls >= 1, f"{p}.max_tool_calls", "must be >= 1")
+        _check(self.expert_route in ("auto", "enabled", "disabled"), f"{p}.expert_route",
+               "must be auto, enabled or disabled")
 
 
 @dataclass(frozen=True)

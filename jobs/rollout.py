@@ -11,6 +11,7 @@ import json
 import logging
 from pathlib import Path
 
+from agentrl.auth import run_secret
 from agentrl.config import load_config
 from agentrl.envs.client import GatewayClient
 from agentrl.envs.tasks import task_name
@@ -40,7 +41,7 @@ async def amain(run_dir: Path) -> None:
     url = rendezvous.wait_for(run_dir, "controller_url", timeout_s=120)
     monitor = make_monitor(run_dir, "rollout", cfg.monitor.tensorboard)
     try:
-        async with GatewayClient(url, keepalive_s=cfg.controller.keepalive_s) as client:
+        async with GatewayClient(url, keepalive_s=cfg.controller.keepalive_s, secret=run_secret(run_dir)) as client:
 
             def make_engine():
                 if r.engine == "expert":  # the task's scripted expert plays every episode (pipeline checks)

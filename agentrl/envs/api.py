@@ -33,9 +33,17 @@ MAX_ARGUMENT_BYTES = 8 * 1024
 """Tool-call arguments longer than this are refused before parsing (a runaway generation, not a call)."""
 MAX_OUTPUT_CHARS = 16 * 1024
 """Env message contents longer than this are cut with a marker (a tool that printed a whole file)."""
+MAX_TOOL_CALLS = 16
+"""Tool calls in one assistant message beyond this are refused as a whole (none is run): a runaway
+generation of 38,000 calls must cost one cheap error observation, not seconds of validation."""
+SHOWN_CHARS = 200
+"""An error message quotes at most this much of the caller's input (`shown`)."""
 
 ERROR_HTTP_STATUS: dict[str, int] = {
     "bad_request": 400,
+    "unauthorized": 401,
+    "forbidden": 403,
+    "busy": 409,
     "unknown_session": 404,
     "unknown_task": 404,
     "not_found": 404,
@@ -70,6 +78,12 @@ class EnvError(Exception):
         if isinstance(err, dict) and isinstance(err.get("code"), str):
             return cls(err["code"], str(err.get("message", "")))
         return cls("env_error", f"HTTP {http_status}: {str(body)[:200]}")
+
+
+def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
+    """`repr(value)` for an error message, cut to `limit` characters: errors never echo a huge input back."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 # ------------------------------------------------------------------------------------------ wire types
@@ -271,9 +285,11 @@ def _compiled(schema: dict[str, Any]) -> Any:
 class ToolBox:
     """The tool schemas of one task, compiled once, and the checks every tool call goes through."""
 
-    def __init__(self, tools: list[dict[str, Any]], max_argument_bytes: int = MAX_ARGUMENT_BYTES) -> None:
+    def __init__(self, tools: list[dict[str, Any]], max_argument_bytes: int = MAX_ARGUMENT_BYTES,
+                 max_tool_calls: int = MAX_TOOL_CALLS) -> None:
         self.tools = tools
         self.max_argument_bytes = max_argument_bytes
+        self.max_tool_calls = max_tool_calls
         self.validators: dict[str, Any] = {}
         for tool in tools:
             fn = tool["function"]
@@ -291,6 +307,9 @@ class ToolBox:
             raise EnvError("bad_request", "tool_calls must be a list")
         if not raw_calls:
             return [], [{"role": "user", "content": f"Please call one of the tools: {self.names}."}]
+        if len(raw_calls) > self.max_tool_calls:
+            return [], [{"role": "user", "content": f"Error: {len(raw_calls)} tool calls in one message; the limit "
+                                                    f"is {self.max_tool_calls}. None of them was run."}]
         calls: list[ToolCall] = []
         errors: list[dict[str, Any]] = []
         for i, raw in enumerate(raw_calls):
@@ -309,7 +328,7 @@ class ToolBox:
 
     def _check_call(self, name: str, arguments: Any) -> tuple[str | None, dict[str, Any]]:
         if name not in self.validators:
-            return f"unknown tool {name!r}; the tools are: {self.names}.", {}
+            return f"unknown tool {shown(name)}; the tools are: {self.names}.", {}
         if arguments is None or arguments == "":
             arguments = "{}"
         if isinstance(arguments, dict):  # tolerated: some clients send parsed arguments
@@ -364,14 +383,16 @@ class Session:
             self.episode = task.start(index)
             self.messages = list(self.episode.initial_messages())
             if isinstance(self.episode, HasOwnTools):
-                self.toolbox = ToolBox(self.episode.tools(), self.toolbox.max_argument_bytes)
+                self.toolbox = ToolBox(self.episode.tools(), self.toolbox.max_argument_bytes,
+                                       self.toolbox.max_tool_calls)
         except EnvError:
             self.close()
             raise
         except Exception as e:
             self.close()
-            log.exception("task %s failed to start sample %s", task.name, index)
-            raise EnvError("env_error", f"task {task.name} failed to start {index}: {type(e).__name__}: {e}") from e
+            log.exception("task %s failed to start sample %s", task.name, shown(index))
+            raise EnvError("env_error", f"task {task.name} failed to start {shown(index)}: "
+                                        f"{type(e).__name__}: {str(e)[:SHOWN_CHARS]}") from e
 
     def interact(self, message: Any) -> InteractResult:
         if self.done:

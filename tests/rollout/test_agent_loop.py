@@ -28,7 +28,7 @@ def call(tool: str, **args: str) -> str:
 async def _with_env(fn, cfg: RunConfig | None = None):
     cfg = cfg or RunConfig()
     controller = await start_controller(cfg.controller)
-    worker = await start_worker(cfg.envs, cfg.controller, controller.url, "worker-test")
+    worker = await start_worker(cfg.envs, cfg.controller, controller.url, "worker-test", expert_route=True)
     client = GatewayClient(controller.url)
     try:
         for _ in range(200):
