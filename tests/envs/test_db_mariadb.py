@@ -39,7 +39,7 @@ def databases(server: MariaDBServer) -> set[str]:
 
 
 def test_gold_sql_passes_answer_md5_on_dev(task: DbTask) -> None:
-    dev = list(zip(task.indices("dev"), task.samples["dev"]))
+    dev = list(zip(task.indices("dev"), task.split("dev")))
     inserts = [i for i, s in dev if s.kind == "INSERT"][:6]
     updates = [i for i, s in dev if s.kind == "UPDATE"][:6]
     assert sum(expert_reward(task, i) for i in inserts + updates) == 12
