@@ -5,8 +5,8 @@ Each dev subset also stands in as its task's test split (AgentBench's own test f
 repository), and the train files are left out on purpose: a split must load without the others. The
 task servers' prompts are stand-ins written here, not AgentBench's text (this project does not copy
 it): tests check that the faithful protocol reads whatever the checkout says. Tool configs: the copies
-of `configs/tasks/{kg,alfworld,webshop}.yaml` in `data/agentbench/`; `dbbench.yaml` is written from
-our tool schemas (the same as AgentBench-FC's, `test_db_task` checks them).
+of `configs/tasks/{kg,alfworld,webshop}.yaml` in `data/agentbench/`; `dbbench.yaml` and kg's `TOOLS`
+are written from our tool schemas (the same as AgentBench-FC's, the task tests check them).
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from agentrl.envs.tasks.db import TOOLS as DB_TOOLS
+from agentrl.envs.tasks.kg import TOOLS as KG_TOOLS
 
 DEV = Path(__file__).resolve().parents[2] / "data" / "agentbench"
 
@@ -51,7 +52,7 @@ def build_checkout(root: Path) -> Path:
     tasks = root / "src/server/tasks"
     _write(tasks / "dbbench/task.py", f"import os\n\nSYSTEM_PROMPT = {PROMPTS['db']!r}\n")
     _write(tasks / "knowledgegraph/const.py",
-           f"INSTRUCTIONS = {PROMPTS['kg']!r}\nONE_SHOT = {KG_ONE_SHOT!r}\n")
+           f"INSTRUCTIONS = {PROMPTS['kg']!r}\nTOOLS = {KG_TOOLS!r}\nONE_SHOT = {KG_ONE_SHOT!r}\n")
     _write(tasks / "alfworld/task.py", "class ALFWorld:\n    @staticmethod\n    def get_task_instruction():\n"
                                        f"        return {PROMPTS['alfworld']!r}\n")
     _write(tasks / "webshop/task.py", f"prompt_with_max_turn = {PROMPTS['webshop']!r}\n")
