@@ -48,7 +48,7 @@ def build_checkout(root: Path) -> Path:
     shutil.copytree(DEV / "os_interaction/scripts/dev", root / "data/os_interaction/scripts/dev")
     db_config = {"default": {"parameters": {"max_round": 15, "tools": DB_TOOLS}},
                  "dbbench-std": {"parameters": {"data_file": "data/dbbench/standard.jsonl"}}}
-    _write(root / "configs/tasks/dbbench.yaml", yaml.safe_dump(db_config))
+    _write(root / "configs/tasks/dbbench.yaml", yaml.safe_dump(db_config, sort_keys=False))
     tasks = root / "src/server/tasks"
     _write(tasks / "dbbench/task.py", f"import os\n\nSYSTEM_PROMPT = {PROMPTS['db']!r}\n")
     _write(tasks / "knowledgegraph/const.py",
