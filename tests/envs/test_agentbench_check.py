@@ -16,6 +16,7 @@ def test_network_commands_are_recognised() -> None:
 
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="the os task's sandbox needs bubblewrap")
-def test_os_examples_replay() -> None:
+def test_os_examples_replay(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AGENTRL_AGENTBENCH_DIR", raising=False)  # this project's samples
     result = check(get_task("os"), "test", replay_os, limit=2, workers=1)
     assert (result["passed"], result["total"], result["failures"]) == (2, 2, {}), result["details"]

@@ -4,6 +4,7 @@ strict protocol on request, and `jobs.agentbench_check` replaying the gold answe
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,8 @@ def test_test_split_loads_without_the_train_file(task: DbTask, checkout: Path) -
         task.indices("valid")
 
 
-def test_faithful_is_the_default_and_reads_the_checkout(task: DbTask, checkout: Path) -> None:
+def test_faithful_is_the_default_and_reads_the_checkout(task: DbTask, checkout: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     assert task.protocol == "faithful" and task.max_turns == 15
     assert task.tools()[0]["function"]["name"] == "execute_sql"
     s = Session(task, f"test-{first_select(task)}")
@@ -58,6 +60,7 @@ def test_faithful_is_the_default_and_reads_the_checkout(task: DbTask, checkout: 
         "description"] == "Executes a given SQL statement on the database and returns the result."
     with pytest.raises(ValueError, match="unknown protocol"):
         DbTask(source="agentbench", agentbench_dir=checkout, protocol="loose")
+    monkeypatch.delenv("AGENTRL_AGENTBENCH_DIR", raising=False)
     with pytest.raises(ValueError, match="reads AgentBench-FC's prompt"):
         DbTask(protocol="faithful", agentbench_dir=None)
 
@@ -107,3 +110,11 @@ def test_agentbench_check_replays_the_gold(checkout: Path, tmp_path: Path) -> No
     assert json.loads(out.read_text())["db"]["test"]["failures"] == {}
     bad = check_main(["--agentbench", str(tmp_path / "nothing"), "--tasks", "db"])
     assert "error" in bad["db"]["test"]
+
+
+@pytest.mark.skipif(not os.environ.get("AGENTRL_AGENTBENCH_DIR"), reason="no AgentBench checkout configured")
+def test_a_real_checkout() -> None:
+    """With a checkout of THUDM/AgentBench (main) in AGENTRL_AGENTBENCH_DIR: its prompt and 300 test samples."""
+    task = DbTask(source="agentbench")
+    s = Session(task, "test-0")
+    assert s.messages[0]["content"].startswith("I will ask you a question") and len(task.indices("test")) == 300

@@ -36,10 +36,11 @@ def message(*calls: tuple[str, Any]) -> dict[str, Any]:
         for i, (name, args) in enumerate(calls)]}
 
 
-def test_agentbench_source_reads_the_checkouts_ranges(checkout: Path) -> None:
+def test_agentbench_source_reads_the_checkouts_ranges(checkout: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     t = WebShopTask(source="agentbench", webshop_dir=OUR_CATALOG, agentbench_dir=checkout)
     assert t.protocol == "faithful" and t.ranges["test"] == (0, 200)  # webshop-std: start 0, end 200
     assert t.ranges["train"][0] == min(1000, len(t.catalog.goals))  # webshop-env_train starts at 1000
+    monkeypatch.delenv("AGENTRL_AGENTBENCH_DIR", raising=False)
     with pytest.raises(ValueError, match="reads AgentBench-FC's prompt"):
         WebShopTask(source="agentbench", webshop_dir=OUR_CATALOG, agentbench_dir=None)
 
