@@ -136,7 +136,8 @@ def test_malformed_calls_are_observations(task: DbTask, message: dict[str, Any],
     assert not r.done and r.messages[0]["content"].startswith(expected), r.messages
 
 
-def test_options_are_checked() -> None:
+def test_options_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AGENTRL_AGENTBENCH_DIR", raising=False)
     for bad, match in (({"backend": "postgres"}, "unknown backend"), ({"sqlite_affinity": "x"}, "sqlite_affinity"),
                        ({"source": "agentbench"}, "needs agentbench_dir")):
         with pytest.raises(ValueError, match=match):
