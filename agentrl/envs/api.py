@@ -14,7 +14,8 @@ What is here:
     and workers (JSON; `to_wire`/`from_wire` convert).
 
 What is not here: HTTP (see `client.py` and `worker.py`), routing (`agentrl.controller`), any task
-(`agentrl.envs.tasks`). This module imports only the standard library, jsonschema and `agentrl.types`.
+(`agentrl.envs.tasks`). This module imports only the standard library, jsonschema, `agentrl.types`
+and `agentrl.envs.protocol` (the call policies of the faithful protocol).
 """
 from __future__ import annotations
 
@@ -293,7 +294,7 @@ class ToolBox:
             return [], [{"role": "user", "content": f"Please call one of the tools: {self.names}."}]
         raw_calls = select_calls(raw_calls, policy)
         if policy.lenient_arguments:
-            return [ToolCall(*parse_lenient(raw, i)) for i, raw in enumerate(raw_calls)], []
+            return [ToolCall(*parse_lenient(raw, i, self.max_argument_bytes)) for i, raw in enumerate(raw_calls)], []
         calls: list[ToolCall] = []
         errors: list[dict[str, Any]] = []
         for i, raw in enumerate(raw_calls):

@@ -54,9 +54,10 @@ def select_calls(raw_calls: list[Any], policy: CallPolicy) -> list[Any]:
     return raw_calls[:1] if policy.first_call_only else raw_calls
 
 
-def parse_lenient(raw: Any, i: int) -> tuple[str, str, Any, str | None]:
+def parse_lenient(raw: Any, i: int, max_bytes: int) -> tuple[str, str, Any, str | None]:
     """(id, name, arguments, error) of one raw tool call, parsed as AgentBench-FC does: `json.loads` of
-    the arguments string and nothing more (a dict is taken as already parsed)."""
+    the arguments string and nothing more (a dict is taken as already parsed). Arguments longer than
+    `max_bytes` are refused unparsed all the same: a bound on the worker's work, not a protocol rule."""
     call_id = str(raw.get("id") or f"call_{i}") if isinstance(raw, dict) else f"call_{i}"
     fn = raw.get("function") if isinstance(raw, dict) else None
     if not isinstance(fn, dict):
@@ -65,6 +66,8 @@ def parse_lenient(raw: Any, i: int) -> tuple[str, str, Any, str | None]:
     arguments = fn.get("arguments")
     if isinstance(arguments, (dict, list)):
         return call_id, name, arguments, None
+    if isinstance(arguments, str) and len(arguments.encode()) > max_bytes:
+        return call_id, name, None, f"arguments are too long (limit {max_bytes} bytes)"
     try:
         return call_id, name, json.loads(arguments), None
     except (TypeError, ValueError) as e:
