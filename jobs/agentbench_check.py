@@ -42,6 +42,10 @@ STRICT_ERRORS = re.compile(r"^Error (1292|1265|1366|1264|1406|1048):")
 """MySQL errors that strict sql_mode raises where the non-strict mode only warns (truncated or
 out-of-range values, bad conversions)."""
 
+BAD_NAMES = re.compile(r"\((1166|1103|1059|1060),")
+"""MySQL's errors for a table definition it refuses: incorrect column or table name, name too long,
+duplicate column name."""
+
 Outcome = tuple[bool, str, str]  # (passed, class, evidence)
 
 
@@ -54,6 +58,9 @@ def replay_db(task: DbTask, index: str) -> Outcome:
     try:
         session = Session(task, index)
     except EnvError as e:
+        if BAD_NAMES.search(e.message):
+            return False, DATA, (f"MySQL rejects the sample's own tables ({e.message.split(': ', 1)[-1]}): "
+                                 "AgentBench-FC's CREATE TABLE for them is the same, so it cannot start there either")
         return False, OURS, f"did not start: {e.message}"
     try:
         observation = ""

@@ -11,11 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agentbench_checkout import build_checkout
 from env_helpers import call, expert_reward
 
 from agentrl.envs.api import EnvError, Session
 from agentrl.envs.tasks.db import DbTask
 from agentrl.envs.tasks.db_backends import MYSQL8_SQL_MODE, MariaDBServer, find_mariadbd, rows_hash
+from jobs.agentbench_check import main as check_main
 
 pytestmark = pytest.mark.skipif(find_mariadbd() is None, reason="mariadbd is not installed "
                                 "(apt-get install --no-install-recommends mariadb-server)")
@@ -151,3 +153,11 @@ def test_shared_account_is_an_explicit_logged_opt_in(server: MariaDBServer, limi
     messages = [r.getMessage() for r in caplog.records]
     assert any("mariadb_shared_account is on" in m for m in messages)
     assert any("shares the account limited" in m for m in messages)
+
+
+def test_agentbench_check_on_mariadb_names_a_data_defect(tmp_path: Path) -> None:
+    """AgentBench's dev-5 has a column named '': MySQL refuses its table, as AgentBench-FC's own would."""
+    checkout = build_checkout(tmp_path)
+    report = check_main(["--agentbench", str(checkout), "--tasks", "db", "--split", "dev", "--backend", "mariadb",
+                         "--limit", "8", "--workers", "2"])
+    assert report["db"]["dev"]["passed"] == 7 and report["db"]["dev"]["failures"] == {"data defect": ["dev-5"]}
