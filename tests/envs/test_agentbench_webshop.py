@@ -57,6 +57,10 @@ def test_faithful_protocol(task: WebShopTask) -> None:
     r = s.interact(message(("open_page", {"value": "x"})))  # another tool: nothing, the observation again
     assert r.messages == [{"role": "user", "content": f"Observation:\n{shown}\n\nAvailable Actions:\n"
                                                       f"{s.episode.available()}"}]
+    r = s.interact(message(("open_page", {})))  # the tool's name is read before its (missing) argument
+    assert [m["content"][:12] for m in r.messages] == ["Observation:"]
+    r = s.interact(message(("click_action", {})))
+    assert [m["content"] for m in r.messages][0] == BAD_CALL
     r = s.interact(message(("click_action", "not json")))
     assert [m["content"] for m in r.messages][0] == BAD_CALL and r.messages[1]["content"].startswith("Observation:")
     r = s.interact({"role": "assistant", "content": "which one?"})

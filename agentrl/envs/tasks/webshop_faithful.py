@@ -70,15 +70,15 @@ class FaithfulWebShopEpisode(WebShopEpisode):
     def step(self, action: Action) -> StepResult:
         call = action.tool_calls[0]
         self.moves += 1
+        bad = StepResult([{"role": "user", "content": BAD_CALL}, self._again()], metrics={"score": 0.0, "success": 0.0})
+        if call.error is not None or not isinstance(call.arguments, dict):  # AgentBench: json.loads, .values()
+            return bad
+        if call.name not in ACTIONS:  # read before the arguments' first value: another tool does nothing
+            return StepResult([self._again()], metrics={"score": 0.0, "success": 0.0})
         try:
-            if call.error is not None:
-                raise ValueError(call.error)
             value = first_value(call.arguments)
         except ValueError:
-            return StepResult([{"role": "user", "content": BAD_CALL}, self._again()],
-                              metrics={"score": 0.0, "success": 0.0})
-        if call.name not in ACTIONS:
-            return StepResult([self._again()], metrics={"score": 0.0, "success": 0.0})
+            return bad
         text = f"{ACTIONS[call.name]}[{value}]"
         self.last = self._act(call.name, str(value).strip()) or self.observation()
         if self.page.kind == "done":
