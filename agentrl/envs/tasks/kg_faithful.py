@@ -85,7 +85,9 @@ class FaithfulKGEpisode(KGEpisode):
             return f"Error processing tool call: {error}"
         if name not in self.prompts.param_order:
             return f"Provide an invalid function name. Function {name} does not exist"
-        if not isinstance(arguments, dict) or any(k not in arguments for k in self.prompts.param_order[name]):
+        if not isinstance(arguments, dict):
+            return "Error processing tool call: the arguments are not a JSON object"
+        if any(k not in arguments for k in self.prompts.param_order[name]):
             return f"Arguments do not match the function signature. Error processing arguments for {name}"
         args = {k: str(arguments[k]) for k in self.prompts.param_order[name]}
         try:
