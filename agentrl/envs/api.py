@@ -14,7 +14,8 @@ What is here:
     and workers (JSON; `to_wire`/`from_wire` convert).
 
 What is not here: HTTP (see `client.py` and `worker.py`), routing (`agentrl.controller`), any task
-(`agentrl.envs.tasks`). This module imports only the standard library, jsonschema and `agentrl.types`.
+(`agentrl.envs.tasks`). This module imports only the standard library, jsonschema, `agentrl.types`
+and `agentrl.envs.protocol` (the call policies of the faithful protocol).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import jsonschema
 
+from agentrl.envs.protocol import STRICT, CallPolicy, parse_lenient, policy_of, select_calls
 from agentrl.types import Status
 
 log = logging.getLogger(__name__)
@@ -165,11 +167,16 @@ def require(body: Any, key: str, kind: type | tuple[type, ...] = str) -> Any:
 
 @dataclass
 class ToolCall:
-    """One tool call whose arguments parsed as JSON and passed the tool's schema."""
+    """One tool call whose arguments parsed as JSON and passed the tool's schema.
+
+    Under a lenient `CallPolicy` (`agentrl.envs.protocol`) nothing is checked: `arguments` is whatever
+    JSON was sent (None when it did not parse, and `error` then says why) and `name` may be unknown.
+    """
 
     id: str
     name: str
-    arguments: dict[str, Any]
+    arguments: Any
+    error: str | None = None
 
 
 @dataclass
@@ -296,20 +303,25 @@ class ToolBox:
             self.validators[fn["name"]] = _compiled(fn.get("parameters") or {"type": "object"})
         self.names = ", ".join(self.validators)
 
-    def check(self, message: dict[str, Any]) -> tuple[list[ToolCall], list[dict[str, Any]]]:
+    def check(self, message: dict[str, Any],
+              policy: CallPolicy = STRICT) -> tuple[list[ToolCall], list[dict[str, Any]]]:
         """Split an assistant message's tool calls into valid calls and error observations.
 
         Each invalid call gets a tool message starting with "Error:" that says what was wrong, so the
         model can learn from it; a message with no tool call at all gets a user message asking for one.
+        `policy` may keep only the first call and pass every call unchecked (`agentrl.envs.protocol`).
         """
         raw_calls = message.get("tool_calls") or []
         if not isinstance(raw_calls, list):
             raise EnvError("bad_request", "tool_calls must be a list")
         if not raw_calls:
             return [], [{"role": "user", "content": f"Please call one of the tools: {self.names}."}]
+        raw_calls = select_calls(raw_calls, policy)  # AgentBench's protocol keeps only the first
         if len(raw_calls) > self.max_tool_calls:
             return [], [{"role": "user", "content": f"Error: {len(raw_calls)} tool calls in one message; the limit "
                                                     f"is {self.max_tool_calls}. None of them was run."}]
+        if policy.lenient_arguments:
+            return [ToolCall(*parse_lenient(raw, i, self.max_argument_bytes)) for i, raw in enumerate(raw_calls)], []
         calls: list[ToolCall] = []
         errors: list[dict[str, Any]] = []
         for i, raw in enumerate(raw_calls):
@@ -399,7 +411,7 @@ class Session:
             raise EnvError("bad_request", "the episode has already ended")
         if not isinstance(message, dict) or message.get("role", "assistant") != "assistant":
             raise EnvError("bad_request", "message must be an assistant message object")
-        calls, errors = self.toolbox.check(message)
+        calls, errors = self.toolbox.check(message, policy_of(self.episode, self.task))
         self.turns += 1
         result = StepResult(messages=errors)
         if not message.get("tool_calls") and isinstance(self.episode, AnswersInText):
