@@ -161,6 +161,11 @@ class RolloutConfig:
     expert_samples: int = 512
     """Train-split episodes of the scripted expert for the warm start."""
     kv_cache_gib: int = 1
+    env_retries: int = 2
+    """More attempts for an episode the infrastructure ended (env_error), each after a doubling pause."""
+    env_wait_s: float = 120.0
+    """How long an episode waits for a worker with room, and a step whose every episode failed in the env
+    is collected again, before the rollout gives the run up (a dead worker is restarted meanwhile)."""
 
     def validate(self, p: str) -> None:
         _check(self.engine in ("vllm", "expert"), f"{p}.engine", f"unknown engine {self.engine!r} (vllm | expert)")
@@ -168,6 +173,8 @@ class RolloutConfig:
         for name in ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "max_model_len",
                      "concurrency", "kv_cache_gib"):
             _check(getattr(self, name) >= 1, f"{p}.{name}", "must be >= 1")
+        _check(self.env_retries >= 0, f"{p}.env_retries", "must be >= 0")
+        _check(self.env_wait_s >= 0, f"{p}.env_wait_s", "must be >= 0")
         for name in ("eval_samples", "eval_sampled", "expert_samples"):
             _check(getattr(self, name) >= 0, f"{p}.{name}", "must be >= 0")
         _check(self.temperature >= 0, f"{p}.temperature", "must be >= 0")
@@ -302,10 +309,13 @@ class ClusterConfig:
     """local: roles as processes on this machine."""
     role_timeout_s: float = 3600.0
     """The local launcher stops the run if a role has not finished by then."""
+    max_restarts: int = 3
+    """Times the local launcher starts a dead env worker again (per worker) before it gives the run up."""
 
     def validate(self, p: str) -> None:
         _check(self.launcher in ("local",), f"{p}.launcher", f"unknown launcher {self.launcher!r} (local)")
         _check(self.role_timeout_s > 0, f"{p}.role_timeout_s", "must be positive")
+        _check(self.max_restarts >= 0, f"{p}.max_restarts", "must be >= 0")
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"min_gain": args.min_gain, "min_sigmas": args.min_sigmas, "runs": runs,
                                     "misses": misses}, indent=2))
-    print(f"{'all runs pass' if not misses else f'{len(misses)} misses'}; wrote {args.out}")
+    gated = sum(len(run.get("per_task", {})) or 1 for run in runs if not run["control"])
+    print(f"wrote {args.out}")
+    print(f"demo: {gated - len(misses)} passed, {len(misses)} failed")  # one line per (run, task) gate
     return 1 if misses else 0
 
 

@@ -35,6 +35,7 @@ async def amain(run_dir: Path) -> None:
         eval_split=r.eval_split, eval_samples=r.eval_samples, eval_sampled=r.eval_sampled, concurrency=r.concurrency,
         temperature=r.temperature, top_p=r.top_p,
         limits=EpisodeLimits(r.max_turns, r.max_model_len, r.max_new_tokens),
+        retry=role.Retry(max_retries=r.env_retries, capacity_wait_s=r.env_wait_s),
         wait_timeout_s=cfg.cluster.role_timeout_s, seed=cfg.seed, poll_s=cfg.transport.poll_s,
     )
 

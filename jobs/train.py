@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import sys
 import time
 
@@ -30,6 +31,10 @@ def echo(role: str, line: str) -> None:
         print(f"[{role:>10}] {msg}", flush=True)
     elif "Traceback" in line or line.startswith(("Error", "RuntimeError")):
         print(f"[{role:>10}] {line}", flush=True)
+
+
+def _stop_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def main() -> int:
@@ -53,6 +58,9 @@ def main() -> int:
     dump_config(cfg, run_dir / "config.yaml")
     t0 = time.time()
     launcher = LocalLauncher(run_dir)
+    # SIGTERM (Slurm's, a scheduler's, kill) and SIGINT end the run through `finally`: every role is stopped
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _stop_on_signal)
     timeout = cfg.cluster.role_timeout_s
     try:
         launcher.start("controller", "jobs.controller")
@@ -63,7 +71,8 @@ def main() -> int:
             launcher.run("make_model", "jobs.make_model", timeout_s=600, echo=echo)
         launcher.start("trainer", "jobs.trainer")
         launcher.start("rollout", "jobs.rollout")
-        failed = launcher.watch(["trainer", "rollout"], timeout, echo)
+        failed = launcher.watch(["trainer", "rollout"], timeout, echo, restartable=("env_worker-",),
+                                max_restarts=cfg.cluster.max_restarts)
         if failed:
             print(launcher.failure_report(failed), file=sys.stderr)
             return 1

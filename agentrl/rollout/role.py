@@ -32,6 +32,27 @@ from agentrl.types import Status, Trajectory, new_id
 log = logging.getLogger("agentrl.rollout")
 
 
+# Errors a retry cannot mend: the run is misconfigured, not unlucky.
+FATAL_CODES = ("unauthorized", "forbidden", "unknown_task", "bad_request")
+
+
+@dataclass(frozen=True)
+class Retry:
+    """How an episode that the infrastructure ended is tried again.
+
+    `max_retries` more attempts after an env_error ending, each after `backoff_s` doubling up to `max_backoff_s`;
+    while no worker has room (`no_capacity`, the controller unreachable) the episode waits with the same
+    backoff up to `capacity_wait_s` without spending its retries: a restarting worker is given time."""
+
+    max_retries: int = 2
+    backoff_s: float = 0.5
+    max_backoff_s: float = 8.0
+    capacity_wait_s: float = 120.0
+
+    def delay(self, attempt: int) -> float:
+        return min(self.backoff_s * 2 ** attempt, self.max_backoff_s) * random.uniform(0.5, 1.0)
+
+
 @dataclass(frozen=True)
 class Plan:
     tasks: tuple[str, ...]
@@ -45,7 +66,7 @@ class Plan:
     temperature: float
     top_p: float
     limits: EpisodeLimits
-    max_retries: int = 2
+    retry: Retry = Retry()
     wait_timeout_s: float = 3600.0
     seed: int = 0
     poll_s: float = 0.05
@@ -54,27 +75,42 @@ class Plan:
 
 async def collect(client: Any, engine: Engine, tok: Any, requests: list[tuple[str, str, str]],
                   sampling: SamplingConfig, limits: EpisodeLimits, concurrency: int,
-                  max_retries: int) -> tuple[list[Trajectory], int]:
+                  max_retries: int | Retry) -> tuple[list[Trajectory], int]:
     """Run one episode per (task, index, group_id), at most `concurrency` at once.
 
-    Returns the trajectories (env_error ones included after `max_retries`) and the number of retries.
+    Returns the trajectories (env_error ones included after the retries) and the number of retries.
     """
+    retry = max_retries if isinstance(max_retries, Retry) else Retry(max_retries=max_retries)
     sem = asyncio.Semaphore(concurrency)
     retries = 0
 
     async def one(task: str, index: str, group: str) -> Trajectory:
         nonlocal retries
-        for attempt in range(max_retries + 1):
+        attempt, waited, traj = 0, 0.0, None
+        loop = asyncio.get_running_loop()
+        while True:
             async with sem:
                 try:
                     traj = await run_episode(client, engine, tok, task, index, group, sampling, limits)
                 except EnvError as e:  # could not even start a session
-                    log.warning("start_sample %s/%s failed (%s): attempt %d", task, index, e, attempt + 1)
+                    if e.code in FATAL_CODES:
+                        raise
                     traj = None
+                    if e.code == "no_capacity" and waited < retry.capacity_wait_s:
+                        pause = retry.delay(min(attempt, 4))
+                        log.warning("start_sample %s/%s: %s; waiting %.1fs for capacity", task, index, e, pause)
+                        t0 = loop.time()
+                        await asyncio.sleep(pause)
+                        waited += loop.time() - t0
+                        continue
+                    log.warning("start_sample %s/%s failed (%s): attempt %d", task, index, e, attempt + 1)
             if traj is not None and traj.status != Status.ENV_ERROR:
                 return traj
-            if attempt < max_retries:
-                retries += 1
+            if attempt >= retry.max_retries:
+                break
+            retries += 1
+            await asyncio.sleep(retry.delay(attempt))
+            attempt += 1
         if traj is None:  # keep a record: an empty env_error trajectory is counted, never trained on
             traj = Trajectory(new_id(), task, index, group, [], [], [], [], [], 0.0, Status.ENV_ERROR, 0,
                               metrics={"env_error": 1.0, "success": 0.0})
@@ -82,6 +118,29 @@ async def collect(client: Any, engine: Engine, tok: Any, requests: list[tuple[st
 
     trajs = await asyncio.gather(*(one(*r) for r in requests))
     return list(trajs), retries
+
+
+async def collect_step(client: Any, engine: Engine, tok: Any, reqs: list[tuple[str, str, str]],
+                       sampling: SamplingConfig, plan: Plan, step: int) -> tuple[list[Trajectory], int]:
+    """One step's episodes. A batch in which the infrastructure ended every episode would be a step that
+    trains on nothing: it is collected again (after a pause) until some episode ends on its own terms,
+    for at most `plan.retry.capacity_wait_s`; then the run fails, saying the env workers are down."""
+    retry = plan.retry
+    deadline = time.monotonic() + retry.capacity_wait_s
+    total_retries = 0
+    for attempt in range(10**6):
+        trajs, retries = await collect(client, engine, tok, reqs, sampling, plan.limits, plan.concurrency, retry)
+        total_retries += retries
+        if any(not t.status.is_infra for t in trajs):
+            return trajs, total_retries
+        if time.monotonic() > deadline:
+            break
+        pause = retry.delay(min(attempt, 4))
+        log.warning("step %d: every one of %d episodes ended in an env failure; collecting again in %.1fs",
+                    step + 1, len(trajs), pause)
+        await asyncio.sleep(pause)
+    raise RuntimeError(f"step {step + 1}: every episode ended in an env failure for {retry.capacity_wait_s:g}s; "
+                       "the env workers are down (see logs/env_worker-*.log and logs/controller.log)")
 
 
 def stop_ids(tok: Any) -> tuple[int, ...]:
@@ -103,7 +162,7 @@ async def evaluate(client: Any, engine: Engine, tok: Any, plan: Plan, version: i
     temperature, top_p = (plan.temperature, plan.top_p) if sampled else (0.0, 1.0)
     sampling = SamplingConfig(plan.limits.max_new_tokens, temperature, top_p, stop_ids(tok))
     t0 = time.perf_counter()
-    trajs, _ = await collect(client, engine, tok, reqs, sampling, plan.limits, plan.concurrency, plan.max_retries)
+    trajs, _ = await collect(client, engine, tok, reqs, sampling, plan.limits, plan.concurrency, plan.retry)
     m = rollout_metrics(trajs, prefix=name)
     scored = [t for t in trajs if not t.status.is_infra]  # env failures say nothing about the policy
     m[f"{name}/success"] = sum(t.metrics.get("success", 0.0) for t in scored) / max(len(scored), 1)
@@ -131,7 +190,7 @@ async def run(run_dir: Path, model_dir: Path, client: Any, tok: Any, make_engine
             train = await client.indices(task, "train")
             reqs += [(task, i, f"expert-{task}-{i}") for i in rng.sample(train, min(plan.expert_samples, len(train)))]
         trajs, _ = await collect(client, ExpertEngine(client, tok), tok, reqs, sampling, limits,
-                                 plan.concurrency, plan.max_retries)
+                                 plan.concurrency, plan.retry)
         ShardWriter(run_dir / "shards" / "expert-0").write(trajs)
         m = rollout_metrics(trajs, prefix="expert")
         monitor.scalars(m, 0)
@@ -170,7 +229,7 @@ async def _rl_loop(run_dir: Path, client: Any, tok: Any, engine: Any, path: Path
             for index in rng.sample(train_idx[task], plan.prompts_per_step):
                 group = f"s{step}-{task}-{index}"
                 reqs += [(task, index, group)] * plan.samples_per_prompt
-        trajs, retries = await collect(client, engine, tok, reqs, sampling, limits, plan.concurrency, plan.max_retries)
+        trajs, retries = await collect_step(client, engine, tok, reqs, sampling, plan, step)
         writer.write(trajs)
         dt = time.perf_counter() - t0
         n_act = sum(t.num_action_tokens for t in trajs)
