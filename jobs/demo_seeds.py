@@ -40,9 +40,9 @@ def run_demo(root: Path, seed: int, threads: int, control: bool, extra: list[str
     summary = json.loads(summary_path.read_text())
     out["rl_steps"] = summary.get("rl_steps")
     out["sft_steps"] = summary.get("trainer", {}).get("sft_steps")
-    out["per_task"] = {task: {k: r.get(k) for k in ("success_before_rl", "success_after_rl", "sampled_success_before_rl",
-                                                    "sampled_success_after_rl", "sampled_gain", "sampled_gain_stderr")}
-                       for task, r in summary["per_task"].items()}
+    keys = ("success_before_rl", "success_after_rl", "sampled_success_before_rl", "sampled_success_after_rl",
+            "sampled_gain", "sampled_gain_stderr")
+    out["per_task"] = {task: {k: r.get(k) for k in keys} for task, r in summary["per_task"].items()}
     return out
 
 
@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--min-gain", type=float, default=0.15)
     ap.add_argument("--min-sigmas", type=float, default=3.0)
-    ap.add_argument("--control", action="store_true", help="also run the control (trainer.update=sft) on the first seed")
+    ap.add_argument("--control", action="store_true",
+                    help="also run the control (trainer.update=sft) on the first seed")
     ap.add_argument("--parallel", type=int, default=1, help="runs at once")
     ap.add_argument("--root", type=Path, default=Path("runs/demo-seeds"))
     ap.add_argument("--out", type=Path, default=Path("runs/bench/demo_seeds.json"))

@@ -19,8 +19,7 @@ import sys
 import time
 
 from agentrl.config import ConfigError, dump_config, load_config
-from agentrl.launch import rendezvous
-from agentrl.launch.local import LocalLauncher
+from agentrl.launch.local import LocalLauncher, start_run
 from agentrl.monitor.eval_summary import summary_lines
 
 
@@ -63,14 +62,7 @@ def main() -> int:
         signal.signal(sig, _stop_on_signal)
     timeout = cfg.cluster.role_timeout_s
     try:
-        launcher.start("controller", "jobs.controller")
-        rendezvous.wait_for(run_dir, "controller_url", timeout_s=60)
-        for w in range(cfg.envs.workers):
-            launcher.start(f"env_worker-{w}", "jobs.env_worker", "--worker-id", f"worker-{w}")
-        if not cfg.model.path:
-            launcher.run("make_model", "jobs.make_model", timeout_s=600, echo=echo)
-        launcher.start("trainer", "jobs.trainer")
-        launcher.start("rollout", "jobs.rollout")
+        start_run(launcher, cfg.envs.workers, build_model=not cfg.model.path, echo=echo)
         failed = launcher.watch(["trainer", "rollout"], timeout, echo, restartable=("env_worker-",),
                                 max_restarts=cfg.cluster.max_restarts)
         if failed:

@@ -123,6 +123,22 @@ class LocalLauncher:
             _signal_group(r.proc, signal.SIGKILL)  # whatever is left in the groups
 
 
+def start_run(launcher: LocalLauncher, workers: int, build_model: bool,
+              echo: Callable[[str, str], None] | None = None) -> None:
+    """Start a run's roles in order: controller (and its address in rendezvous.json), env workers, the
+    model build (waited for), trainer, rollout. What `python -m jobs.train` and `jobs.chaos` run."""
+    from agentrl.launch import rendezvous
+
+    launcher.start("controller", "jobs.controller")
+    rendezvous.wait_for(launcher.run_dir, "controller_url", timeout_s=60)
+    for w in range(workers):
+        launcher.start(f"env_worker-{w}", "jobs.env_worker", "--worker-id", f"worker-{w}")
+    if build_model:
+        launcher.run("make_model", "jobs.make_model", timeout_s=600, echo=echo)
+    launcher.start("trainer", "jobs.trainer")
+    launcher.start("rollout", "jobs.rollout")
+
+
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)

@@ -75,10 +75,11 @@ def init_copy_heads(model: Qwen2ForCausalLM, scale: float) -> None:
     Tool use is copying: a name from the question into a call, a value from a tool result into the answer.
     A randomly initialised model has to discover copying on its own, and does so in a sudden transition
     whose step moves from machine to machine (measured here on the `unlock` task: the one-token copy from
-    a tool result not yet learned after 600 warm-start steps of 32 episodes). With W_O W_V = I, whatever a head attends to is added to
-    the residual stream as its own embedding, which the tied unembedding reads back as that same token:
-    every head of the layer is a copy head from step 0, and training only has to learn where to look
-    (the same copy formed by step ~150 on the same data; all three of `lookup`'s by step ~100). The query/key projections stay random.
+    a tool result not yet learned after 600 warm-start steps of 32 episodes). With W_O W_V = I, whatever
+    a head attends to is added to the residual stream as its own embedding, which the tied unembedding
+    reads back as that same token: every head of the layer is a copy head from step 0, and training only
+    has to learn where to look (the same copy formed by step ~150 on the same data; all three of
+    `lookup`'s by step ~100). The query/key projections stay random.
     """
     attn = model.model.layers[0].self_attn
     hidden = model.config.hidden_size

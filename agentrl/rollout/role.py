@@ -221,7 +221,6 @@ async def _rl_loop(run_dir: Path, client: Any, tok: Any, engine: Any, path: Path
         if len(idx) < plan.prompts_per_step:
             raise ValueError(f"rollout.prompts_per_step={plan.prompts_per_step} exceeds the {len(idx)} "
                              f"train samples of task {task!r}")
-    limits = plan.limits
     for step in range(plan.steps):
         t0 = time.perf_counter()
         reqs = []

@@ -2,9 +2,10 @@
 first pays: read the note, then enter the code it shows.
 
 Each sample hides one code word (16 words, one token each for the tiny model's tokenizer). The tools:
-`read_note()` answers the bare code word (the exact token `enter_code` needs: a copy, not a mapping); `enter_code(code)` ends the episode: reward 1.0 if `code`
-equals the hidden word (after stripping), else 0.0, status "completed", metrics {"success": reward,
-"read_note": 1.0 if the note was read before the code was entered}. At most 4 assistant turns.
+`read_note()` answers the bare code word (the exact token `enter_code` needs: a copy, not a mapping);
+`enter_code(code)` ends the episode: reward 1.0 if `code` equals the hidden word (after stripping), else
+0.0, status "completed", metrics {"success": reward, "read_note": 1.0 if the note was read before the code
+was entered}. At most 4 assistant turns.
 
 The scripted expert has a skill (task option `expert_skill`, default 1.0): with that probability (drawn
 per sample, from the index) it reads the note and enters its code; otherwise it enters a guess at once
