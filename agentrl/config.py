@@ -166,8 +166,18 @@ class RolloutConfig:
     env_wait_s: float = 120.0
     """How long an episode waits for a worker with room, and a step whose every episode failed in the env
     is collected again, before the rollout gives the run up (a dead worker is restarted meanwhile)."""
+    ranks: int = 1
+    """Rollout processes (MPI ranks) on the asynchronous schedule; the synchronous one runs one."""
+    env_latency_s: float = 0.0
+    """Simulated env latency added by the rollout to every env call (start and each tool call): lognormal
+    with this median; 0: off. For benchmarks of the pipeline against tool calls with a long tail."""
+    env_latency_sigma: float = 0.99
+    """σ of that lognormal: p99 = median · exp(2.326 σ), so 0.99 makes p99 about 10× the median."""
 
     def validate(self, p: str) -> None:
+        _check(self.ranks >= 1, f"{p}.ranks", "must be >= 1")
+        _check(self.env_latency_s >= 0 and self.env_latency_sigma >= 0, f"{p}.env_latency_s",
+               "env_latency_s and env_latency_sigma must be >= 0")
         _check(self.engine in ("vllm", "expert"), f"{p}.engine", f"unknown engine {self.engine!r} (vllm | expert)")
         _check(self.max_turns >= 0, f"{p}.max_turns", "must be >= 0 (0: each task's own limit)")
         for name in ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "max_model_len",
@@ -269,6 +279,14 @@ class AlgoConfig:
     fail_penalty: float = -0.2
     """Reward for agent failures (invalid_action, turn_limit, context_limit)."""
     max_staleness: int = 0
+    offpolicy: str = "behaviour"
+    """The policy-gradient loss: behaviour (PPO ratio against the engine's log-probs), decoupled (AReaL's
+    decoupled PPO: clip against the trainer's pre-step policy, weight by π_prox/μ) or tis (the same
+    arithmetic, truncated at is_cap, named for engine–trainer mismatch)."""
+    is_weight: str = "truncate"
+    """decoupled only: the behaviour weight (truncate | mask | seq_truncate | none)."""
+    is_cap: float = 2.0
+    """Upper bound C of the behaviour weight (decoupled, tis)."""
     drop_uniform_groups: bool = True
     """Leave out groups whose rewards are all equal (no GRPO signal) before task normalization."""
     eps: float = 1e-6
@@ -282,6 +300,11 @@ class AlgoConfig:
         _check(self.dual_clip == 0 or self.dual_clip > 1, f"{p}.dual_clip", "must be 0 (off) or > 1")
         _check(self.kl_coef >= 0, f"{p}.kl_coef", "must be >= 0")
         _check(self.max_staleness >= 0, f"{p}.max_staleness", "must be >= 0")
+        _check(self.offpolicy in ("behaviour", "decoupled", "tis"), f"{p}.offpolicy",
+               f"unknown loss {self.offpolicy!r} (behaviour | decoupled | tis)")
+        _check(self.is_weight in ("truncate", "mask", "seq_truncate", "none"), f"{p}.is_weight",
+               f"unknown weight {self.is_weight!r}")
+        _check(self.is_cap > 0, f"{p}.is_cap", "must be > 0")
 
 
 @dataclass(frozen=True)
@@ -289,10 +312,34 @@ class TransportConfig:
     kind: str = "shards"
     """shards: trajectories travel as HDF5 shards in the run dir (works within and between jobs)."""
     poll_s: float = 0.05
+    weights: str = "dir"
+    """Asynchronous schedule: how engines get new weights. dir: versioned safetensors directories (also
+    what restarts read); broadcast: the in-job gloo/NCCL broadcast, with the directory still written."""
+    min_groups: int = 0
+    """Asynchronous schedule: complete GRPO groups a step waits for; 0: one synchronous step's worth
+    (prompts_per_step × tasks)."""
+    max_groups: int = 0
+    """The most complete groups one step takes (the dynamic batch); 0: min_groups."""
+    group_timeout_s: float = 600.0
+    """A group still missing members this long after its first arrived is dropped (counted group_timeout)."""
+    queue_capacity: int = 0
+    """Trajectories the trainer's queue holds before it stops receiving; 0: 4 × max_groups × group size."""
+    inflight: str = "swap"
+    """New weights while episodes are mid-trajectory. swap: between generation calls (each token keeps
+    the version that sampled it); abort: cancel the running episodes and start them again on the new
+    weights; drain: stop starting episodes until the running ones finish, then swap (no mixed versions)."""
 
     def validate(self, p: str) -> None:
         _check(self.kind in ("shards",), f"{p}.kind", f"unknown transport {self.kind!r} (shards)")
         _check(self.poll_s > 0, f"{p}.poll_s", "must be positive")
+        _check(self.weights in ("dir", "broadcast"), f"{p}.weights", f"unknown {self.weights!r} (dir | broadcast)")
+        _check(self.inflight in ("swap", "abort", "drain"), f"{p}.inflight",
+               f"unknown {self.inflight!r} (swap | abort | drain)")
+        _check(self.min_groups >= 0 and self.max_groups >= 0 and self.queue_capacity >= 0, f"{p}.min_groups",
+               "min_groups, max_groups and queue_capacity must be >= 0")
+        _check(self.max_groups == 0 or self.max_groups >= self.min_groups, f"{p}.max_groups",
+               "must be 0 or >= min_groups")
+        _check(self.group_timeout_s > 0, f"{p}.group_timeout_s", "must be positive")
 
 
 @dataclass(frozen=True)
@@ -311,8 +358,16 @@ class ClusterConfig:
     """The local launcher stops the run if a role has not finished by then."""
     max_restarts: int = 3
     """Times the local launcher starts a dead env worker again (per worker) before it gives the run up."""
+    schedule: str = "sync"
+    """sync: rollout and trainer take turns, one shard per step; async: trainer + rollout.ranks rollout
+    ranks in one MPI world (mpiexec), trajectories over MPI, in-flight weight updates (docs/pipeline.md)."""
+    engine_threads: int = 2
+    """OMP_NUM_THREADS of each rollout rank under mpiexec (which would otherwise start it with 1, and
+    vLLM's CPU attention then aborts)."""
 
     def validate(self, p: str) -> None:
+        _check(self.schedule in ("sync", "async"), f"{p}.schedule", f"unknown schedule {self.schedule!r}")
+        _check(self.engine_threads >= 1, f"{p}.engine_threads", "must be >= 1")
         _check(self.launcher in ("local",), f"{p}.launcher", f"unknown launcher {self.launcher!r} (local)")
         _check(self.role_timeout_s > 0, f"{p}.role_timeout_s", "must be positive")
         _check(self.max_restarts >= 0, f"{p}.max_restarts", "must be >= 0")

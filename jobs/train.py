@@ -4,6 +4,7 @@ processes — warm start, then RL, with held-out success reported before and aft
     python -m jobs.train --preset demo                         # the local demo (CPU, minutes)
     python -m jobs.train --preset demo trainer.steps=5 rollout.eval_samples=32
     python -m jobs.train --preset smoke --name mytest           # seconds-scale run used by the tests
+    python -m jobs.train --preset smoke cluster.schedule=async rollout.ranks=2   # the asynchronous pipeline
 
 Runs go to runs/<name>/ (config.yaml, rendezvous.json, logs/, tb/, shards/, weights/, report/). Under
 Slurm the same role entry points run as srun steps of one heterogeneous job (the Slurm launcher is its
@@ -19,7 +20,7 @@ import sys
 import time
 
 from agentrl.config import ConfigError, dump_config, load_config
-from agentrl.launch.local import LocalLauncher, start_run
+from agentrl.launch.local import PIPELINE, LocalLauncher, start_async_run, start_run
 from agentrl.monitor.eval_summary import summary_lines
 
 
@@ -62,8 +63,14 @@ def main() -> int:
         signal.signal(sig, _stop_on_signal)
     timeout = cfg.cluster.role_timeout_s
     try:
-        start_run(launcher, cfg.envs.workers, build_model=not cfg.model.path, echo=echo)
-        failed = launcher.watch(["trainer", "rollout"], timeout, echo, restartable=("env_worker-",),
+        if cfg.cluster.schedule == "async":  # trainer + rollout ranks as one MPI world (docs/pipeline.md)
+            start_async_run(launcher, cfg.envs.workers, not cfg.model.path, cfg.rollout.ranks,
+                            cfg.cluster.engine_threads, echo=echo)
+            ends = [PIPELINE]
+        else:
+            start_run(launcher, cfg.envs.workers, build_model=not cfg.model.path, echo=echo)
+            ends = ["trainer", "rollout"]
+        failed = launcher.watch(ends, timeout, echo, restartable=("env_worker-",),
                                 max_restarts=cfg.cluster.max_restarts)
         if failed:
             print(launcher.failure_report(failed), file=sys.stderr)

@@ -7,6 +7,7 @@ Standard library only: like the rest of `launch`, it runs without torch or vLLM.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,11 +35,15 @@ class LocalLauncher:
     roles: dict[str, Role] = field(default_factory=dict)
 
     def start(self, name: str, module: str, *args: str, env: dict[str, str] | None = None) -> Role:
+        command = [self.python, "-m", module, "--run-dir", str(self.run_dir), *args]
+        return self.start_command(name, command, env)
+
+    def start_command(self, name: str, command: list[str], env: dict[str, str] | None = None) -> Role:
+        """Start any command as role `name` (e.g. an `mpiexec` MPMD world), its output in logs/<name>.log."""
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log_path = logs / f"{name}.log"
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        command = [self.python, "-m", module, "--run-dir", str(self.run_dir), *args]
         role = Role(name, self._spawn(command, log_path, full_env), log_path, command=command, env=full_env)
         self.roles[name] = role
         return role
@@ -127,6 +132,14 @@ def start_run(launcher: LocalLauncher, workers: int, build_model: bool,
               echo: Callable[[str, str], None] | None = None) -> None:
     """Start a run's roles in order: controller (and its address in rendezvous.json), env workers, the
     model build (waited for), trainer, rollout. What `python -m jobs.train` and `jobs.chaos` run."""
+    start_services(launcher, workers, build_model, echo)
+    launcher.start("trainer", "jobs.trainer")
+    launcher.start("rollout", "jobs.rollout")
+
+
+def start_services(launcher: LocalLauncher, workers: int, build_model: bool,
+                   echo: Callable[[str, str], None] | None = None) -> None:
+    """Controller (and its address in rendezvous.json), env workers, the model build (waited for)."""
     from agentrl.launch import rendezvous
 
     launcher.start("controller", "jobs.controller")
@@ -135,8 +148,37 @@ def start_run(launcher: LocalLauncher, workers: int, build_model: bool,
         launcher.start(f"env_worker-{w}", "jobs.env_worker", "--worker-id", f"worker-{w}")
     if build_model:
         launcher.run("make_model", "jobs.make_model", timeout_s=600, echo=echo)
-    launcher.start("trainer", "jobs.trainer")
-    launcher.start("rollout", "jobs.rollout")
+
+
+PIPELINE = "pipeline"  # the role name of the asynchronous schedule's MPI world (trainer + rollout ranks)
+
+
+def mpiexec() -> str:
+    """The `mpiexec` of the mpich wheel beside this interpreter, else the one on PATH."""
+    here = Path(sys.executable).parent / "mpiexec"
+    found = str(here) if here.exists() else shutil.which("mpiexec")
+    if not found:
+        raise FileNotFoundError("no mpiexec: install the mpich wheel (pip install mpich mpi4py)")
+    return found
+
+
+def mpmd_command(python: str, run_dir: Path, rollout_ranks: int, engine_threads: int,
+                 trainer_module: str = "jobs.trainer_async", rollout_module: str = "jobs.rollout_async") -> list[str]:
+    """One MPMD world: the trainer is world rank 0, rollout rank r is world rank r + 1. Every rank starts
+    under `python -m mpi4py`, so an uncaught exception aborts the world instead of leaving it waiting;
+    OMP_NUM_THREADS is explicit for the engine ranks (mpiexec would start them with 1, platform.md)."""
+    rd = str(run_dir)
+    return [mpiexec(), "-n", "1", python, "-m", "mpi4py", "-m", trainer_module, "--run-dir", rd, ":",
+            "-n", str(rollout_ranks), "-env", "OMP_NUM_THREADS", str(engine_threads),
+            python, "-m", "mpi4py", "-m", rollout_module, "--run-dir", rd]
+
+
+def start_async_run(launcher: LocalLauncher, workers: int, build_model: bool, rollout_ranks: int,
+                    engine_threads: int, echo: Callable[[str, str], None] | None = None) -> None:
+    """The asynchronous schedule: the services as `start_run`'s, then trainer + rollout ranks as one
+    MPI world under mpiexec (role `pipeline`, its ranks' lines tagged [trainer] / [rollout-r])."""
+    start_services(launcher, workers, build_model, echo)
+    launcher.start_command(PIPELINE, mpmd_command(launcher.python, launcher.run_dir, rollout_ranks, engine_threads))
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

@@ -15,6 +15,7 @@ import torch
 
 from agentrl.algorithms.advantages import ADVANTAGE_ESTIMATORS, token_advantages
 from agentrl.algorithms.kl import KL_ESTIMATORS
+from agentrl.algorithms.offpolicy import decoupled_ppo_loss, tis_ppo_loss
 from agentrl.algorithms.ppo import ppo_loss
 from agentrl.algorithms.task_norm import task_normalize
 from agentrl.trainer.batch import (
@@ -46,6 +47,10 @@ class RLHyper:
     grad_clip: float = 1.0
     micro_batch_tokens: int = 8192
     packing: bool = True
+    offpolicy: str = "behaviour"
+    """A key of `PG_LOSSES`: how the policy-gradient term corrects for the sampling policy."""
+    is_weight: str = "truncate"
+    is_cap: float = 2.0
 
 
 def advantages(batch: TrainBatch, h: RLHyper) -> torch.Tensor:
@@ -56,6 +61,28 @@ def advantages(batch: TrainBatch, h: RLHyper) -> torch.Tensor:
         adv = task_normalize(adv, batch.mask, batch.task_index, eps=h.eps)
     return adv
 
+
+def _pg_behaviour(logp: torch.Tensor, behaviour_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                  h: RLHyper) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO with the ratio against the engine's log-probs (the synchronous default)."""
+    return ppo_loss(logp, behaviour_logp, adv, mask, h.eps_low, h.eps_high, h.dual_clip, reduction="token_sum")
+
+
+def _pg_decoupled(logp: torch.Tensor, behaviour_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                  h: RLHyper) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Decoupled PPO; one optimizer step per batch makes π_prox the pre-step weights: `logp.detach()`, exact."""
+    return decoupled_ppo_loss(logp, logp.detach(), behaviour_logp, adv, mask, h.eps_low, h.eps_high, h.dual_clip,
+                              weight=h.is_weight, is_high=h.is_cap, reduction="token_sum")
+
+
+def _pg_tis(logp: torch.Tensor, behaviour_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+            h: RLHyper) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Truncated IS against the trainer's own recomputation of the sampling step (again `logp.detach()`)."""
+    return tis_ppo_loss(logp, logp.detach(), behaviour_logp, adv, mask, h.eps_low, h.eps_high, h.dual_clip,
+                        cap=h.is_cap, reduction="token_sum")
+
+
+PG_LOSSES = {"behaviour": _pg_behaviour, "decoupled": _pg_decoupled, "tis": _pg_tis}
 
 LossFn = Callable[[MicroBatch, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -106,8 +133,7 @@ def rl_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Tra
         m = mb.targets["mask"]  # [R, L-1]
         on = m > 0
         n = m.sum()
-        pg_sum, st = ppo_loss(logp, mb.targets["behaviour_logp"], mb.targets["adv"], m, h.eps_low, h.eps_high,
-                              h.dual_clip, reduction="token_sum")
+        pg_sum, st = PG_LOSSES[h.offpolicy](logp, mb.targets["behaviour_logp"], mb.targets["adv"], m, h)
         loss = pg_sum
         # entropy on action tokens only ([n, V], not [R, L-1, V]): the vocabulary-wide passes are the costliest
         # thing the loss adds to a bare step

@@ -1,0 +1,265 @@
+"""The rollout role on the asynchronous schedule (design §6, docs/pipeline.md): one of `rollout.ranks` MPI
+ranks that keep `concurrency` episodes running and never wait for the trainer, except at the staleness bound.
+
+    rank 0: expert demonstrations → shards/expert-0 (the warm start); evaluation of v0 and of the final weights
+    every rank: loop until the trainer says stop
+        notices → newest weights → swap between generation calls (in-flight; or abort / drain, `inflight`)
+        admission: start a group while started ≤ (max_staleness + version + 1) · groups per step of this rank
+        finished trajectories → shards/rollout-<rank>/<seq>.h5 (durable first) → MPI to the trainer
+
+Every action token keeps the version (and engine id) that sampled it, so a trajectory whose episode spans a
+swap carries two versions, and staleness is exact per trajectory. The episode and evaluation code is the
+synchronous role's (`agentrl.rollout.role`); only the schedule is here.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentrl.monitor.eval_summary import per_task_summary
+from agentrl.monitor.rollout_stats import rollout_metrics
+from agentrl.rollout import role
+from agentrl.rollout.async_weights import WeightSource
+from agentrl.rollout.engine import ExpertEngine, SamplingConfig
+from agentrl.transport.shards import ShardWriter, shard_dir
+from agentrl.types import Trajectory
+
+log = logging.getLogger("agentrl.rollout")
+
+
+@dataclass(frozen=True)
+class AsyncPlan:
+    """The asynchronous schedule's knobs for one rollout rank (the rest is the synchronous `role.Plan`)."""
+
+    rank: int
+    ranks: int
+    max_staleness: int
+    inflight: str = "swap"  # swap | abort | drain
+    evaluate: bool = True  # rank 0 evaluates v0 and the final weights and writes report/summary.json
+
+    def groups_per_step(self, plan: role.Plan) -> int:
+        """This rank's share of one synchronous step's groups (prompts_per_step × tasks over the ranks)."""
+        total = plan.prompts_per_step * len(plan.tasks)
+        return total // self.ranks + (self.rank < total % self.ranks)
+
+
+async def expert_demos(run_dir: Path, client: Any, tok: Any, plan: role.Plan, monitor) -> None:
+    """The scripted expert's train-split episodes for the warm start (as the synchronous role writes them)."""
+    rng = random.Random(plan.seed)
+    sampling = SamplingConfig(plan.limits.max_new_tokens, plan.temperature, plan.top_p, role.stop_ids(tok))
+    reqs = []
+    for task in plan.tasks:
+        train = await client.indices(task, "train")
+        reqs += [(task, i, f"expert-{task}-{i}") for i in rng.sample(train, min(plan.expert_samples, len(train)))]
+    trajs, _ = await role.collect(client, ExpertEngine(client, tok), tok, reqs, sampling, plan.limits,
+                                  plan.concurrency, plan.retry)
+    ShardWriter(run_dir / "shards" / "expert-0").write(trajs)
+    monitor.scalars(rollout_metrics(trajs, prefix="expert"), 0)
+    log.info("expert: %d demonstrations", len(trajs))
+
+
+class Pipeline:
+    """One rank's episodes: admission, weight swaps, and the path of each finished trajectory."""
+
+    def __init__(self, run_dir: Path, client: Any, tok: Any, engine: Any, plan: role.Plan, ap: AsyncPlan,
+                 channel: Any, weights: WeightSource, monitor) -> None:
+        self.client, self.tok, self.engine, self.plan, self.ap = client, tok, engine, plan, ap
+        self.ch, self.weights, self.monitor = channel, weights, monitor
+        self.sampling = SamplingConfig(plan.limits.max_new_tokens, plan.temperature, plan.top_p, role.stop_ids(tok))
+        self.writer = ShardWriter(shard_dir(run_dir, "rollout", ap.rank))
+        self.rng = random.Random(plan.seed * 1000 + ap.rank)
+        self.per_step = ap.groups_per_step(plan)
+        self.running: dict[asyncio.Task[Trajectory], tuple[str, str, str]] = {}
+        self.finished: list[Trajectory] = []
+        self.window: list[Trajectory] = []
+        self.window_t0 = time.perf_counter()
+        self.started_groups = 0
+        self.stats = {"trajectories": 0.0, "aborted": 0.0, "cancelled_at_end": 0.0, "idle_s": 0.0,
+                      "send_wait_s": 0.0, "swaps": 0.0, "action_tokens": 0.0}
+        self._swap: asyncio.Task[None] | None = None
+
+    def _admit_limit(self) -> int:
+        """Groups this rank may have started: AReaL's bound, with the version that will sample them."""
+        return (self.ap.max_staleness + self.engine.version + 1) * self.per_step
+
+    def _start_group(self, train_idx: dict[str, list[str]]) -> None:
+        k = self.started_groups
+        task = self.plan.tasks[k % len(self.plan.tasks)]
+        index = self.rng.choice(train_idx[task])
+        group = f"r{self.ap.rank}-g{k}-{task}-{index}"
+        for _ in range(self.plan.samples_per_prompt):
+            self._start_episode((task, index, group))
+        self.started_groups += 1
+
+    def _start_episode(self, req: tuple[str, str, str]) -> None:
+        task = asyncio.create_task(self._episode(req))
+        self.running[task] = req
+
+    async def _episode(self, req: tuple[str, str, str]) -> Trajectory:
+        trajs, _ = await role.collect(self.client, self.engine, self.tok, [req], self.sampling, self.plan.limits,
+                                      1, self.plan.retry)
+        return trajs[0]
+
+    def _reap(self) -> None:
+        for t in [t for t in self.running if t.done()]:
+            self.running.pop(t)
+            if not t.cancelled():
+                self.finished.append(t.result())  # an episode's own exception (fatal env code) surfaces here
+
+    def _flush(self) -> None:
+        """Durable first (a shard segment), then over MPI."""
+        if not self.finished:
+            return
+        batch, self.finished = self.finished, []
+        self.writer.write(batch)
+        self.stats["send_wait_s"] += self.ch.send(batch)
+        self.window += batch
+        self.stats["trajectories"] += len(batch)
+        self.stats["action_tokens"] += sum(t.num_action_tokens for t in batch)
+
+    def _log_window(self, version: int) -> None:
+        """Per-task rollout metrics once, for the trajectories finished while `version` was sampling."""
+        if not self.window:
+            return
+        dt = max(time.perf_counter() - self.window_t0, 1e-9)
+        m = rollout_metrics(self.window)
+        m.update({"pipeline/trajectories_per_s": len(self.window) / dt,
+                  "pipeline/rollout_tokens_per_s": sum(t.num_action_tokens for t in self.window) / dt,
+                  "pipeline/rollout_idle_frac": self.stats["idle_s"] / max(time.perf_counter() - self.t_start, 1e-9),
+                  "pipeline/episodes_running": float(len(self.running)),
+                  "rollout/aborted_episodes": self.stats["aborted"]})
+        self.monitor.scalars(m, version)
+        self.window, self.window_t0 = [], time.perf_counter()
+
+    async def _maybe_swap(self) -> None:
+        """Take the newest complete weights, by the configured in-flight policy."""
+        if self._swap is not None:
+            if not self._swap.done():
+                return
+            self._swap.result()
+            self._swap = None
+        newest = self.weights.newest(self.ch.version)
+        if newest is None or newest[0] <= self.engine.version:
+            return
+        if self.ap.inflight == "drain" and self.running:
+            return  # no admission meanwhile (see `run`): the running episodes finish on their weights
+        if self.ap.inflight == "abort" and self.running:
+            reqs = list(self.running.values())
+            for t in list(self.running):
+                t.cancel()
+            await asyncio.gather(*self.running, return_exceptions=True)
+            self.running.clear()
+            self.stats["aborted"] += len(reqs)
+            for req in reqs:  # again, on the new weights (once the swap below is done: it is queued first)
+                self._start_episode(req)
+        old = self.engine.version
+        version, loader = newest
+        self._log_window(old)
+        self.stats["swaps"] += 1
+        self._swap = asyncio.create_task(self.engine.load_weights(loader, version))
+        log.info("rank %d: weights v%d -> v%d with %d episodes in flight", self.ap.rank, old, version,
+                 len(self.running))
+
+    def _swap_pending(self) -> bool:
+        newest = self.weights.newest(self.ch.version)
+        return self._swap is not None or (newest is not None and newest[0] > self.engine.version)
+
+    async def run(self, train_idx: dict[str, list[str]], poll_s: float) -> None:
+        self.t_start = time.perf_counter()
+        last = time.perf_counter()
+        while True:
+            self.ch.poll_notices()
+            if self.ch.stopped:
+                break
+            await self._maybe_swap()
+            hold = self.ap.inflight == "drain" and self._swap_pending()
+            while (not hold and self.started_groups < self._admit_limit()
+                   and len(self.running) + self.plan.samples_per_prompt <= self.plan.concurrency):
+                self._start_group(train_idx)
+            self._reap()
+            self._flush()
+            await asyncio.sleep(poll_s)
+            now = time.perf_counter()
+            if not self.running:
+                self.stats["idle_s"] += now - last
+            last = now
+        for t in self.running:  # the trainer has what it needs: episodes still running are not trajectories
+            t.cancel()
+        await asyncio.gather(*self.running, return_exceptions=True)
+        self.stats["cancelled_at_end"] = float(sum(t.cancelled() for t in self.running))
+        self._reap()
+        self._flush()
+        self._log_window(self.engine.version)
+        self.stats["wall_s"] = time.perf_counter() - self.t_start
+        self.stats["rollout_idle_frac"] = self.stats["idle_s"] / max(self.stats["wall_s"], 1e-9)
+
+
+async def run(run_dir: Path, client: Any, tok: Any, make_engine: Callable[[], Any], plan: role.Plan,
+              ap: AsyncPlan, monitor, channel_factory: Callable[[], Any],
+              weights_factory: Callable[[Any], WeightSource]) -> dict[str, Any]:
+    """One rollout rank, start to stop. Returns this rank's statistics (rank 0: with the summary)."""
+    if ap.rank == 0 and plan.expert_samples > 0:
+        await expert_demos(run_dir, client, tok, plan, monitor)
+    ch = await asyncio.to_thread(channel_factory)  # waits through the trainer's warm start
+    weights = weights_factory(ch)
+    first = await asyncio.to_thread(weights.wait, ch.version, plan.wait_timeout_s)
+    engine = make_engine()
+    try:
+        await engine.load_weights(first[1], first[0])
+        report = run_dir / "report"
+        evaluating = ap.evaluate and ap.rank == 0
+        if evaluating:
+            before, task_before = await role.evaluate(client, engine, tok, plan, engine.version, report, monitor)
+            sampled_before = None
+            if plan.eval_sampled:
+                m, sampled_before = await role.evaluate(client, engine, tok, plan, engine.version, report, monitor,
+                                                        sampled=True)
+                before.update(m)
+        train_idx = {t: await client.indices(t, "train") for t in plan.tasks}
+        pipe = Pipeline(run_dir, client, tok, engine, plan, ap, ch, weights, monitor)
+        await pipe.run(train_idx, min(plan.poll_s, 0.02))
+        ch.close(timeout_s=plan.wait_timeout_s)
+        out: dict[str, Any] = {"rank": ap.rank, **pipe.stats}
+        log.info("rank %d stopped: %s", ap.rank, json.dumps({k: round(v, 3) for k, v in pipe.stats.items()}))
+        if evaluating:
+            final = await asyncio.to_thread(weights.wait, ch.version, plan.wait_timeout_s)
+            if final[0] > engine.version:
+                await engine.load_weights(final[1], final[0])
+            out["summary"] = await _final_report(client, engine, tok, plan, report, monitor, before, task_before,
+                                                 sampled_before)
+        return out
+    finally:
+        weights.close()
+        engine.close()
+
+
+async def _final_report(client: Any, engine: Any, tok: Any, plan: role.Plan, report: Path, monitor,
+                        before: dict[str, float], task_before: dict[str, Any], sampled_before: Any) -> dict[str, Any]:
+    """Evaluate the final weights and write report/summary.json (the synchronous role's format)."""
+    version = engine.version
+    after, task_after = await role.evaluate(client, engine, tok, plan, version, report, monitor)
+    trainer_report = role._read_json(report / "trainer.json")
+    summary: dict[str, Any] = {
+        "schedule": "async", "success_before_rl": before["eval/success"], "success_after_rl": after["eval/success"],
+        "eval_episodes": int(after["eval/episodes"]), "env_errors": int(after["eval/env_errors"]),
+        "steps": int(trainer_report.get("steps", version)), "final_version": version,
+        "rl_steps": int(trainer_report.get("rl_steps", version)), "trainer": trainer_report}
+    sampled_after = None
+    if plan.eval_sampled:
+        m, sampled_after = await role.evaluate(client, engine, tok, plan, version, report, monitor, sampled=True)
+        after.update(m)
+        summary.update({"sampled_success_before_rl": before["eval_sampled/success"],
+                        "sampled_success_after_rl": after["eval_sampled/success"],
+                        "sampled_eval_episodes": int(after["eval_sampled/episodes"])})
+    summary["per_task"] = per_task_summary(task_before, task_after, sampled_before, sampled_after)
+    (report / "summary.json").write_text(json.dumps(summary, indent=2))
+    if summary["eval_episodes"] == 0:
+        raise RuntimeError("the final evaluation scored no episode: the env workers failed")
+    return summary

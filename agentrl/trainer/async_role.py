@@ -1,0 +1,300 @@
+"""The trainer role on the asynchronous schedule (design §6, docs/pipeline.md): trajectories arrive over MPI
+from any number of rollout ranks while the trainer trains; every step takes the complete GRPO groups
+available (`min_groups`..`max_groups`), trains once, publishes v<N+1> and tells the rollout ranks.
+
+    warm start (as the synchronous role) → publish v0
+    loop: receive (while the queue has room) → take groups → select → rl_step → publish v<N+1> → notify
+    close the channel: rollout ranks stop; what arrives after the last step is counted `left_at_end`
+
+What is shared with the synchronous role (warm start, model loading, data selection, publishing) is
+imported from `agentrl.trainer.role`; only the schedule differs. The queue (`TrajectoryQueue`) holds the
+exactly-once ledger; it is saved beside each checkpoint (`queue.json`), and a restarted trainer drains the
+rollout shards into it, so nothing consumed is trained twice and nothing produced is lost silently.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentrl.trainer import checkpoint
+from agentrl.trainer.batch import collate
+from agentrl.trainer.checkpoint import TrainerState
+from agentrl.trainer.parallel import Parallel
+from agentrl.trainer.role import (
+    Schedule,
+    WarmStart,
+    load_model,
+    reference_model,
+    select_training_data,
+)
+from agentrl.trainer.step import RLHyper, rl_step
+from agentrl.transport import weights as weights_io
+from agentrl.transport.queue import TrajectoryQueue, trajectory_staleness
+from agentrl.transport.shards import ShardReader, rank_dirs
+from agentrl.types import Trajectory
+
+log = logging.getLogger("agentrl.trainer")
+
+QUEUE_FILE = "queue.json"
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """The asynchronous schedule's own knobs (from `transport`, `algo` and `rollout`)."""
+
+    group_size: int
+    min_groups: int
+    max_groups: int
+    capacity: int
+    group_timeout_s: float
+    weights: str = "dir"  # dir | broadcast
+    poll_s: float = 0.005
+
+
+class Publisher:
+    """Weights v<N> to the engines: the versioned directory always (restarts read it), plus the in-job
+    broadcast when configured. The copy to CPU happens on the trainer's thread; writing the directory and
+    the broadcast run on a background thread, so the next step overlaps them (it waits only if the previous
+    publish is still running)."""
+
+    def __init__(self, run_dir: Path, broadcast: Any = None) -> None:
+        self.run_dir, self.broadcast = run_dir, broadcast
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.wait_s = 0.0
+        self.unannounced: int | None = None  # a version published but not yet announced to the rollout ranks
+
+    def publish(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        self.join()
+        copy = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+
+        def work() -> None:
+            try:
+                weights_io.publish(self.run_dir, version, copy)
+                if self.broadcast is not None:
+                    self.broadcast.send(version, copy.items())
+            except BaseException as e:  # noqa: BLE001 - re-raised on the trainer thread by join()
+                self._error = e
+
+        self._thread = threading.Thread(target=work, name=f"publish-v{version}", daemon=True)
+        self._thread.start()
+        self.unannounced = version
+
+    def announce(self, ch: Any, wait: bool = False) -> None:
+        """Notify the rollout ranks of the newest version once it is complete (directory written, broadcast
+        sent): a notice never names weights that are not there yet. From the trainer thread only (MPI)."""
+        if self.unannounced is None:
+            return
+        if wait:
+            self.join()
+        if self._thread is None or not self._thread.is_alive():
+            self.join()
+            ch.notify(self.unannounced)
+            self.unannounced = None
+
+    def join(self) -> None:
+        if self._thread is not None:
+            t0 = time.perf_counter()
+            self._thread.join()
+            self.wait_s += time.perf_counter() - t0
+            self._thread = None
+        if self._error is not None:
+            raise RuntimeError("publishing weights failed") from self._error
+
+
+def save_queue(run_dir: Path, q: TrajectoryQueue) -> None:
+    """The queue's ledger beside the newest checkpoint (the checkpoint itself holds `consumed` too)."""
+    ckpt = checkpoint.latest(run_dir)
+    if ckpt is not None:
+        tmp = ckpt / f".{QUEUE_FILE}.tmp"
+        tmp.write_text(json.dumps(q.state_dict()))
+        tmp.replace(ckpt / QUEUE_FILE)
+
+
+def drain_shards(run_dir: Path, q: TrajectoryQueue) -> Counter[str]:
+    """A restarted trainer: everything the rollout ranks wrote goes through the queue again; consumed and
+    excluded ids come back as duplicates, held-but-untrained ones are accepted, stale ones counted stale."""
+    out: Counter[str] = Counter()
+    for _, d in sorted(rank_dirs(run_dir, "rollout").items()):
+        for _, trajs in ShardReader(d).scan():
+            out.update(q.put_many(trajs))
+    return out
+
+
+def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, p: Pipeline, threads: int, monitor,
+        channel_factory: Any, par: Parallel | None = None, broadcast_factory: Any = None) -> TrainerState:
+    """Warm start (unless resuming), then `s.steps` asynchronous steps.
+
+    Args:
+        channel_factory: `version -> TrainerChannel` (the MPI world, or a port; called once v<version> exists).
+        broadcast_factory: `() -> WeightBroadcast` (sender side) when `p.weights == "broadcast"`.
+    """
+    par = par or Parallel()
+    if par.world_size > 1:
+        raise NotImplementedError("the asynchronous trainer runs one rank for now (the hub); use the sync schedule "
+                                  "for data-parallel trainers")
+    torch.manual_seed(s.seed)
+    model = load_model(model_dir, threads)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    resume = checkpoint.latest(run_dir)
+    ws: WarmStart | None = None
+    sft_done = 0
+    if resume is None and s.sft_steps > 0:
+        demos = ShardReader(run_dir / "shards" / "expert-0").wait(0, timeout_s=s.wait_timeout_s, poll_s=s.poll_s)
+        log.info("warm start on %d expert trajectories", len(demos))
+        ws = WarmStart(model, demos, s, h, pad_id, par)
+        sft_done = int(ws.run(monitor)["sft_steps_done"])
+        if h.kl_coef > 0:
+            checkpoint.save_reference(run_dir, par.full_state_dict(model))
+    ref_model = reference_model(run_dir, model_dir, threads, par, s.sft_steps > 0) if h.kl_coef > 0 else None
+    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
+    warmup = max(s.warmup_steps, 1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / warmup))
+    state = TrainerState()
+    state.stats["sft_steps"] = float(sft_done)
+    q = TrajectoryQueue(p.group_size, p.capacity, s.max_staleness, p.group_timeout_s)
+    if resume is not None:
+        state = checkpoint.load(resume, model, opt, sched, par)
+        if (resume / QUEUE_FILE).exists():
+            q.load_state_dict(json.loads((resume / QUEUE_FILE).read_text()))
+        q.set_version(state.policy_version)
+        drained = drain_shards(run_dir, q)
+        log.info("resumed from %s: step %d, policy v%d; drained the shards: %d held again, %s", resume,
+                 state.step, state.policy_version, q.depth, dict(drained))
+    if weights_io.latest_version(run_dir) < state.policy_version or resume is None:
+        weights_io.publish(run_dir, state.policy_version, model.state_dict())
+    if resume is None and s.checkpoint_every:
+        checkpoint.save(run_dir, state, model, opt, sched, par, s.keep_checkpoints)
+        save_queue(run_dir, q)
+    ch = channel_factory(state.policy_version)
+    publisher = Publisher(run_dir, broadcast_factory() if p.weights == "broadcast" else None)
+    try:
+        _loop(run_dir, model, opt, sched, ref_model, ws, state, q, ch, publisher, s, h, p, pad_id, monitor, par)
+    finally:
+        publisher.announce(ch, wait=True)
+    late = ch.close(timeout_s=max(s.wait_timeout_s, 60.0))
+    left = _count_left(q, late)
+    state.stats.update({f"left_at_end/{k}": float(v) for k, v in left.items()})
+    write_report(run_dir, state, s.steps, q)
+    log.info("pipeline closed: %s", json.dumps(_ledger(q, left)))
+    return state
+
+
+def _loop(run_dir: Path, model: torch.nn.Module, opt: Any, sched: Any, ref_model: Any, ws: WarmStart | None,
+          state: TrainerState, q: TrajectoryQueue, ch: Any, publisher: Publisher, s: Schedule, h: RLHyper,
+          p: Pipeline, pad_id: int, monitor, par: Parallel) -> None:
+    t_start = time.perf_counter()
+    idle_total = 0.0
+    while state.step < s.steps:
+        t_wait = time.perf_counter()
+        groups = _next_groups(q, ch, p, s.wait_timeout_s, publisher)
+        t0 = time.perf_counter()
+        idle_total += t0 - t_wait
+        trajs = [t for g in groups for t in g]
+        stale = [trajectory_staleness(t, state.policy_version) for t in trajs]
+        usable, rewards, counts = select_training_data(trajs, state.policy_version, s)
+        stats: dict[str, float] = {}
+        if ws is not None and s.update == "sft":
+            stats = ws.step()
+        elif usable:
+            model.train()
+            stats = rl_step(model, opt, collate(usable, rewards, pad_id), h, ref_model, par)
+        lr = opt.param_groups[0]["lr"]
+        sched.step()
+        state.step += 1
+        state.policy_version += 1
+        state.consumed.update(t.traj_id for t in trajs)
+        n_tok = sum(t.num_tokens for t in usable)
+        for k, v in {"trajectories_trained": len(usable), "tokens_trained": n_tok, "rl_steps": float(bool(stats)),
+                     **counts}.items():
+            if k != "staleness_max":
+                state.stats[k] = state.stats.get(k, 0.0) + float(v)
+        write_report(run_dir, state, s.steps, q)
+        publisher.publish(state.policy_version, model.state_dict())
+        q.set_version(state.policy_version)
+        if s.checkpoint_every and (state.step % s.checkpoint_every == 0 or state.step == s.steps):
+            checkpoint.save(run_dir, state, model, opt, sched, par, s.keep_checkpoints)
+            save_queue(run_dir, q)
+        dt = time.perf_counter() - t0
+        wall = time.perf_counter() - t_start
+        metrics = {f"train/{k}": v for k, v in stats.items()}
+        metrics.update(q.metrics())
+        metrics.update({"train/lr": lr, "pipeline/batch_size": float(len(usable)),
+                        "pipeline/groups": float(len(groups)), "pipeline/trainer_wait_s": t0 - t_wait,
+                        "pipeline/trainer_idle_frac": idle_total / max(wall, 1e-9),
+                        "pipeline/staleness_mean": sum(stale) / max(len(stale), 1),
+                        "pipeline/staleness_max": float(max(stale, default=0)),
+                        "pipeline/train_tokens_per_s": n_tok / max(dt, 1e-9),
+                        "pipeline/publish_wait_s": publisher.wait_s})
+        metrics.update({f"pipeline/{k}": float(v) for k, v in counts.items() if k != "staleness_max"})
+        for k, v in Counter(stale).items():
+            metrics[f"pipeline/staleness_hist/{k}"] = float(v)
+        state.stats["idle_s"] = idle_total
+        state.stats["rl_wall_s"] = wall
+        state.stats["staleness_sum"] = state.stats.get("staleness_sum", 0.0) + sum(stale)
+        state.stats["staleness_max"] = max(state.stats.get("staleness_max", 0.0), float(max(stale, default=0)))
+        monitor.scalars(metrics, state.step - 1)
+        log.info("step %d/%d trained on %d of %d (%d groups; staleness mean %.2f max %d; queue %d) loss %.6f "
+                 "(%.2fs, waited %.2fs)", state.step, s.steps, len(usable), len(trajs), len(groups),
+                 metrics["pipeline/staleness_mean"], int(metrics["pipeline/staleness_max"]), q.depth,
+                 stats.get("loss", 0.0), dt, t0 - t_wait)
+
+
+def _next_groups(q: TrajectoryQueue, ch: Any, p: Pipeline, timeout_s: float, publisher: Publisher
+                 ) -> list[list[Trajectory]]:
+    """Receive while the queue has room until at least `min_groups` complete groups are ready (and announce
+    the last published version as soon as it is complete)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        publisher.announce(ch)
+        if not q.full:
+            for _, batch in ch.poll():
+                q.put_many(batch)
+        groups = q.take(p.min_groups, p.max_groups)
+        if groups:
+            return groups
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"trainer: fewer than {p.min_groups} complete groups for {timeout_s:g}s "
+                               f"(queue {q.depth}, open rollout ranks {ch.open_ranks})")
+        time.sleep(p.poll_s)
+
+
+def _count_left(q: TrajectoryQueue, late: list[Trajectory]) -> Counter[str]:
+    """Trajectories produced but not trained when the run ended: held in the queue, or arriving after."""
+    left: Counter[str] = Counter()
+    held = q.depth
+    excluded = q.put_many(late)
+    left["held"] = held + len(late) - sum(excluded.values())
+    left.update({f"late_{k}": v for k, v in excluded.items()})
+    return left
+
+
+def _ledger(q: TrajectoryQueue, left: Counter[str]) -> dict[str, Any]:
+    return {"consumed": q.counts["consumed"], "excluded": {k: v for k, v in q.counts.items()
+                                                          if k not in ("accepted", "consumed")},
+            "left_at_end": dict(left)}
+
+
+def write_report(run_dir: Path, state: TrainerState, steps: int, q: TrajectoryQueue) -> None:
+    """report/trainer.json (as the synchronous role's) plus the queue's ledger counts."""
+    from agentrl.trainer.role import write_report as write_sync_report
+
+    write_sync_report(run_dir, state, steps)
+    path = run_dir / "report" / "trainer.json"
+    body = json.loads(path.read_text())
+    body["schedule"] = "async"
+    body["queue"] = {k: int(v) for k, v in q.counts.items()}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(body, indent=2))
+    tmp.replace(path)

@@ -1,0 +1,67 @@
+"""The trainer on the asynchronous schedule: the hub of the MPI world, receiving trajectories from every
+rollout rank while it trains; each step takes the complete groups available, trains, publishes v<N+1>.
+
+    python -m jobs.train --preset demo cluster.schedule=async                    # starts the MPI world for you
+    mpiexec -n 1 python -m mpi4py -m jobs.trainer_async --run-dir R : -n 2 ... -m jobs.rollout_async --run-dir R
+    srun --mpi=pmi2 --het-group=0 python -m mpi4py -m jobs.trainer_async --run-dir R : --het-group=1 ...
+
+The trainer is MPI world rank 0; weights go out as versioned directories, or (transport.weights=broadcast)
+also over the in-job gloo broadcast whose TCPStore address it puts into rendezvous.json.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> None:
+    from mpi4py import MPI  # first: in an MPMD world every rank's MPI_Init waits for all the others
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run-dir", required=True, type=Path)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s [trainer] %(message)s")
+    if MPI.COMM_WORLD.Get_rank() != 0:
+        raise SystemExit("jobs.trainer_async must be MPI world rank 0 (the first program of the MPMD world)")
+
+    from agentrl.config import load_config
+    from agentrl.launch import rendezvous
+    from agentrl.monitor.tensorboard import make_monitor
+    from agentrl.rollout.async_weights import STORE_KEY
+    from agentrl.trainer import async_role
+    from agentrl.transport.mpi_channel import TrainerChannel
+    from jobs.trainer import plan
+
+    run_dir: Path = args.run_dir
+    cfg = load_config(str(run_dir / "config.yaml"))
+    schedule, hyper = plan(cfg)
+    tr, r = cfg.transport, cfg.rollout
+    groups = tr.min_groups or r.prompts_per_step * len(cfg.envs.tasks)
+    max_groups = tr.max_groups or groups
+    pipe = async_role.Pipeline(group_size=r.samples_per_prompt, min_groups=groups, max_groups=max_groups,
+                               capacity=tr.queue_capacity or 4 * max_groups * r.samples_per_prompt,
+                               group_timeout_s=tr.group_timeout_s, weights=tr.weights)
+    model_dir = Path(cfg.model.path) if cfg.model.path else run_dir / "model"
+    timeout = cfg.cluster.role_timeout_s
+
+    def channel(version: int) -> TrainerChannel:
+        return TrainerChannel.world(r.ranks, version=version, timeout_s=timeout)
+
+    def broadcast():
+        from agentrl.transport.broadcast import WeightBroadcast, open_store
+
+        store = open_store("127.0.0.1", 0, 0, r.ranks + 1, timeout)
+        rendezvous.publish(run_dir, **{STORE_KEY: {"host": "127.0.0.1", "port": store.port}})
+        return WeightBroadcast(store, 0, r.ranks + 1, timeout_s=timeout)
+
+    monitor = make_monitor(run_dir, "trainer", cfg.monitor.tensorboard)
+    try:
+        async_role.run(run_dir, model_dir, schedule, hyper, pipe, cfg.trainer.threads, monitor, channel,
+                       broadcast_factory=broadcast)
+    finally:
+        monitor.close()
+
+
+if __name__ == "__main__":
+    main()
