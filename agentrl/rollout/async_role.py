@@ -227,6 +227,8 @@ async def run(run_dir: Path, client: Any, tok: Any, make_engine: Callable[[], An
         await pipe.run(train_idx, min(plan.poll_s, 0.02))
         ch.close(timeout_s=plan.wait_timeout_s)
         out: dict[str, Any] = {"rank": ap.rank, **pipe.stats}
+        report.mkdir(parents=True, exist_ok=True)
+        (report / f"rollout-{ap.rank}.json").write_text(json.dumps(out, indent=2))
         log.info("rank %d stopped: %s", ap.rank, json.dumps({k: round(v, 3) for k, v in pipe.stats.items()}))
         if evaluating:
             final = await asyncio.to_thread(weights.wait, ch.version, plan.wait_timeout_s)

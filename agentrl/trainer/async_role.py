@@ -187,6 +187,8 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, p: Pipeline, th
     left = _count_left(q, late)
     state.stats.update({f"left_at_end/{k}": float(v) for k, v in left.items()})
     write_report(run_dir, state, s.steps, q)
+    write_ledger(run_dir, q)
+    save_queue(run_dir, q)
     log.info("pipeline closed: %s", json.dumps(_ledger(q, left)))
     return state
 
@@ -194,13 +196,19 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, p: Pipeline, th
 def _loop(run_dir: Path, model: torch.nn.Module, opt: Any, sched: Any, ref_model: Any, ws: WarmStart | None,
           state: TrainerState, q: TrajectoryQueue, ch: Any, publisher: Publisher, s: Schedule, h: RLHyper,
           p: Pipeline, pad_id: int, monitor, par: Parallel) -> None:
-    t_start = time.perf_counter()
+    # Idle time counts from the first batch on: the wait for it (engines starting, the first episodes) is the
+    # pipeline's fill, logged apart as pipeline/fill_s.
+    t_start: float | None = None
     idle_total = 0.0
     while state.step < s.steps:
         t_wait = time.perf_counter()
         groups = _next_groups(q, ch, p, s.wait_timeout_s, publisher)
         t0 = time.perf_counter()
-        idle_total += t0 - t_wait
+        if t_start is None:
+            t_start = t0
+            state.stats["fill_s"] = t0 - t_wait
+        else:
+            idle_total += t0 - t_wait
         trajs = [t for g in groups for t in g]
         stale = [trajectory_staleness(t, state.policy_version) for t in trajs]
         usable, rewards, counts = select_training_data(trajs, state.policy_version, s)
@@ -284,6 +292,14 @@ def _ledger(q: TrajectoryQueue, left: Counter[str]) -> dict[str, Any]:
     return {"consumed": q.counts["consumed"], "excluded": {k: v for k, v in q.counts.items()
                                                           if k not in ("accepted", "consumed")},
             "left_at_end": dict(left)}
+
+
+def write_ledger(run_dir: Path, q: TrajectoryQueue) -> None:
+    """report/ledger.json: every trajectory id the trainer saw, by fate (consumed, excluded by reason, held
+    when the run ended), so the shards can be reconciled against it: nothing lost silently, nothing twice."""
+    state = q.state_dict()
+    body = {"consumed": state["consumed"], "excluded": state["excluded"], "held_at_end": sorted(q.held_ids())}
+    (run_dir / "report" / "ledger.json").write_text(json.dumps(body))
 
 
 def write_report(run_dir: Path, state: TrainerState, steps: int, q: TrajectoryQueue) -> None:

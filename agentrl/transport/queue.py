@@ -196,6 +196,10 @@ class TrajectoryQueue:
         """Trajectories held, in complete and incomplete groups."""
         return sum(len(g.members) for g in self._groups.values())
 
+    def held_ids(self) -> list[str]:
+        """Ids of the trajectories held now (complete and incomplete groups): neither consumed nor excluded."""
+        return [t.traj_id for g in self._groups.values() for t in g.members]
+
     @property
     def ready_groups(self) -> int:
         return len(self._ready)

@@ -1,0 +1,176 @@
+"""The synchronous and the asynchronous schedule side by side: same model, tasks, number of trained
+trajectories and machine, through the real roles (controller, env worker, vLLM, trainer, MPI), with env
+latency that has a long tail (lognormal, p99 ≈ 10× the median: `rollout.env_latency_s`).
+
+    python -m jobs.bench_pipeline --quick      # ~4 minutes on 2 cores
+    python -m jobs.bench_pipeline              # longer runs, steadier numbers
+    python -m jobs.bench_pipeline --latency 0.5 --sigma 0.99 --staleness 1 --ranks 1
+
+Each schedule runs `python -m jobs.train` (the same entry point a user runs) in runs/bench/<schedule>/.
+The bench watches report/trainer.json and notes when each step finishes. Throughput is measured in the
+steady state: trajectories trained in steps 2..N over the time from the end of step 1 to the end of step N,
+so that the engines' start-up and the pipeline's fill (the same for both) do not dilute it; the end-to-end
+figure (from weights v0 to the last step) is written too. `rollout_over_raw_vllm` compares the async
+rollout's generated tokens/s with vLLM `generate` on the same first-turn prompts without envs (and so
+includes the env latency the agent loop waits on: it is the share of the raw engine's rate the pipeline
+achieves, not an overhead of Python alone). Results: printed, and written to runs/bench/pipeline.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def overrides(quick: bool, latency: float, sigma: float) -> list[str]:
+    """What both schedules share: the smoke model, a short warm start, the same batch and step count."""
+    steps, prompts = (5, 4) if quick else (10, 8)
+    return [f"trainer.steps={steps}", f"rollout.prompts_per_step={prompts}", "rollout.samples_per_prompt=4",
+            "rollout.max_turns=3", "rollout.concurrency=64", "rollout.eval_samples=1", "rollout.eval_sampled=0",
+            "trainer.checkpoint_every=0", "cluster.role_timeout_s=600", f"rollout.env_latency_s={latency}",
+            f"rollout.env_latency_sigma={sigma}"]
+
+
+def run_schedule(root: Path, name: str, extra: list[str], timeout_s: float = 900.0) -> dict[str, Any]:
+    """`jobs.train` for one schedule; returns the step completion times and the run's reports."""
+    run_dir = root / name
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cmd = [sys.executable, "-m", "jobs.train", "--preset", "smoke", "--name", name, f"run_root={root}", *extra]
+    log = open(root / f"{name}.out", "w")
+    t_launch = time.time()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    step_t: dict[int, float] = {}
+    t_v0: float | None = None
+    report = run_dir / "report" / "trainer.json"
+    try:
+        while proc.poll() is None:
+            now = time.time()
+            if t_v0 is None and (run_dir / "weights" / "v0" / "model.safetensors").exists():
+                t_v0 = now
+            try:
+                done = int(json.loads(report.read_text())["steps_done"])
+            except (OSError, ValueError, KeyError):
+                done = 0
+            for k in range(1, done + 1):
+                step_t.setdefault(k, now)
+            if now - t_launch > timeout_s:
+                raise TimeoutError(f"{name}: still running after {timeout_s:.0f}s (see {log.name})")
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(30)
+        log.close()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name} failed (rc {proc.returncode}); see {root / (name + '.out')}")
+    trainer = json.loads(report.read_text())
+    rollout = [json.loads(p.read_text()) for p in sorted((run_dir / "report").glob("rollout-*.json"))]
+    return {"run_dir": run_dir, "step_t": step_t, "t_v0": t_v0, "trainer": trainer, "rollout": rollout,
+            "wall_s": time.time() - t_launch}
+
+
+def throughput(r: dict[str, Any], per_step: int) -> tuple[float, float]:
+    """(steady-state trajectories/s over steps 2..N, end-to-end trajectories/s from v0 to step N)."""
+    t = r["step_t"]
+    n = max(t)
+    steady = (n - 1) * per_step / max(t[n] - t[1], 1e-9)
+    e2e = n * per_step / max(t[n] - (r["t_v0"] or t[1]), 1e-9)
+    return steady, e2e
+
+
+def raw_vllm_tokens_per_s(run_dir: Path, prompts: list[list[int]], max_new_tokens: int, concurrency: int,
+                          max_model_len: int) -> float:
+    """vLLM generating for `prompts` at the rollout's temperature and limits, no envs, no agent loop."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=str(run_dir / "model"), dtype="float32", max_model_len=max_model_len, enforce_eager=True,
+              max_num_seqs=concurrency, seed=0)
+    params = SamplingParams(max_tokens=max_new_tokens, temperature=1.0, ignore_eos=False)
+    llm.generate([{"prompt_token_ids": prompts[0]}], params, use_tqdm=False)  # warm-up
+    t0 = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    dt = time.perf_counter() - t0
+    return sum(len(o.outputs[0].token_ids) for o in outs) / dt
+
+
+def first_prompts(run_dir: Path, limit: int) -> list[list[int]]:
+    from agentrl.transport.shards import ShardReader, rank_dirs
+
+    out = []
+    for _, d in sorted(rank_dirs(run_dir, "rollout").items()):
+        for _, trajs in ShardReader(d).scan():
+            for t in trajs:
+                act = t.loss_mask.nonzero()[0]
+                if len(act):
+                    out.append(t.tokens[: act[0]].tolist())
+    return out[:limit]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small runs (about 4 minutes on 2 cores)")
+    ap.add_argument("--latency", type=float, default=0.3, help="median env latency per env call, seconds")
+    ap.add_argument("--sigma", type=float, default=0.99, help="lognormal sigma (0.99: p99 = 10x median)")
+    ap.add_argument("--staleness", type=int, default=1, help="algo.max_staleness of the async run")
+    ap.add_argument("--ranks", type=int, default=1, help="rollout ranks of the async run (sync runs one)")
+    ap.add_argument("--root", type=Path, default=Path("runs/bench"))
+    args = ap.parse_args(argv)
+    root = args.root.resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    common = overrides(args.quick, args.latency, args.sigma)
+    from agentrl.config import load_config
+
+    cfg = load_config("smoke", common)
+    per_step = cfg.rollout.prompts_per_step * len(cfg.envs.tasks) * cfg.rollout.samples_per_prompt
+
+    print(f"bench: {cfg.trainer.steps} steps x {per_step} trajectories, env latency lognormal median "
+          f"{args.latency}s sigma {args.sigma}", flush=True)
+    sync = run_schedule(root, "sync", common)
+    print(f"sync done in {sync['wall_s']:.0f}s", flush=True)
+    asyn = run_schedule(root, "async", common + ["cluster.schedule=async", f"rollout.ranks={args.ranks}",
+                                                 f"algo.max_staleness={args.staleness}"])
+    print(f"async done in {asyn['wall_s']:.0f}s", flush=True)
+    sync_tps, sync_e2e = throughput(sync, per_step)
+    async_tps, async_e2e = throughput(asyn, per_step)
+    tr = asyn["trainer"]
+    consumed = max(tr["queue"].get("consumed", 0), 1)
+    busy = max(tr["rl_wall_s"], 1e-9)
+    rollout_tok_s = sum(r["action_tokens"] / max(r["wall_s"], 1e-9) for r in asyn["rollout"])
+    prompts = first_prompts(asyn["run_dir"], 4 * per_step)
+    raw = raw_vllm_tokens_per_s(asyn["run_dir"], prompts, cfg.rollout.max_new_tokens, cfg.rollout.concurrency,
+                                cfg.rollout.max_model_len)
+    result = {
+        "sync_traj_per_s": round(sync_tps, 3), "async_traj_per_s": round(async_tps, 3),
+        "async_over_sync": round(async_tps / sync_tps, 3),
+        "trainer_idle_frac": round(tr["idle_s"] / busy, 3),
+        "staleness_mean": round(tr["staleness_sum"] / consumed, 3), "staleness_max": int(tr["staleness_max"]),
+        "rollout_over_raw_vllm": round(rollout_tok_s / raw, 3),
+        "end_to_end": {"sync_traj_per_s": round(sync_e2e, 3), "async_traj_per_s": round(async_e2e, 3),
+                       "async_over_sync": round(async_e2e / sync_e2e, 3)},
+        "rollout_tokens_per_s": round(rollout_tok_s, 1), "raw_vllm_tokens_per_s": round(raw, 1),
+        "rollout_idle_frac": [round(r["rollout_idle_frac"], 3) for r in asyn["rollout"]],
+        "setup": {"steps": cfg.trainer.steps, "trajectories_per_step": per_step, "quick": args.quick,
+                  "env_latency_median_s": args.latency, "env_latency_sigma": args.sigma,
+                  "async_max_staleness": args.staleness, "async_rollout_ranks": args.ranks,
+                  "cpus": os.cpu_count(), "sync_wall_s": round(sync["wall_s"], 1),
+                  "async_wall_s": round(asyn["wall_s"], 1)},
+    }
+    (root / "pipeline.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+    print(f"written to {root / 'pipeline.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

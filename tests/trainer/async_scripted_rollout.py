@@ -1,0 +1,43 @@
+"""A scripted rollout rank for the asynchronous trainer's tests (a program run under mpiexec, not a test).
+
+    mpiexec -n 1 python -m mpi4py -m jobs.trainer_async --run-dir R : -n 1 python -m mpi4py THIS R STEPS
+
+It plays a synchronous rollout over the real channel: for step k it waits for the notice of v<k>, then writes
+and sends `test_resume._trajs(k)` (sampled "by v<k>"), exactly the data the synchronous trainer test feeds
+through shards; then it waits for the trainer's stop and closes. The shards go to shards/rollout-0 as the
+real rollout's do.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from mpi4py import MPI  # noqa: F401 - first: MPI_Init of an MPMD world
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from test_resume import _trajs  # noqa: E402
+
+from agentrl.transport.mpi_channel import RolloutChannel  # noqa: E402
+from agentrl.transport.shards import ShardWriter, shard_dir  # noqa: E402
+
+
+def main(run_dir: Path, steps: int) -> None:
+    ch = RolloutChannel.world(0, trainer=0, timeout_s=300)
+    writer = ShardWriter(shard_dir(run_dir, "rollout", 0))
+    for k in range(steps):
+        while ch.version < k:
+            ch.poll_notices()
+            time.sleep(0.01)
+        batch = _trajs(k)
+        writer.write(batch)
+        ch.send(batch)
+    while not ch.stopped:
+        ch.poll_notices()
+        time.sleep(0.01)
+    ch.close()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), int(sys.argv[2]))

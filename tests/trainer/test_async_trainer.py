@@ -1,0 +1,98 @@
+"""The asynchronous trainer (`jobs.trainer_async`) under a real mpiexec world, fed by a scripted rollout rank:
+with max_staleness 0 and in-flight updates off it is the synchronous schedule, and it makes exactly the
+update of plain `rl_step`s on each step's batch (the same check as test_resume's for the synchronous role)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_resume import STEPS, _trajs, one_thread
+
+from agentrl.config import dump_config, load_config
+from agentrl.launch.local import mpiexec
+from agentrl.models import tiny
+from agentrl.trainer import role
+from agentrl.trainer.batch import collate
+from agentrl.trainer.step import rl_step
+from agentrl.transport import weights
+from jobs import trainer as trainer_job
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    corpus = [f"call lookup {i} then answer {i * 7}" for i in range(50)]
+    tok = tiny.train_tokenizer(corpus, 300, ["<|end|>", "<|pad|>"], "{{ messages }}", "<|end|>", "<|pad|>")
+    model = tiny.build_model(tok, 32, 2, 2, 64, 256, seed=3)
+    return tiny.save(model, tok, tmp_path_factory.mktemp("model"))
+
+
+def _run_world(run_dir: Path, model_dir: Path, extra: list[str]) -> subprocess.CompletedProcess:
+    cfg = load_config(None, [f"model.path={model_dir}", f"trainer.steps={STEPS}", "trainer.sft_steps=0",
+                             "trainer.checkpoint_every=1", "trainer.threads=1", "trainer.lr=0.003",
+                             "trainer.warmup_steps=2", "trainer.micro_batch_tokens=64", "monitor.tensorboard=false",
+                             "cluster.role_timeout_s=120", "transport.poll_s=0.02", "cluster.schedule=async",
+                             "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", *extra])
+    run_dir.mkdir(parents=True)
+    dump_config(cfg, run_dir / "config.yaml")
+    cmd = [mpiexec(), "-n", "1", sys.executable, "-m", "mpi4py", "-m", "jobs.trainer_async", "--run-dir", str(run_dir),
+           ":", "-n", "1", sys.executable, "-m", "mpi4py", str(HERE / "async_scripted_rollout.py"), str(run_dir),
+           str(STEPS)]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_max_staleness_zero_without_in_flight_updates_is_the_synchronous_update(tmp_path: Path,
+                                                                                model_dir: Path) -> None:
+    run_dir = tmp_path / "async0"
+    proc = _run_world(run_dir, model_dir, ["algo.max_staleness=0", "transport.inflight=drain"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    schedule, hyper = trainer_job.plan(load_config(str(run_dir / "config.yaml")))
+    expected = _by_hand(model_dir, schedule, hyper)
+    published = dict(weights.iter_weights(weights.version_dir(run_dir, STEPS)))
+    for k, v in expected.items():
+        torch.testing.assert_close(published[k], v, rtol=0, atol=1e-7)
+    report = json.loads((run_dir / "report" / "trainer.json").read_text())
+    assert report["trajectories_trained"] == 8 * STEPS and report["dropped_stale"] == 0
+    assert report["staleness_max"] == 0 and report["queue"]["consumed"] == 8 * STEPS
+    ledger = json.loads((run_dir / "report" / "ledger.json").read_text())
+    assert len(ledger["consumed"]) == 8 * STEPS and not ledger["excluded"] and not ledger["held_at_end"]
+
+
+def test_decoupled_loss_changes_the_update_only_through_the_behaviour_weight(tmp_path: Path,
+                                                                             model_dir: Path) -> None:
+    """algo.offpolicy=decoupled reaches the trainer: with these batches' behaviour log-probs far from the
+    policy's (π_prox/μ ≫ C), the truncated weight makes a different update than the behaviour ratio."""
+    run_dir = tmp_path / "decoupled"
+    proc = _run_world(run_dir, model_dir, ["algo.max_staleness=0", "algo.offpolicy=decoupled", "algo.is_cap=2.0"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    schedule, hyper = trainer_job.plan(load_config(str(run_dir / "config.yaml")))
+    assert hyper.offpolicy == "decoupled"
+    expected = _by_hand(model_dir, schedule, hyper)
+    behaviour = _by_hand(model_dir, schedule, dataclasses.replace(hyper, offpolicy="behaviour"))
+    published = dict(weights.iter_weights(weights.version_dir(run_dir, STEPS)))
+    for k, v in expected.items():
+        torch.testing.assert_close(published[k], v, rtol=0, atol=1e-7)
+    assert max(float((behaviour[k] - v).abs().max()) for k, v in expected.items()) > 1e-4
+
+
+def _by_hand(model_dir: Path, schedule: role.Schedule, hyper) -> dict[str, torch.Tensor]:
+    """The synchronous trainer by hand, as in test_resume: each step's whole batch, one rl_step, warm-up lr."""
+    with one_thread():
+        model = role.load_model(model_dir, 1)
+        opt = torch.optim.AdamW(model.parameters(), lr=schedule.lr, weight_decay=schedule.weight_decay)
+        for step in range(STEPS):
+            for g in opt.param_groups:
+                g["lr"] = schedule.lr * min(1.0, (step + 1) / schedule.warmup_steps)
+            trajs = _trajs(step)
+            rl_step(model, opt, collate(trajs, role.shaped_rewards(trajs, schedule.fail_penalty), pad_id=1), hyper)
+    return model.state_dict()
