@@ -30,9 +30,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def overrides(quick: bool, latency: float, sigma: float) -> list[str]:
+def overrides(quick: bool, latency: float, sigma: float, steps: int = 0, prompts: int = 0) -> list[str]:
     """What both schedules share: the smoke model, a short warm start, the same batch and step count."""
-    steps, prompts = (5, 4) if quick else (10, 8)
+    steps, prompts = steps or (5 if quick else 10), prompts or (4 if quick else 8)
     return [f"trainer.steps={steps}", f"rollout.prompts_per_step={prompts}", "rollout.samples_per_prompt=4",
             "rollout.max_turns=3", "rollout.concurrency=64", "rollout.eval_samples=1", "rollout.eval_sampled=0",
             "trainer.checkpoint_every=0", "cluster.role_timeout_s=600", f"rollout.env_latency_s={latency}",
@@ -124,11 +124,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sigma", type=float, default=0.99, help="lognormal sigma (0.99: p99 = 10x median)")
     ap.add_argument("--staleness", type=int, default=1, help="algo.max_staleness of the async run")
     ap.add_argument("--ranks", type=int, default=1, help="rollout ranks of the async run (sync runs one)")
+    ap.add_argument("--steps", type=int, default=0, help="RL steps of each run (default: 5 quick, 10 full)")
+    ap.add_argument("--prompts", type=int, default=0, help="prompts per step (default: 4 quick, 8 full)")
     ap.add_argument("--root", type=Path, default=Path("runs/bench"))
     args = ap.parse_args(argv)
     root = args.root.resolve()
     root.mkdir(parents=True, exist_ok=True)
-    common = overrides(args.quick, args.latency, args.sigma)
+    common = overrides(args.quick, args.latency, args.sigma, args.steps, args.prompts)
     from agentrl.config import load_config
 
     cfg = load_config("smoke", common)

@@ -1,0 +1,49 @@
+"""`jobs.bench_pipeline`: its arithmetic (fast), and one tiny invocation through the real roles (slow)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentrl.rollout.env_latency import lognormal_delay
+from jobs.bench_pipeline import throughput
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_latency_has_the_long_tail_it_claims() -> None:
+    rng = random.Random(0)
+    draws = sorted(lognormal_delay(0.1, 0.99, rng) for _ in range(20000))
+    median, p99 = draws[len(draws) // 2], draws[int(0.99 * len(draws))]
+    assert median == pytest.approx(0.1, rel=0.05)
+    assert p99 / median == pytest.approx(10.0, rel=0.15)  # exp(2.326 · 0.99) = 10.0
+    assert math.isclose(lognormal_delay(0.1, 0.0, rng), 0.1)
+
+
+def test_throughput_counts_the_steady_state_and_the_whole_run() -> None:
+    run = {"step_t": {1: 10.0, 2: 12.0, 3: 14.0, 4: 16.0}, "t_v0": 4.0}
+    steady, e2e = throughput(run, per_step=8)
+    assert steady == pytest.approx(3 * 8 / 6.0)  # steps 2..4 over the time after step 1
+    assert e2e == pytest.approx(4 * 8 / 12.0)  # all four from weights v0 on
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_tiny_bench_writes_every_figure(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "jobs.bench_pipeline", "--steps", "3", "--prompts", "2",
+                           "--latency", "0.1", "--root", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = json.loads((tmp_path / "pipeline.json").read_text())
+    for key in ("sync_traj_per_s", "async_traj_per_s", "async_over_sync", "trainer_idle_frac", "staleness_mean",
+                "staleness_max", "rollout_over_raw_vllm"):
+        assert isinstance(out[key], (int, float)) and out[key] >= 0, key
+    assert out["sync_traj_per_s"] > 0 and out["async_traj_per_s"] > 0
+    assert out["async_over_sync"] == pytest.approx(out["async_traj_per_s"] / out["sync_traj_per_s"], rel=0.01)
+    assert out["staleness_max"] <= 1 and 0 <= out["trainer_idle_frac"] <= 1
