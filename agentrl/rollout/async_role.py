@@ -76,6 +76,9 @@ class Pipeline:
         self.writer = ShardWriter(shard_dir(run_dir, "rollout", ap.rank))
         self.rng = random.Random(plan.seed * 1000 + ap.rank)
         self.per_step = ap.groups_per_step(plan)
+        if self.per_step < 1:  # it would never start an episode
+            raise ValueError(f"rollout.ranks={ap.ranks} exceeds the {plan.prompts_per_step * len(plan.tasks)} groups "
+                             f"of a step (prompts_per_step x tasks): rank {ap.rank} would have nothing to do")
         self.running: dict[asyncio.Task[Trajectory], tuple[str, str, str]] = {}
         self.finished: list[Trajectory] = []
         self.window: list[Trajectory] = []

@@ -1,14 +1,17 @@
 """A scripted rollout rank for the asynchronous trainer's tests (a program run under mpiexec, not a test).
 
-    mpiexec -n 1 python -m mpi4py -m jobs.trainer_async --run-dir R : -n 1 python -m mpi4py THIS R STEPS
+    mpiexec -n 1 python -m mpi4py -m jobs.trainer_async --run-dir R : -n 1 python -m mpi4py THIS R STEPS [broadcast]
 
 It plays a synchronous rollout over the real channel: for step k it waits for the notice of v<k>, then writes
 and sends `test_resume._trajs(k)` (sampled "by v<k>"), exactly the data the synchronous trainer test feeds
 through shards; then it waits for the trainer's stop and closes. The shards go to shards/rollout-0 as the
-real rollout's do.
+real rollout's do. With `broadcast` it also joins the trainer's weight broadcast as the real rollout does
+(`BroadcastWeights`) and writes report/broadcast.json: the version it holds at the end and the largest
+difference from the directory's weights of that version.
 """
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -19,12 +22,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from test_resume import _trajs  # noqa: E402
 
+from agentrl.launch import rendezvous  # noqa: E402
+from agentrl.rollout.async_weights import BroadcastWeights  # noqa: E402
+from agentrl.transport import weights  # noqa: E402
 from agentrl.transport.mpi_channel import RolloutChannel  # noqa: E402
 from agentrl.transport.shards import ShardWriter, shard_dir  # noqa: E402
 
 
-def main(run_dir: Path, steps: int) -> None:
+def main(run_dir: Path, steps: int, broadcast: bool) -> None:
     ch = RolloutChannel.world(0, trainer=0, timeout_s=300)
+    received = BroadcastWeights(run_dir, 0, 1, lambda: rendezvous.read(run_dir), 120) if broadcast else None
     writer = ShardWriter(shard_dir(run_dir, "rollout", 0))
     for k in range(steps):
         while ch.version < k:
@@ -37,7 +44,17 @@ def main(run_dir: Path, steps: int) -> None:
         ch.poll_notices()
         time.sleep(0.01)
     ch.close()
+    if received is not None:
+        deadline = time.monotonic() + 60
+        while (held := received.newest(-1)) is None or held[0] < steps:
+            assert time.monotonic() < deadline, f"broadcast: holding {held and held[0]}, error {received.error!r}"
+            time.sleep(0.05)
+        got = dict(held[1]())
+        on_disk = dict(weights.iter_weights(weights.version_dir(run_dir, held[0])))
+        diff = max(float((got[k] - v).abs().max()) for k, v in on_disk.items())
+        (run_dir / "report" / "broadcast.json").write_text(json.dumps({"version": held[0], "max_diff": diff,
+                                                                        "names": sorted(got) == sorted(on_disk)}))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]))
+    main(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:] == ["broadcast"])

@@ -35,7 +35,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny.save(model, tok, tmp_path_factory.mktemp("model"))
 
 
-def _run_world(run_dir: Path, model_dir: Path, extra: list[str]) -> subprocess.CompletedProcess:
+def _run_world(run_dir: Path, model_dir: Path, extra: list[str], broadcast: bool = False
+               ) -> subprocess.CompletedProcess:
     cfg = load_config(None, [f"model.path={model_dir}", f"trainer.steps={STEPS}", "trainer.sft_steps=0",
                              "trainer.checkpoint_every=1", "trainer.threads=1", "trainer.lr=0.003",
                              "trainer.warmup_steps=2", "trainer.micro_batch_tokens=64", "monitor.tensorboard=false",
@@ -45,7 +46,7 @@ def _run_world(run_dir: Path, model_dir: Path, extra: list[str]) -> subprocess.C
     dump_config(cfg, run_dir / "config.yaml")
     cmd = [mpiexec(), "-n", "1", sys.executable, "-m", "mpi4py", "-m", "jobs.trainer_async", "--run-dir", str(run_dir),
            ":", "-n", "1", sys.executable, "-m", "mpi4py", str(HERE / "async_scripted_rollout.py"), str(run_dir),
-           str(STEPS)]
+           str(STEPS), *(["broadcast"] if broadcast else [])]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 
@@ -83,6 +84,21 @@ def test_decoupled_loss_changes_the_update_only_through_the_behaviour_weight(tmp
     for k, v in expected.items():
         torch.testing.assert_close(published[k], v, rtol=0, atol=1e-7)
     assert max(float((behaviour[k] - v).abs().max()) for k, v in expected.items()) > 1e-4
+
+
+def test_broadcast_delivers_the_published_weights(tmp_path: Path, model_dir: Path) -> None:
+    """transport.weights=broadcast: the rollout rank holds, by the in-job broadcast, the very weights of the
+    final version's directory, and the update is still the synchronous one."""
+    run_dir = tmp_path / "bcast"
+    proc = _run_world(run_dir, model_dir, ["algo.max_staleness=0", "transport.weights=broadcast"], broadcast=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    got = json.loads((run_dir / "report" / "broadcast.json").read_text())
+    assert got == {"version": STEPS, "max_diff": 0.0, "names": True}
+    schedule, hyper = trainer_job.plan(load_config(str(run_dir / "config.yaml")))
+    expected = _by_hand(model_dir, schedule, hyper)
+    published = dict(weights.iter_weights(weights.version_dir(run_dir, STEPS)))
+    for k, v in expected.items():
+        torch.testing.assert_close(published[k], v, rtol=0, atol=1e-7)
 
 
 def _by_hand(model_dir: Path, schedule: role.Schedule, hyper) -> dict[str, torch.Tensor]:
