@@ -2,10 +2,11 @@
 
 What is here:
   * `Task` / `Episode`: the two protocols a task author implements (tools, indices, an episode that
-    answers validated tool calls with messages until it ends with a reward and a status), and two
+    answers validated tool calls with messages until it ends with a reward and a status), and the
     optional ones an episode may add: `AnswersInText` (a plain-text reply is an action, e.g. a final
-    answer) and `HasOwnTools` (each sample brings its own subset of the task's tools), and `Closable`
-    (an episode that holds a sandbox or a database frees it when the session ends);
+    answer), `HasOwnTools` (each sample brings its own subset of the task's tools), `ReadsRawMessages`
+    (a benchmark's own reading of the message replaces the shared checks), and `Closable` (an episode
+    that holds a sandbox or a database frees it when the session ends);
   * `ToolBox` and `Session`: the layer every task shares. It parses each tool call's JSON arguments,
     checks them against the tool's JSON Schema, turns every kind of malformed action into an
     observation the model can learn from, counts turns, enforces `max_turns`, and turns a raising task
@@ -195,6 +196,19 @@ class AnswersInText(Protocol):
 
 
 @runtime_checkable
+class ReadsRawMessages(Protocol):
+    """Optional for an episode that must read the assistant message exactly as the model sent it.
+
+    A benchmark's own protocol may parse calls differently from `ToolBox` (AgentBench-FC's `os` runs
+    the first call only and takes argument values whatever their keys). `Session` then hands every
+    message to `raw_step` unchecked; turn counting, the turn limit and failure handling stay shared.
+    """
+
+    def raw_step(self, message: dict[str, Any]) -> StepResult:
+        ...
+
+
+@runtime_checkable
 class HasOwnTools(Protocol):
     """Optional for an episode whose sample brings its own tools (BFCL: the classes a case involves).
 
@@ -370,10 +384,16 @@ class Session:
             raise EnvError("bad_request", "the episode has already ended")
         if not isinstance(message, dict) or message.get("role", "assistant") != "assistant":
             raise EnvError("bad_request", "message must be an assistant message object")
-        calls, errors = self.toolbox.check(message)
+        raw = isinstance(self.episode, ReadsRawMessages)
+        calls, errors = ([], []) if raw else self.toolbox.check(message)
         self.turns += 1
         result = StepResult(messages=errors)
-        if not message.get("tool_calls") and isinstance(self.episode, AnswersInText):
+        if raw:
+            try:
+                result = self.episode.raw_step(message)  # type: ignore[attr-defined]
+            except Exception as e:
+                return self._failed(e)
+        elif not message.get("tool_calls") and isinstance(self.episode, AnswersInText):
             try:
                 step = self.episode.text_step(str(message.get("content") or ""))
             except Exception as e:
