@@ -22,8 +22,8 @@ def missing_sandbox() -> str | None:
     return None
 
 
-@pytest.fixture
-def needs_sandbox() -> None:
+def require_sandbox() -> None:
+    """Skip the calling test (fail it in CI) when a real sandbox cannot run here."""
     reason = missing_sandbox()
     if reason is not None:
         if os.environ.get("CI"):

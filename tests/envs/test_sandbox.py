@@ -13,10 +13,15 @@ import time
 from pathlib import Path
 
 import pytest
-from sandbox_helpers import needs_sandbox
+from sandbox_helpers import require_sandbox
 
 from agentrl.envs import sandbox as sb
 from agentrl.envs.sandbox import SandboxConfig, SandboxError, SandboxUnavailable, Shell
+
+
+@pytest.fixture
+def needs_sandbox() -> None:
+    require_sandbox()
 
 
 def fast(**kw: object) -> SandboxConfig:
