@@ -39,6 +39,7 @@ import io
 import json
 import logging
 import os
+import resource
 import select
 import shutil
 import signal
@@ -88,7 +89,9 @@ class SandboxConfig:
     """Processes (and threads) per session; `pid_fraction` of the host's pid_max bounds slots x nproc."""
     memory_mb: int = 2048
     file_size_mb: int = 256
-    open_files: int = 1024
+    open_files: int = 0
+    """RLIMIT_NOFILE; 0 = the worker's own hard limit (Docker, AgentBench's runtime, gives 1048576;
+    some of its samples open fd 123321)."""
     cpu_s: int = 3600
     disk_mb: int = 512
     """Size of the session's writable root (a tmpfs: host memory, allocated as it is used)."""
@@ -276,12 +279,19 @@ def seed_archive(image: str) -> bytes:
     return buf.getvalue()
 
 
+# /proc entries a container's root reads but the sandbox's cannot (the host's root-only /proc/tty/driver,
+# the non-dumpable driver's own fd tables): empty and read-only, so that `find /` exits 0 as it does in
+# AgentBench's container (its check scripts run `find / ...` and test the exit status).
+PROC_MASKED = ("/proc/tty/driver", "/proc/1/fdinfo", "/proc/1/map_files", "/proc/1/task/1/fdinfo")
+
+
 def bwrap_argv(mounts: list[str], command: list[str], hostname: str, disk_mb: int, shm_mb: int) -> list[str]:
     """bubblewrap's command line: all namespaces new, the command as PID 1, a bounded tmpfs as root."""
+    masks = [a for path in PROC_MASKED for a in ("--size", "4096", "--tmpfs", path, "--remount-ro", path)]
     return ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--uid", "0", "--gid", "0",
             "--die-with-parent", "--new-session", "--as-pid-1", "--hostname", hostname,
-            "--size", str(disk_mb << 20), "--tmpfs", "/", *mounts,
-            "--proc", "/proc", "--dev", "/dev", "--size", str(shm_mb << 20), "--tmpfs", "/dev/shm",
+            "--size", str(disk_mb << 20), "--tmpfs", "/", *mounts, "--proc", "/proc", *masks,
+            "--dev", "/dev", "--size", str(shm_mb << 20), "--tmpfs", "/dev/shm",
             "--remount-ro", "/dev", "--clearenv", "--chdir", "/", "--", *command]
 
 
@@ -345,8 +355,9 @@ class Shell:
 
     def _driver_config(self) -> tuple[dict[str, object], bytes]:
         c = self.cfg
+        nofile = c.open_files or resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         limits = {"nproc": c.nproc, "as": c.memory_mb << 20, "fsize": c.file_size_mb << 20,
-                  "nofile": c.open_files, "cpu": c.cpu_s}
+                  "nofile": nofile, "cpu": c.cpu_s}
         cfg: dict[str, object] = {"env": BASE_ENV, "check_env": CHECK_ENV, "max_output": c.max_output_bytes,
                                   "limits": limits, "home": "/root"}
         seed = b""

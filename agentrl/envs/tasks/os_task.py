@@ -36,9 +36,10 @@ are AgentBench's own, read from the checkout in `agentbench_dir` / `AGENTRL_AGEN
 layout (a split whose files are missing is left out). "dev" is AgentBench's dev subset (26 samples),
 from the checkout or from this project's copy in `data/agentbench/os_interaction/`.
 
-The scripted expert runs the sample's example script (if it has one), then answers: the expected
-string for a `match`, the example's output for an answer `check`, or `finish_action` for a check of
-the machine's state. Because the tasks block (sandbox processes), `blocking = True`.
+The scripted expert runs the sample's example script (if it has one; stderr dropped, as a grader sees
+it), then answers: the expected string for a `match`, the example's output for an answer `check` or
+for a state check whose example printed something, else `finish_action`. Because the tasks block
+(sandbox processes), `blocking = True`.
 """
 from __future__ import annotations
 
@@ -152,7 +153,9 @@ class OsEpisode:
         self.setup_error: str | None = None
         self.last_output = ""
         self.steps = 0  # steps taken so far: the expert's call ids
-        self.example = shell_command(problem.example) if problem.example else None
+        # The expert runs the example as a grader does: its stdout is the reference answer, its stderr
+        # (e.g. `find /` over /proc) is not.
+        self.example = f"{{ {shell_command(problem.example)}\n}} 2>/dev/null" if problem.example else None
         self.ran_example = False  # whether the example script has run in the shell (drives the expert)
 
     @property
@@ -263,6 +266,8 @@ class OsEpisode:
         if p.match is not None and "answer" in p.match:
             return call_message([("answer_action", {"answer": str(p.match["answer"])})], turn)
         if p.match is not None or (p.check and None in p.check):
+            return call_message([("answer_action", {"answer": self.last_output.strip()})], turn)
+        if self.ran_example and self.last_output.strip():  # an operation whose check also reads an answer
             return call_message([("answer_action", {"answer": self.last_output.strip()})], turn)
         return call_message([("finish_action", {"thought": "The operation is done."})], turn)
 
