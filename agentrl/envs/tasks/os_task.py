@@ -72,7 +72,8 @@ log = logging.getLogger(__name__)
 
 MAX_ROUNDS = 8
 OUTPUT_LIMIT, OUTPUT_KEEP = 800, 780  # AgentBench's truncation of one command's output
-SCRIPT_TIMEOUT_S = 60.0  # init, check and example scripts
+SCRIPT_TIMEOUT_S = 60.0  # check and example scripts
+INIT_TIMEOUT_S = 300.0  # init scripts: AgentBench sets none, and some of its train samples `sleep 60`
 PROTOCOLS = ("strict", "faithful")
 
 TOOLS: list[dict[str, Any]] = [
@@ -174,7 +175,7 @@ class OsEpisode:
                 raise
             self._shell = shell
             for n, script in enumerate(self.problem.init):
-                r = shell.run_independent(script_argv(script, []), timeout=SCRIPT_TIMEOUT_S, stderr=True)
+                r = shell.run_independent(script_argv(script, []), timeout=INIT_TIMEOUT_S, stderr=True)
                 if r.exit_code != 0:
                     self.setup_error = (f"init script {n + 1} of {len(self.problem.init)} failed (exit "
                                         f"{r.exit_code}): {r.output.strip()[-300:]}")
