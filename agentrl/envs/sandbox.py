@@ -449,12 +449,14 @@ class Shell:
     # ---------------------------------------------------------------------------------- commands
     def run(self, command: str, timeout: float | None = None) -> CommandResult:
         """Run `command` in the session's shell (stdout and stderr together; state carries over)."""
+        command = command.replace("\0", "")  # cannot travel in an environment variable or argv (neither in a tty)
         return self._request({"op": "run", "cmd": command}, self.cfg.command_timeout_s if timeout is None else timeout)
 
     def run_independent(self, argv: list[str], timeout: float | None = None, stderr: bool = False,
                         freeze: bool = False) -> CommandResult:
         """Run a program outside the shell's state: cwd /root, the fixed check environment, stdout only
         (unless `stderr`); with `freeze`, every other process of the sandbox is stopped meanwhile."""
+        argv = [a.replace("\0", "") for a in argv]
         return self._request({"op": "exec", "argv": argv, "stderr": stderr, "freeze": freeze},
                              self.cfg.command_timeout_s if timeout is None else timeout)
 

@@ -133,6 +133,7 @@ def test_shell_keeps_state_and_reports_exit_codes(needs_sandbox: None) -> None:
         assert sh.run("echo $((X + 1)) $(pwd) $(cat /root/note.txt) $(f 7); ll").output == "42 /tmp hi fn7\naliased\n"
         assert (sh.run("printf abc; false").output, sh.run("printf abc; false").exit_code) == ("abc", 1)
         assert sh.run("cat").output == ""  # a command that reads stdin gets /dev/null
+        assert sh.run("echo a\0b").output == "ab\n"  # NULs cannot reach a program: dropped
         assert sh.run("exit 3").exit_code == 3
         assert sh.run("echo $X").output == "41\n"  # `exit` ends one command, not the session
         r = sh.run_independent(["bash", "-c", 'echo "$0|$1|$(pwd)|$X"; echo err >&2', "--", "a b"])
