@@ -6,9 +6,10 @@
     # submitit: executor.submit(jobs.make_rootfs.main, ["--out", "/shared/rootfs/os-bookworm"])
 
 Needs root and debootstrap (`apt-get install debootstrap`). The mirror defaults to the one apt on this
-machine already uses. An image already at `--out` is kept (use `--force` to rebuild). The env worker
-binds it read-only as each sandbox's `/` (bubblewrap); on clusters with Apptainer, build the image from
-`containers/os-sandbox.def` instead.
+machine already uses. An image already at `--out` is kept (use `--force` to rebuild); it must be
+readable by every user when the worker runs as root (its sandboxes run as an unprivileged uid). The
+env worker binds its system directories read-only into each bubblewrap sandbox, under a bounded
+writable root; on clusters with Apptainer, build the image from `containers/os-sandbox.def` instead.
 """
 from __future__ import annotations
 

@@ -387,7 +387,9 @@ class Shell:
             self._write(b"%d\n" % len(source) + source + b"%d\n" % len(header) + header + seed)
             answer = self._answer(time.monotonic() + max(30.0, self.cfg.command_timeout_s))
         except SandboxError as e:
-            raise SandboxError(f"the {self.backend} sandbox did not start: {e}; {self._stderr_tail()}") from e
+            message = f"the {self.backend} sandbox did not start: {e}; {self._stderr_tail()}"
+            log.error("%s", message)
+            raise SandboxError(message) from e
         if "error" in answer:
             log.error("os sandbox refused to start: %s", answer["error"])
             raise SandboxError(f"the {self.backend} sandbox did not start: {answer['error']}")

@@ -123,6 +123,18 @@ def test_missing_root_file_system_names_the_command(tmp_path: Path) -> None:
         sb.check_image(cfg, "bwrap")
 
 
+def test_unsandboxed_backend_for_trusted_debugging() -> None:
+    sh = Shell(SandboxConfig(backend="none", isolation=False, command_timeout_s=5.0))
+    try:
+        home = str(sh._dir)
+        assert sh.run("pwd; X=2; cd /").output == f"{home}\n"  # HOME is a fresh session directory
+        assert sh.run("echo $X $(pwd)").output == "2 /\n"
+        assert sh.run_independent(["bash", "-c", "pwd"]).output == f"{home}\n"
+    finally:
+        sh.close()
+    assert not Path(home).exists()
+
+
 # ------------------------------------------------------------------------------------ real sandboxes
 
 def test_shell_keeps_state_and_reports_exit_codes(needs_sandbox: None) -> None:
