@@ -402,6 +402,9 @@ class EnvTopology:
     """The env workers' image (built from containers/agentrl.def); "" runs them on the node's Python."""
     binds: tuple[str, ...] = ()
     """Extra host paths bound into the workers' containers (the run dir and data dir always are)."""
+    os_sandbox_image: str = ""
+    """The `os` task's per-session sandbox image (built from containers/os-sandbox.def); the launcher
+    writes it into envs.task_options.os.sandbox (backend apptainer). "" leaves the task's own options."""
     slurm: SlurmGroupConfig = field(default_factory=SlurmGroupConfig)
 
     def validate(self, p: str) -> None:
