@@ -586,7 +586,7 @@ def load_config(preset: str | None = None, overrides: list[str] | tuple[str, ...
     data: dict[str, Any] = {}
     if preset:
         path = Path(preset)
-        if not path.suffix:
+        if path.suffix not in (".yaml", ".yml"):  # a name; "agentbench-qwen2.5-7b" has a dot, not a suffix
             path = PRESETS_DIR / f"{preset}.yaml"
         if not path.exists():
             known = sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))

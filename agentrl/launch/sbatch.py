@@ -16,9 +16,9 @@ import shlex
 from agentrl.launch.apptainer import worker_command
 from agentrl.launch.topology import ENV, GROUP_NAMES, ROLLOUT, TRAINER, Plan, Step
 
-_WAIT_FUNCS = r"""# wait for a step; a trapped signal interrupts `wait`, so wait again while the step lives
-wait_step() { local rc; while :; do wait "$1"; rc=$?; if [ "$rc" -gt 128 ] && kill -0 "$1" 2>/dev/null; then continue; fi; return "$rc"; done; }
-preempted=0
+_WAIT_STEP = r"""# wait for a step; a trapped signal interrupts `wait`, so wait again while the step lives
+wait_step() { local rc; while :; do wait "$1"; rc=$?; if [ "$rc" -gt 128 ] && kill -0 "$1" 2>/dev/null; then continue; fi; return "$rc"; done; }"""
+_TRAP_USR1 = r"""preempted=0
 # USR1 (sbatch --signal=B:USR1@<s>, or `scancel --batch --signal=USR1`): the trainer checkpoints, then requeue
 on_usr1() { preempted=1; echo "agentrl: USR1, asking the trainer to checkpoint"; kill -USR1 "$TRAINER" 2>/dev/null || true; }
 trap on_usr1 USR1"""
@@ -36,10 +36,11 @@ def _join(argv: list[str]) -> str:
 
 
 def role_argv(step: Step, python: str, run_dir: str, image: str = "", data_dir: str = "data",
-              binds: tuple[str, ...] = ()) -> list[str]:
+              binds: tuple[str, ...] = (), het: bool = True) -> list[str]:
     """The command a role's srun step runs (after srun's own options)."""
-    inner_py = "python" if image else python  # inside the image its own Python is on PATH
-    argv = [inner_py, "-m", "agentrl.launch.slurm_env", "--het-group", str(step.group), "--",
+    inner_py = "python" if image and step.role == "env_worker" else python  # the image's own Python is on PATH
+    group = ["--het-group", str(step.group)] if het else []
+    argv = [inner_py, "-m", "agentrl.launch.slurm_env", *group, "--",
             inner_py, "-m", step.module, "--run-dir", run_dir, *step.args]
     if image and step.role == "env_worker":
         return worker_command(image, run_dir, data_dir, argv, binds)
@@ -90,7 +91,7 @@ def _prepare_lines(plan: Plan, preset: str, overrides: list[str], make_model_gro
 
 
 def _step_line(plan: Plan, step: Step, het: bool, image: str, binds: tuple[str, ...]) -> str:
-    argv = srun_argv(step, het) + role_argv(step, "$PY", "$RUN_DIR", image, "data", binds)
+    argv = srun_argv(step, het) + role_argv(step, "$PY", "$RUN_DIR", image, "data", binds, het)
     where = f"het group {step.group}, " if het else ""
     note = f"# {step.role}: {where}{step.ntasks} task{'s' if step.ntasks > 1 else ''}"
     return f"{note}\n{_join(argv)} &\n{step.role.upper()}=$!"
@@ -134,14 +135,16 @@ def render_hetjob(plan: Plan, preset: str, overrides: list[str], image: str = ""
     lines += [
         "",
         "set -euo pipefail",
-        'cd "${SLURM_SUBMIT_DIR:-.}"',
+        ': "${SLURM_JOB_ID:?submit this script with sbatch}"',
+        'cd "$SLURM_SUBMIT_DIR"',
         f'PY=${{AGENTRL_PYTHON:-{plan.python}}}',
         f'RUN_DIR=runs/{plan.name}-"$SLURM_JOB_ID"',
         'mkdir -p "$RUN_DIR/logs"',
         *_prepare_lines(plan, preset, overrides, TRAINER),
         "",
         "set +e  # from here on a role's exit status is collected, not fatal",
-        _WAIT_FUNCS,
+        _WAIT_STEP,
+        _TRAP_USR1,
         "",
     ]
     for step in plan.steps:
@@ -183,7 +186,9 @@ def render_per_role(plan: Plan, preset: str, overrides: list[str], image: str = 
         if g == TRAINER:
             lines.append(f"#SBATCH --signal=B:USR1@{plan.signal_s}")
         lines += _group_lines(plan, g)
-        lines += ["set -u", 'cd "$SLURM_SUBMIT_DIR"', 'PY=$AGENTRL_PYTHON RUN_DIR=$AGENTRL_RUN_DIR', _WAIT_FUNCS]
+        lines += ["set -u", 'cd "$SLURM_SUBMIT_DIR"', 'PY=$AGENTRL_PYTHON RUN_DIR=$AGENTRL_RUN_DIR', _WAIT_STEP]
+        if g == TRAINER:
+            lines.append(_TRAP_USR1)
         if g == TRAINER and plan.needs_model:
             lines.append('[ -f "$RUN_DIR/model/config.json" ] || srun --ntasks=1 "$PY" -m jobs.make_model '
                          '--run-dir "$RUN_DIR"')
@@ -193,11 +198,11 @@ def render_per_role(plan: Plan, preset: str, overrides: list[str], image: str = 
             lines.append(_step_line(plan, step, False, image, binds))
         names = [s.role.upper() for s in by_group[g]]
         if g == ENV:  # serves until the rollout job cancels it
-            lines += ["TRAINER=", 'wait_step "$ENV_WORKER"']
+            lines += ['wait_step "$ENV_WORKER"']
         elif g == TRAINER:
             lines += _finish_lines(names, [])
         else:
-            lines += ["TRAINER=", 'wait_step "$ROLLOUT"; status=$?', 'scancel "$AGENTRL_ENV_JOB"', 'exit "$status"']
+            lines += ['wait_step "$ROLLOUT"; status=$?', 'scancel "$AGENTRL_ENV_JOB"', 'exit "$status"']
         lines.append("JOB")
         lines.append(")")
         if g == ENV:
