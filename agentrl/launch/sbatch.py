@@ -17,10 +17,22 @@ from agentrl.launch.apptainer import worker_command
 from agentrl.launch.topology import ENV, GROUP_NAMES, ROLLOUT, TRAINER, Plan, Step
 
 _WAIT_STEP = r"""# wait for a step; a trapped signal interrupts `wait`, so wait again while the step lives
-wait_step() { local rc; while :; do wait "$1"; rc=$?; if [ "$rc" -gt 128 ] && kill -0 "$1" 2>/dev/null; then continue; fi; return "$rc"; done; }"""
-_TRAP_USR1 = r"""preempted=0
-# USR1 (sbatch --signal=B:USR1@<s>, or `scancel --batch --signal=USR1`): the trainer checkpoints, then requeue
-on_usr1() { preempted=1; echo "agentrl: USR1, asking the trainer to checkpoint"; kill -USR1 "$TRAINER" 2>/dev/null || true; }
+wait_step() {
+  local rc
+  while :; do
+    wait "$1"; rc=$?
+    if [ "$rc" -gt 128 ] && kill -0 "$1" 2>/dev/null; then continue; fi
+    return "$rc"
+  done
+}"""
+_TRAP_USR1 = r"""# USR1 (sbatch --signal=B:USR1@<s>, or `scancel --batch --signal=USR1`):
+# the trainer checkpoints, then the job requeues
+preempted=0
+on_usr1() {
+  preempted=1
+  echo "agentrl: USR1, asking the trainer to checkpoint"
+  kill -USR1 "$TRAINER" 2>/dev/null || true
+}
 trap on_usr1 USR1"""
 
 

@@ -101,8 +101,8 @@ class HetRun(submitit.helpers.Checkpointable):
                             "--run-dir", str(run_dir)], check=True)
         procs: dict[str, subprocess.Popen] = {}
         for step in plan.steps:
-            argv = srun_argv(step, True, str(run_dir)) + role_argv(step, py, str(run_dir), cfg.cluster.env.apptainer_image,
-                                                                   "data", cfg.cluster.env.binds)
+            argv = srun_argv(step, True, str(run_dir)) + role_argv(
+                step, py, str(run_dir), cfg.cluster.env.apptainer_image, "data", cfg.cluster.env.binds)
             procs[step.role] = subprocess.Popen(argv)
         self.trainer = procs["trainer"]
         try:

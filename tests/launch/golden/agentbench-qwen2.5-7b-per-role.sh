@@ -26,7 +26,14 @@ set -u
 cd "$SLURM_SUBMIT_DIR"
 PY=$AGENTRL_PYTHON RUN_DIR=$AGENTRL_RUN_DIR
 # wait for a step; a trapped signal interrupts `wait`, so wait again while the step lives
-wait_step() { local rc; while :; do wait "$1"; rc=$?; if [ "$rc" -gt 128 ] && kill -0 "$1" 2>/dev/null; then continue; fi; return "$rc"; done; }
+wait_step() {
+  local rc
+  while :; do
+    wait "$1"; rc=$?
+    if [ "$rc" -gt 128 ] && kill -0 "$1" 2>/dev/null; then continue; fi
+    return "$rc"
+  done
+}
 # controller: 1 task
 srun --mpi=pmi2 --ntasks=1 --exact "--output=$RUN_DIR/logs/controller-%t.log" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.controller --run-dir "$RUN_DIR" &
 CONTROLLER=$!
@@ -53,10 +60,22 @@ set -u
 cd "$SLURM_SUBMIT_DIR"
 PY=$AGENTRL_PYTHON RUN_DIR=$AGENTRL_RUN_DIR
 # wait for a step; a trapped signal interrupts `wait`, so wait again while the step lives
-wait_step() { local rc; while :; do wait "$1"; rc=$?; if [ "$rc" -gt 128 ] && kill -0 "$1" 2>/dev/null; then continue; fi; return "$rc"; done; }
+wait_step() {
+  local rc
+  while :; do
+    wait "$1"; rc=$?
+    if [ "$rc" -gt 128 ] && kill -0 "$1" 2>/dev/null; then continue; fi
+    return "$rc"
+  done
+}
+# USR1 (sbatch --signal=B:USR1@<s>, or `scancel --batch --signal=USR1`):
+# the trainer checkpoints, then the job requeues
 preempted=0
-# USR1 (sbatch --signal=B:USR1@<s>, or `scancel --batch --signal=USR1`): the trainer checkpoints, then requeue
-on_usr1() { preempted=1; echo "agentrl: USR1, asking the trainer to checkpoint"; kill -USR1 "$TRAINER" 2>/dev/null || true; }
+on_usr1() {
+  preempted=1
+  echo "agentrl: USR1, asking the trainer to checkpoint"
+  kill -USR1 "$TRAINER" 2>/dev/null || true
+}
 trap on_usr1 USR1
 # trainer: 16 tasks
 srun --mpi=pmi2 --ntasks=16 --exact "--output=$RUN_DIR/logs/trainer-%t.log" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.trainer --run-dir "$RUN_DIR" &
@@ -86,7 +105,14 @@ set -u
 cd "$SLURM_SUBMIT_DIR"
 PY=$AGENTRL_PYTHON RUN_DIR=$AGENTRL_RUN_DIR
 # wait for a step; a trapped signal interrupts `wait`, so wait again while the step lives
-wait_step() { local rc; while :; do wait "$1"; rc=$?; if [ "$rc" -gt 128 ] && kill -0 "$1" 2>/dev/null; then continue; fi; return "$rc"; done; }
+wait_step() {
+  local rc
+  while :; do
+    wait "$1"; rc=$?
+    if [ "$rc" -gt 128 ] && kill -0 "$1" 2>/dev/null; then continue; fi
+    return "$rc"
+  done
+}
 # rollout: 4 tasks
 srun --mpi=pmi2 --ntasks=4 --exact "--output=$RUN_DIR/logs/rollout-%t.log" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.rollout --run-dir "$RUN_DIR" &
 ROLLOUT=$!
