@@ -152,6 +152,7 @@ def render_hetjob(plan: Plan, preset: str, overrides: list[str], image: str = ""
         f'PY=${{AGENTRL_PYTHON:-{plan.python}}}',
         f'RUN_DIR=runs/{plan.name}-"$SLURM_JOB_ID"',
         'mkdir -p "$RUN_DIR/logs"',
+        "export AGENTRL_REQUEUE_BY_SCRIPT=1  # the trainer checkpoints and exits on USR1; this script requeues",
         *_prepare_lines(plan, preset, overrides, TRAINER),
         "",
         "set +e  # from here on a role's exit status is collected, not fatal",
@@ -200,7 +201,7 @@ def render_per_role(plan: Plan, preset: str, overrides: list[str], image: str = 
         lines += _group_lines(plan, g)
         lines += ["set -u", 'cd "$SLURM_SUBMIT_DIR"', 'PY=$AGENTRL_PYTHON RUN_DIR=$AGENTRL_RUN_DIR', _WAIT_STEP]
         if g == TRAINER:
-            lines.append(_TRAP_USR1)
+            lines += [_TRAP_USR1, "export AGENTRL_REQUEUE_BY_SCRIPT=1"]
         if g == TRAINER and plan.needs_model:
             lines.append('[ -f "$RUN_DIR/model/config.json" ] || srun --ntasks=1 "$PY" -m jobs.make_model '
                          '--run-dir "$RUN_DIR"')

@@ -30,6 +30,7 @@ from submitit.slurm.slurm import SlurmExecutor
 
 from agentrl.config import RunConfig
 from agentrl.launch import topology
+from agentrl.launch.preempt import REQUEUE_BY_SCRIPT
 from agentrl.launch.sbatch import role_argv, srun_argv
 
 
@@ -95,6 +96,7 @@ class HetRun(submitit.helpers.Checkpointable):
         cfg, resumed = prepare_run(preset, [*overrides, "controller.host=0.0.0.0"], run_dir)
         print(f"agentrl: run dir {run_dir} ({'resuming' if resumed else 'new'})", flush=True)
         py = sys.executable
+        os.environ[REQUEUE_BY_SCRIPT] = "1"  # the trainer checkpoints and exits; submitit requeues (checkpoint below)
         plan = topology.plan(cfg)
         if plan.needs_model and not (run_dir / "model" / "config.json").exists():
             subprocess.run(["srun", f"--het-group={topology.TRAINER}", "--ntasks=1", py, "-m", "jobs.make_model",

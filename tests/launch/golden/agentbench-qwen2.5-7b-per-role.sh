@@ -77,6 +77,7 @@ on_usr1() {
   kill -USR1 "$TRAINER" 2>/dev/null || true
 }
 trap on_usr1 USR1
+export AGENTRL_REQUEUE_BY_SCRIPT=1
 # trainer: 16 tasks
 srun --mpi=pmi2 --ntasks=16 --exact "--output=$RUN_DIR/logs/trainer-%t.log" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.trainer --run-dir "$RUN_DIR" &
 TRAINER=$!

@@ -76,6 +76,7 @@ on_usr1() {
   kill -USR1 "$TRAINER" 2>/dev/null || true
 }
 trap on_usr1 USR1
+export AGENTRL_REQUEUE_BY_SCRIPT=1
 [ -f "$RUN_DIR/model/config.json" ] || srun --ntasks=1 "$PY" -m jobs.make_model --run-dir "$RUN_DIR"
 # trainer: 1 task
 srun --mpi=pmi2 --ntasks=1 --exact "--output=$RUN_DIR/logs/trainer-%t.log" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.trainer --run-dir "$RUN_DIR" &
