@@ -53,11 +53,12 @@ def main(argv: list[str] | None = None) -> int:
         os.execv(sys.executable, [sys.executable, "-m", "jobs.train", "--preset", args.preset, *overrides])
     from agentrl.launch import submit
 
-    job = submit.submit(cfg, args.preset, overrides, Path(args.folder))
-    print(f"submitted Slurm job {job.job_id}; submitit log {job.paths.stdout}", flush=True)
+    jobs = submit.submit(cfg, args.preset, overrides, Path(args.folder))
+    for job in jobs:
+        print(f"submitted Slurm job {job.job_id}; submitit log {job.paths.stdout}", flush=True)
     if args.no_wait:
         return 0
-    print(f"result: {job.result()}")
+    print(f"result: {jobs[-1].result()}")
     return 0
 
 

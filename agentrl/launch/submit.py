@@ -46,6 +46,10 @@ class HetSlurmExecutor(SlurmExecutor):
         self.het_groups = het_groups
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
+        if not self.parameters.get("use_srun", True) and not self.parameters.get("teardown"):
+            # the function runs in the batch shell: make it *be* the batch shell, so that the `B:` warning
+            # signal reaches submitit's handler (bash would not pass it on to a child)
+            command = f"exec {command}"
         lines = super()._make_submission_file_text(command, uid).split("\n")
         last = max(i for i, line in enumerate(lines) if line.startswith("#SBATCH"))
         extra: list[str] = []
@@ -67,74 +71,146 @@ def _time_minutes(slurm_time: str) -> int:
     return int(days or 0) * 24 * 60 + minutes
 
 
+def slurm_parameters(name: str, directives: tuple[tuple[str, str], ...], signal_s: int,
+                     extra: dict[str, str] | None = None) -> dict[str, Any]:
+    """submitit parameters for one group's directives.
+
+    The function runs in the batch shell (`use_srun=False`: it starts the roles' steps itself), so the
+    warning signal goes to the batch shell only (`B:`): submitit's handler checkpoints and requeues,
+    while the roles' steps are not killed by a USR2 they do not handle."""
+    d = dict(directives)
+    params: dict[str, Any] = {k.replace("-", "_"): v for k, v in d.items() if k != "time"}
+    params |= {"requeue": True, "signal": f"B:{submitit.JobEnvironment.USR_SIG}@{signal_s}"}
+    return dict(job_name=name, use_srun=False, stderr_to_stdout=True, time=_time_minutes(d["time"]),
+                additional_parameters=params | (extra or {}))
+
+
 def executor_for(cfg: RunConfig, folder: str | Path) -> HetSlurmExecutor:
     """An executor for `cfg`'s groups: group 0 (trainer) carries the function, then rollout, then env."""
     plan = topology.plan(cfg)
-    group0 = dict(plan.groups[topology.TRAINER].directives)
     ex = HetSlurmExecutor(folder, [list(g.directives) for g in plan.groups[1:]])
-    ex.update_parameters(
-        job_name=f"agentrl-{cfg.name}", use_srun=False, stderr_to_stdout=True,
-        time=_time_minutes(group0.pop("time")), signal_delay_s=cfg.cluster.signal_s,
-        additional_parameters={k.replace("-", "_"): v for k, v in group0.items()} | {"requeue": True},
-    )
+    ex.update_parameters(**slurm_parameters(f"agentrl-{cfg.name}", plan.groups[topology.TRAINER].directives,
+                                            cfg.cluster.signal_s))
     return ex
 
 
-class HetRun(submitit.helpers.Checkpointable):
-    """The job's function: every role as an srun step of the het job; returns report/summary.json."""
-
-    def __init__(self) -> None:
-        self.trainer: subprocess.Popen | None = None
-
-    def __call__(self, preset: str, overrides: list[str], root: str) -> dict[str, Any]:
-        from agentrl.launch.prepare import prepare_run
-
-        os.chdir(root)
-        job_id = os.environ["SLURM_JOB_ID"]
-        name = [o.split("=", 1)[1] for o in overrides if o.startswith("name=")]
-        run_dir = Path("runs") / f"{name[-1] if name else Path(preset).stem}-{job_id}"
-        cfg, resumed = prepare_run(preset, [*overrides, "controller.host=0.0.0.0"], run_dir)
-        print(f"agentrl: run dir {run_dir} ({'resuming' if resumed else 'new'})", flush=True)
-        py = sys.executable
-        os.environ[REQUEUE_BY_SCRIPT] = "1"  # the trainer checkpoints and exits; submitit requeues (checkpoint below)
-        plan = topology.plan(cfg)
-        if plan.needs_model and not (run_dir / "model" / "config.json").exists():
-            subprocess.run(["srun", f"--het-group={topology.TRAINER}", "--ntasks=1", py, "-m", "jobs.make_model",
-                            "--run-dir", str(run_dir)], check=True)
-        procs: dict[str, subprocess.Popen] = {}
-        for step in plan.steps:
-            argv = srun_argv(step, True, str(run_dir)) + role_argv(
-                step, py, str(run_dir), cfg.cluster.env.apptainer_image, "data", cfg.cluster.env.binds)
+def _start_steps(cfg: RunConfig, run_dir: Path, group: int | None) -> dict[str, subprocess.Popen]:
+    """Start the run's role steps (all of them in a het job; `group`'s alone in a per-role job)."""
+    py, het = sys.executable, group is None
+    procs: dict[str, subprocess.Popen] = {}
+    for step in topology.plan(cfg).steps:
+        if het or step.group == group:
+            argv = srun_argv(step, het, str(run_dir)) + role_argv(
+                step, py, str(run_dir), cfg.cluster.env.apptainer_image, "data", cfg.cluster.env.binds, het)
             procs[step.role] = subprocess.Popen(argv)
-        self.trainer = procs["trainer"]
-        try:
-            codes = {s.role: procs[s.role].wait() for s in plan.steps if s.ends_run}
-        finally:
-            for p in procs.values():
-                if p.poll() is None:
-                    p.terminate()  # srun passes SIGTERM to the role, which drains and exits
-            for p in procs.values():
-                p.wait()
-        if any(codes.values()):
-            raise RuntimeError(f"roles failed: {codes}; logs in {run_dir / 'logs'}")
-        return json.loads((run_dir / "report" / "summary.json").read_text())
+    return procs
+
+
+def _finish(procs: dict[str, subprocess.Popen], ends: list[str], run_dir: Path) -> None:
+    """Wait for the `ends` roles, then stop the rest (srun passes SIGTERM on; the roles drain and exit)."""
+    try:
+        codes = {role: procs[role].wait() for role in ends}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.terminate()
+        for p in procs.values():
+            p.wait()
+    if any(codes.values()):
+        raise RuntimeError(f"roles failed: {codes}; logs in {run_dir / 'logs'}")
+
+
+def _make_model(run_dir: Path, het: bool) -> None:
+    if not (run_dir / "model" / "config.json").exists():
+        group = [f"--het-group={topology.TRAINER}"] if het else []
+        subprocess.run(["srun", *group, "--ntasks=1", sys.executable, "-m", "jobs.make_model",
+                        "--run-dir", str(run_dir)], check=True)
+
+
+class _Preemptible(submitit.helpers.Checkpointable):
+    """On submitit's signal: USR1 to the trainer step (it checkpoints and exits), then requeue with the
+    same arguments; the restarted job finds the run dir and resumes."""
+
+    trainer: subprocess.Popen | None = None
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
-        """submitit's preemption signal: the trainer checkpoints (USR1) and exits, then requeue with the
-        same arguments; the restarted job finds the run dir and resumes."""
         if self.trainer is not None and self.trainer.poll() is None:
             self.trainer.send_signal(signal.SIGUSR1)
             deadline = time.monotonic() + 60
             while self.trainer.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.5)
-        return submitit.helpers.DelayedSubmission(HetRun(), *args, **kwargs)
+        fresh = type(self).__new__(type(self))
+        fresh.__dict__.update({k: v for k, v in self.__dict__.items() if k != "trainer"})
+        return submitit.helpers.DelayedSubmission(fresh, *args, **kwargs)
 
 
-def submit(cfg: RunConfig, preset: str, overrides: list[str], folder: Path) -> submitit.Job:
-    """Submit `cfg`'s run: one heterogeneous job (cluster.hetjob) whose function is `HetRun`."""
-    if not cfg.cluster.hetjob:
-        raise NotImplementedError(
-            "cluster.hetjob=false through submitit is not done yet: render the per-role jobs with "
-            "`python -m jobs.launch --render-sbatch cluster.hetjob=false ...` and run that script")
-    ex = executor_for(cfg, folder)
-    return ex.submit(HetRun(), preset, overrides, os.getcwd())
+class HetRun(_Preemptible):
+    """The het job's function: every role as an srun step; returns report/summary.json."""
+
+    def __call__(self, preset: str, overrides: list[str], root: str) -> dict[str, Any]:
+        from agentrl.launch.prepare import prepare_run
+
+        os.chdir(root)
+        name = [o.split("=", 1)[1] for o in overrides if o.startswith("name=")]
+        run_dir = Path("runs") / f"{name[-1] if name else Path(preset).stem}-{os.environ['SLURM_JOB_ID']}"
+        cfg, resumed = prepare_run(preset, [*overrides, "controller.host=0.0.0.0"], run_dir)
+        print(f"agentrl: run dir {run_dir} ({'resuming' if resumed else 'new'})", flush=True)
+        os.environ[REQUEUE_BY_SCRIPT] = "1"  # the trainer checkpoints and exits; submitit requeues
+        if topology.plan(cfg).needs_model:
+            _make_model(run_dir, het=True)
+        procs = _start_steps(cfg, run_dir, None)
+        self.trainer = procs["trainer"]
+        _finish(procs, ["rollout", "trainer"], run_dir)
+        return json.loads((run_dir / "report" / "summary.json").read_text())
+
+
+class RoleJob(_Preemptible):
+    """One role group's job where hetjobs are forbidden: env (serves until the rollout job cancels it),
+    trainer (builds the tiny model first if the run has none), rollout (returns report/summary.json)."""
+
+    def __init__(self, group: int) -> None:
+        self.group = group
+
+    def __call__(self, run_dir: str, root: str, env_job: str | None = None) -> dict[str, Any] | None:
+        from agentrl.config import load_config
+
+        os.chdir(root)
+        path = Path(run_dir)
+        cfg = load_config(str(path / "config.yaml"))
+        os.environ[REQUEUE_BY_SCRIPT] = "1"
+        needs_model = topology.plan(cfg).needs_model
+        if self.group == topology.TRAINER and needs_model:
+            _make_model(path, het=False)
+        while self.group == topology.ROLLOUT and needs_model and not (path / "model" / "config.json").exists():
+            time.sleep(2)  # the trainer job builds it
+        procs = _start_steps(cfg, path, self.group)
+        self.trainer = procs.get("trainer")
+        ends = [r for r in ("rollout", "trainer") if r in procs] or list(procs)
+        _finish(procs, ends, path)
+        if self.group != topology.ROLLOUT:
+            return None
+        if env_job:
+            subprocess.run(["scancel", env_job], check=False)
+        return json.loads((path / "report" / "summary.json").read_text())
+
+
+def submit(cfg: RunConfig, preset: str, overrides: list[str], folder: Path) -> list[submitit.Job]:
+    """Submit `cfg`'s run from the current directory: one heterogeneous job whose function is `HetRun`, or
+    (cluster.hetjob false) env, trainer and rollout jobs, each started after the previous one. The last
+    job's `result()` is the run's summary."""
+    if cfg.cluster.hetjob:
+        return [executor_for(cfg, folder).submit(HetRun(), preset, overrides, os.getcwd())]
+    from agentrl.launch.prepare import prepare_run
+
+    run_dir = Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    prepare_run(preset, [*overrides, "controller.host=0.0.0.0"], run_dir)
+    plan = topology.plan(cfg)
+    jobs: list[submitit.Job] = []
+    for group in (topology.ENV, topology.TRAINER, topology.ROLLOUT):
+        ex = submitit.SlurmExecutor(folder=folder)
+        extra = {"dependency": f"after:{jobs[-1].job_id}"} if jobs else {}
+        ex.update_parameters(**slurm_parameters(f"agentrl-{cfg.name}-{topology.GROUP_NAMES[group]}",
+                                                plan.groups[group].directives, cfg.cluster.signal_s, extra))
+        env_job = jobs[0].job_id if group == topology.ROLLOUT else None
+        jobs.append(ex.submit(RoleJob(group), str(run_dir), os.getcwd(), env_job))
+    return jobs

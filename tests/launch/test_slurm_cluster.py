@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import submitit
 
 from agentrl.config import load_config
 from agentrl.launch import sbatch
@@ -93,13 +94,68 @@ def test_submitit_smoke_run_as_one_hetjob(slurm, job_env, tmp_path: Path, monkey
 
     monkeypatch.chdir(tmp_path)
     cfg = load_config("smoke", SMALL)
-    job = submit.submit(cfg, "smoke", SMALL, tmp_path / "submitit")
+    (job,) = submit.submit(cfg, "smoke", SMALL, tmp_path / "submitit")
     summary = job.result()
     assert summary["rl_steps"] == 2
     assert summary["success_after_rl"] == 1.0  # the scripted expert solves every lookup sample
     run_dir = tmp_path / "runs" / f"smoke-{job.job_id}"
     logs = sorted(p.name for p in (run_dir / "logs").iterdir())
     assert logs == ["controller-0.log", "env_worker-0.log", "rollout-0.log", "trainer-0.log"]
+
+
+def test_submitit_smoke_run_as_jobs_per_role(slurm, job_env, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """~20-40 s. cluster.hetjob=false: env, trainer and rollout jobs chained with --dependency=after; the
+    rollout job's result is the summary, and it cancels the env job at the end."""
+    from agentrl.launch import submit
+
+    monkeypatch.chdir(tmp_path)
+    overrides = [*SMALL, "cluster.hetjob=false"]
+    env_job, trainer_job, rollout_job = submit.submit(load_config("smoke", overrides), "smoke", overrides,
+                                                      tmp_path / "submitit")
+    assert rollout_job.result()["rl_steps"] == 2
+    assert trainer_job.result() is None
+    assert "--dependency=after:" + env_job.job_id in trainer_job.paths.submission_file.read_text()
+    assert "--dependency=after:" + trainer_job.job_id in rollout_job.paths.submission_file.read_text()
+    wait_until(lambda: job_gone(env_job.job_id), 30, "the env job was not cancelled")
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert sorted(p.name for p in (run_dir / "logs").iterdir()) == [
+        "controller-0.log", "env_worker-0.log", "rollout-0.log", "trainer-0.log"]
+
+
+class Counter(submitit.helpers.Checkpointable):
+    """A stateful job for submitit's own checkpoint/requeue: consumes t0, t1, ... one per step."""
+
+    def __init__(self) -> None:
+        self.state: tuple[int, tuple[str, ...]] = (0, ())  # one assignment per step: a signal sees old or new
+        self.starts: list[tuple[int, int]] = []
+
+    def __call__(self, state_dir: str, steps: int) -> dict:
+        self.starts.append((int(os.environ.get("SLURM_RESTART_COUNT", "0")), self.state[0]))
+        while self.state[0] < steps:
+            time.sleep(0.5)
+            step, consumed = self.state
+            self.state = (step + 1, (*consumed, f"t{step}"))
+            (Path(state_dir) / "progress").write_text(str(step + 1))
+        return {"consumed": list(self.state[1]), "starts": self.starts}
+
+
+def test_submitit_checkpoint_and_requeue_with_the_hetjob_executor(slurm, job_env, tmp_path: Path) -> None:
+    """~20-30 s. submitit's preemption signal reaches its handler in the batch shell (`B:` in the signal
+    we render), which checkpoints the callable and requeues the het job; the result is complete."""
+    from agentrl.launch.submit import HetSlurmExecutor, slurm_parameters
+
+    ex = HetSlurmExecutor(tmp_path / "submitit", [[("ntasks", "1"), ("cpus-per-task", "1"), ("time", "5")]])
+    ex.update_parameters(**slurm_parameters("agentrl-counter", (("time", "5"), ("ntasks", "1")), 60))
+    job = ex.submit(Counter(), str(tmp_path), 12)
+    assert "#SBATCH --signal=B:USR2@60" in job.paths.submission_file.read_text()
+    progress = tmp_path / "progress"
+    wait_until(lambda: progress.exists() and int(progress.read_text() or 0) >= 3, 60, "no progress")
+    subprocess.run(["scancel", "--batch", "--signal=USR2", job.job_id], check=True)
+    result = job.result()
+    assert result["consumed"] == [f"t{i}" for i in range(12)]
+    assert result["starts"][0] == (0, 0) and len(result["starts"]) == 2
+    assert result["starts"][1][0] == 1 and 3 <= result["starts"][1][1] < 12
 
 
 def test_mpi_world_across_het_groups(slurm, job_env, tmp_path: Path) -> None:
