@@ -26,6 +26,8 @@ from collections.abc import Iterable, Mapping
 from types import FrameType
 from typing import NoReturn
 
+from agentrl.launch import slurm_env
+
 REQUEUE_BY_SCRIPT = "AGENTRL_REQUEUE_BY_SCRIPT"
 """Set (to 1) by a launcher that requeues the job itself once the trainer exits after a checkpoint."""
 
@@ -62,9 +64,7 @@ class Preemption:
 def requeue(environ: Mapping[str, str] | None = None) -> bool:
     """`scontrol requeue` this job. False outside Slurm. Slurm restarts it under the same id
     (after `cred_expire` seconds; SLURM_RESTART_COUNT counts the restarts)."""
-    env = os.environ if environ is None else environ
-    job = env.get("SLURM_ARRAY_JOB_ID") and f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
-    job = job or env.get("SLURM_JOB_ID")
+    job = slurm_env.job_id(environ)
     if not job:
         return False
     subprocess.run(["scontrol", "requeue", job], check=True, timeout=60)
@@ -84,8 +84,7 @@ def seconds_left(environ: Mapping[str, str] | None = None) -> int | None:
     """Seconds until this job's time limit (from squeue), or None outside Slurm or without a limit.
 
     For a loop whose steps are long: checkpoint when a step would not fit, before the warning comes."""
-    env = os.environ if environ is None else environ
-    job = env.get("SLURM_JOB_ID")
+    job = slurm_env.job_id(environ)
     if not job:
         return None
     out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%L"], capture_output=True, text=True, timeout=30)

@@ -66,6 +66,8 @@ def srun_argv(step: Step, het: bool, run_dir: str = "$RUN_DIR") -> list[str]:
     # --exact: a step gets only the CPUs it asks for (without it the first step on a node takes the node's
     # whole allocation and the controller's step beside the env workers' waits forever; seen on Slurm 22.05)
     argv += [f"--ntasks={step.ntasks}", "--exact", f"--output={run_dir}/logs/{step.role}-%t.log"]
+    if step.gpus_per_task:
+        argv.append(f"--gpus-per-task={step.gpus_per_task}")
     if step.overlap:
         argv.append("--overlap")
     return argv

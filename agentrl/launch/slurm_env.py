@@ -65,6 +65,14 @@ def in_slurm(environ: Mapping[str, str] | None = None) -> bool:
     return "SLURM_JOB_ID" in env
 
 
+def job_id(environ: Mapping[str, str] | None = None) -> str | None:
+    """The id that `scontrol requeue` / `squeue -j` take for this job (`<array id>_<task>` in an array)."""
+    env = os.environ if environ is None else environ
+    if env.get("SLURM_ARRAY_JOB_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID")
+
+
 def expand_hostlist(hostlist: str) -> list[str]:
     """Slurm's compressed node list → host names: `n[1-3,7],gpu05` → n1 n2 n3 n7 gpu05 (zero padding kept)."""
     hosts: list[str] = []

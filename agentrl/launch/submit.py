@@ -29,7 +29,7 @@ import submitit
 from submitit.slurm.slurm import SlurmExecutor
 
 from agentrl.config import RunConfig
-from agentrl.launch import topology
+from agentrl.launch import slurm_env, topology
 from agentrl.launch.preempt import REQUEUE_BY_SCRIPT
 from agentrl.launch.sbatch import role_argv, srun_argv
 
@@ -152,7 +152,9 @@ class HetRun(_Preemptible):
 
         os.chdir(root)
         name = [o.split("=", 1)[1] for o in overrides if o.startswith("name=")]
-        run_dir = Path("runs") / f"{name[-1] if name else Path(preset).stem}-{os.environ['SLURM_JOB_ID']}"
+        place = slurm_env.read()
+        assert place is not None, "HetRun runs inside a Slurm job"
+        run_dir = Path("runs") / f"{name[-1] if name else Path(preset).stem}-{place.job_id}"
         cfg, resumed = prepare_run(preset, [*overrides, "controller.host=0.0.0.0"], run_dir)
         print(f"agentrl: run dir {run_dir} ({'resuming' if resumed else 'new'})", flush=True)
         os.environ[REQUEUE_BY_SCRIPT] = "1"  # the trainer checkpoints and exits; submitit requeues

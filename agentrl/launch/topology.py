@@ -39,6 +39,9 @@ class Step:
     """Shares its group's CPUs with another step (the controller beside the trainer)."""
     ends_run: bool = False
     """The run is over when every ends_run step has exited; the others are then stopped."""
+    gpus_per_task: int = 0
+    """Bind this many GPUs to each task (rollout ranks: their engines' GPUs, so two ranks never share
+    one). 0 for the trainer: its ranks see the node's GPUs and pick `cuda:LOCAL_RANK`."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,8 @@ def plan(cfg: RunConfig) -> Plan:
     steps = (
         Step("controller", controller_group, 1, "jobs.controller", overlap=controller_group == TRAINER),
         Step("env_worker", ENV, cfg.envs.workers, "jobs.env_worker"),
-        Step("rollout", ROLLOUT, c.rollout.ranks, "jobs.rollout", ends_run=True),
+        Step("rollout", ROLLOUT, c.rollout.ranks, "jobs.rollout", ends_run=True,
+             gpus_per_task=c.rollout.gpus_per_rank if c.rollout.gpus_per_node else 0),
         Step("trainer", TRAINER, c.trainer.world_size, "jobs.trainer", ends_run=True),
     )
     return Plan(name=cfg.name, groups=groups, steps=steps, needs_model=not cfg.model.path, signal_s=c.signal_s,

@@ -80,7 +80,8 @@ def test_hetjob_groups_and_steps(capsys: pytest.CaptureFixture[str]) -> None:
     assert [(s[2], s[3]) for s in steps] == [("--het-group=2", "--ntasks=1"), ("--het-group=2", "--ntasks=5"),
                                             ("--het-group=1", "--ntasks=4"), ("--het-group=0", "--ntasks=64")]
     assert [s[s.index("--") + 3] for s in steps] == ["jobs.controller", "jobs.env_worker", "jobs.rollout", "jobs.trainer"]
-    assert "--model.path" not in text and "controller.host=0.0.0.0" in text
+    assert "--gpus-per-task=8" in steps[2] and not any(a.startswith("--gpus") for a in steps[3])  # rollout ranks only
+    assert "controller.host=0.0.0.0" in text
 
 
 def test_per_role_jobs_are_chained(capsys: pytest.CaptureFixture[str]) -> None:

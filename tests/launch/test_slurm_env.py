@@ -80,3 +80,9 @@ def test_ambiguous_group_names_the_fix():
 ])
 def test_expand_hostlist(text, hosts):
     assert slurm_env.expand_hostlist(text) == hosts
+
+
+def test_job_id_for_requeue():
+    assert slurm_env.job_id({"SLURM_JOB_ID": "12"}) == "12"
+    assert slurm_env.job_id({"SLURM_JOB_ID": "13", "SLURM_ARRAY_JOB_ID": "10", "SLURM_ARRAY_TASK_ID": "3"}) == "10_3"
+    assert slurm_env.job_id({}) is None

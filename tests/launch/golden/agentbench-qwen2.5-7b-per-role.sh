@@ -115,7 +115,7 @@ wait_step() {
   done
 }
 # rollout: 4 tasks
-srun --mpi=pmi2 --ntasks=4 --exact "--output=$RUN_DIR/logs/rollout-%t.log" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.rollout --run-dir "$RUN_DIR" &
+srun --mpi=pmi2 --ntasks=4 --exact "--output=$RUN_DIR/logs/rollout-%t.log" --gpus-per-task=4 "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.rollout --run-dir "$RUN_DIR" &
 ROLLOUT=$!
 wait_step "$ROLLOUT"; status=$?
 scancel "$AGENTRL_ENV_JOB"
