@@ -112,16 +112,20 @@ def _step_line(plan: Plan, step: Step, het: bool, image: str, binds: tuple[str, 
 
 
 def _finish_lines(ends: list[str], others: list[str]) -> list[str]:
-    lines = ["status=0"]
-    for name in ends:
-        lines.append(f'wait_step "${name}" || status=$?')
+    """Wait for the trainer first: after a USR1 it checkpoints and exits while the rollout still runs,
+    and the job requeues at once. Then the other roles that end the run; then stop the rest."""
+    ends = sorted(ends, key=lambda name: name != "TRAINER")
+    lines = ["status=0", f'wait_step "${ends[0]}" || status=$?']
     lines += [
         'if [ "$preempted" = 1 ]; then',
         '  echo "agentrl: requeueing job $SLURM_JOB_ID"',
         '  scontrol requeue "$SLURM_JOB_ID"',
         "  exit 0",
         "fi",
+        "trap '' USR1  # the trainer is done: a late warning changes nothing",
     ]
+    for name in ends[1:]:
+        lines.append(f'wait_step "${name}" || status=$?')
     if others:
         lines.append("kill " + " ".join(f'"${o}"' for o in others) + " 2>/dev/null || true  # srun passes SIGTERM on")
         lines.append("wait")

@@ -71,6 +71,20 @@ def probe() -> dict:
     return {"het_size": os.environ["SLURM_HET_SIZE"], "group1": [json.loads(x) for x in out.stdout.splitlines()]}
 
 
+def test_committed_smoke_script_runs(slurm, job_env, tmp_path: Path) -> None:
+    """~15-30 s. `sbatch sbatch/smoke.sbatch` as a person would (submitted from tmp_path, so the run and the
+    log land there): three het groups, every role a step, exit 0, the run's summary written."""
+    out = subprocess.run(["sbatch", "--parsable", str(ROOT / "sbatch" / "smoke.sbatch")], cwd=tmp_path,
+                         capture_output=True, text=True, check=True)
+    job = out.stdout.strip()
+    wait_until(lambda: job_gone(job), 180, f"job {job} did not finish")
+    log = (tmp_path / f"agentrl-smoke-{job}.out").read_text()
+    summary = json.loads((tmp_path / "runs" / f"smoke-{job}" / "report" / "summary.json").read_text())
+    assert summary["rl_steps"] == 2, log
+    state = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+    assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, state
+
+
 def test_submitit_hetjob_executor(slurm, job_env, tmp_path: Path) -> None:
     """~3-5 s. submitit's handle and result, with the function in group 0 and a step in group 1."""
     from agentrl.launch.submit import HetSlurmExecutor

@@ -88,6 +88,7 @@ if [ "$preempted" = 1 ]; then
   scontrol requeue "$SLURM_JOB_ID"
   exit 0
 fi
+trap '' USR1  # the trainer is done: a late warning changes nothing
 exit "$status"
 JOB
 )
