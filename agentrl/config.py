@@ -8,6 +8,7 @@ Each role receives only its own sub-config.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -43,9 +44,13 @@ class ModelConfig:
     rope_theta: float = 10000.0
     """RoPE base. A tiny from-scratch model learns to copy from its context far sooner with a small base
     (sharper relative positions); the demo uses 100."""
+    copy_init: float = 1.0
+    """The built model's first attention layer starts as copy heads (value and output projections are
+    identities, the value scaled by this); 0: plain random init. See `agentrl.models.tiny.init_copy_heads`."""
 
     def validate(self, p: str) -> None:
         _check(self.rope_theta > 1, f"{p}.rope_theta", "must be > 1")
+        _check(self.copy_init >= 0, f"{p}.copy_init", "must be >= 0 (0: off)")
         for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "vocab_size", "max_position"):
             _check(getattr(self, name) > 0, f"{p}.{name}", "must be positive")
         _check(self.hidden_size % self.num_heads == 0, f"{p}.num_heads", "must divide hidden_size")
@@ -75,10 +80,14 @@ class ControllerConfig:
     """Consecutive failed calls (timeouts, garbage answers) after which a worker is declared dead."""
     max_body_bytes: int = 4 * 1024 * 1024
     """Largest request body the controller and the workers accept (413 bad_request beyond)."""
+    body_timeout_s: float = 10.0
+    """How long the controller and the workers wait for a request's whole body (408 beyond): a client
+    that announces more than it sends holds a socket this long, never a handler forever."""
 
     def validate(self, p: str) -> None:
         _check(0 <= self.port < 65536, f"{p}.port", "must be in [0, 65535]")
-        for name in ("heartbeat_s", "dead_after_s", "session_idle_s", "keepalive_s", "request_timeout_s"):
+        for name in ("heartbeat_s", "dead_after_s", "session_idle_s", "keepalive_s", "request_timeout_s",
+                     "body_timeout_s"):
             _check(getattr(self, name) > 0, f"{p}.{name}", "must be positive")
         _check(self.dead_after_s > self.heartbeat_s, f"{p}.dead_after_s", "must exceed heartbeat_s")
         _check(self.session_idle_s >= 2 * self.keepalive_s, f"{p}.session_idle_s",
@@ -103,6 +112,13 @@ class EnvsConfig:
     """A tool result or other env message longer than this is cut, with a marker saying how much."""
     drain_s: float = 30.0
     """On SIGTERM a worker stops taking sessions and waits up to this long for its own to end."""
+    max_tool_calls: int = 16
+    """Tool calls in one assistant message beyond this: one error observation, none of them run."""
+    expert_route: str = "auto"
+    """Whether workers answer /expert (the task's scripted expert hands out answers): auto | enabled |
+    disabled (words YAML keeps as strings; `on`/`off` would turn into booleans).
+    auto: on exactly when the run plays the expert (rollout.engine: expert, or a warm start with
+    trainer.sft_steps > 0 and rollout.expert_samples > 0); see `agentrl.envs.serving.expert_route_on`."""
 
     def validate(self, p: str) -> None:
         _check(len(self.tasks) > 0, f"{p}.tasks", "must name at least one task")
@@ -114,6 +130,9 @@ class EnvsConfig:
         _check(self.max_argument_bytes >= 64, f"{p}.max_argument_bytes", "must be >= 64")
         _check(self.max_output_chars >= 256, f"{p}.max_output_chars", "must be >= 256")
         _check(self.drain_s >= 0, f"{p}.drain_s", "must be >= 0")
+        _check(self.max_tool_calls >= 1, f"{p}.max_tool_calls", "must be >= 1")
+        _check(self.expert_route in ("auto", "enabled", "disabled"), f"{p}.expert_route",
+               "must be auto, enabled or disabled")
 
 
 @dataclass(frozen=True)
@@ -125,7 +144,10 @@ class RolloutConfig:
     """n: one GRPO group per prompt."""
     temperature: float = 1.0
     top_p: float = 1.0
-    max_turns: int = 4
+    max_turns: int = 0
+    """Optional global cap on assistant turns per episode; 0: each task's own round limit alone (AgentBench-FC:
+    os 8, db 15, kg 15, alfworld 20, webshop 20). Episodes the cap ends early are counted as `truncated` and
+    get no failure penalty."""
     max_new_tokens: int = 48
     """Per assistant turn."""
     max_model_len: int = 512
@@ -140,12 +162,20 @@ class RolloutConfig:
     expert_samples: int = 512
     """Train-split episodes of the scripted expert for the warm start."""
     kv_cache_gib: int = 1
+    env_retries: int = 2
+    """More attempts for an episode the infrastructure ended (env_error), each after a doubling pause."""
+    env_wait_s: float = 120.0
+    """How long an episode waits for a worker with room, and a step whose every episode failed in the env
+    is collected again, before the rollout gives the run up (a dead worker is restarted meanwhile)."""
 
     def validate(self, p: str) -> None:
         _check(self.engine in ("vllm", "expert"), f"{p}.engine", f"unknown engine {self.engine!r} (vllm | expert)")
-        for name in ("prompts_per_step", "samples_per_prompt", "max_turns", "max_new_tokens", "max_model_len",
+        _check(self.max_turns >= 0, f"{p}.max_turns", "must be >= 0 (0: each task's own limit)")
+        for name in ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "max_model_len",
                      "concurrency", "kv_cache_gib"):
             _check(getattr(self, name) >= 1, f"{p}.{name}", "must be >= 1")
+        _check(self.env_retries >= 0, f"{p}.env_retries", "must be >= 0")
+        _check(self.env_wait_s >= 0, f"{p}.env_wait_s", "must be >= 0")
         for name in ("eval_samples", "eval_sampled", "expert_samples"):
             _check(getattr(self, name) >= 0, f"{p}.{name}", "must be >= 0")
         _check(self.temperature >= 0, f"{p}.temperature", "must be >= 0")
@@ -172,8 +202,24 @@ class TrainerConfig:
     """Warm start on every token of the demonstrations (prompt and observations too), not only the
     actions. For a random-init model this doubles as pre-training on the task's text, which is what
     lets it learn to copy names and values out of its context; leave it off for a pretrained model."""
+    sft_successful_only: bool = True
+    """Warm start on the expert's successful episodes only (rejection sampling). false: imitate all of them,
+    mistakes included (the demo's imperfect expert: RL then has to do better than its teacher)."""
+    sft_target: float = 0.0
+    """Stop the warm start before `sft_steps` once, for every task, this share of held-out successful
+    demonstrations is reproducible (each action token at probability >= sft_min_token_prob); 0: run all
+    `sft_steps`. Makes the warm start end after the copy skills form, wherever that lands on a machine."""
+    sft_min_token_prob: float = 0.2
+    sft_check_every: int = 50
+    """Warm-start steps between two checks of `sft_target`."""
+    sft_holdout: int = 32
+    """Successful demonstrations per task held out of the warm start for `sft_target` (at most a quarter)."""
+    update: str = "rl"
+    """What each of the `steps` does: rl (train on the rollout's batch) | sft (one more warm-start update on the
+    expert's demonstrations instead: a control run, to tell RL's gain from more imitation)."""
     threads: int = 2
     seed: int = 0
+    """Added to the run's `seed` for the trainer's own draws (warm-start batches, held-out demonstrations)."""
     warmup_steps: int = 0
     """RL learning rate: linear warm-up over this many steps, then constant."""
     packing: bool = True
@@ -195,6 +241,11 @@ class TrainerConfig:
         for name in ("lr", "sft_lr", "micro_batch_tokens", "sft_batch", "threads"):
             _check(getattr(self, name) > 0, f"{p}.{name}", "must be positive")
         _check(self.grad_clip >= 0, f"{p}.grad_clip", "must be >= 0 (0 disables clipping)")
+        _check(0 <= self.sft_target <= 1, f"{p}.sft_target", "must be in [0, 1] (0: off)")
+        _check(0 < self.sft_min_token_prob < 1, f"{p}.sft_min_token_prob", "must be in (0, 1)")
+        _check(self.sft_check_every >= 1, f"{p}.sft_check_every", "must be >= 1")
+        _check(self.sft_holdout >= 1, f"{p}.sft_holdout", "must be >= 1")
+        _check(self.update in ("rl", "sft"), f"{p}.update", f"unknown update {self.update!r} (rl | sft)")
         _check(self.warmup_steps >= 0, f"{p}.warmup_steps", "must be >= 0")
         _check(self.parallel in ("none", "ddp", "fsdp2"), f"{p}.parallel",
                f"unknown layout {self.parallel!r} (none | ddp | fsdp2)")
@@ -253,16 +304,156 @@ class MonitorConfig:
         pass
 
 
+_SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{2}){0,2}$")
+
+
+@dataclass(frozen=True)
+class SlurmGroupConfig:
+    """Where one het group (or, with `cluster.hetjob: false`, one role's job) is queued. Empty strings
+    leave the site's default (no `#SBATCH` line is rendered for them)."""
+    partition: str = ""
+    account: str = ""
+    qos: str = ""
+    time: str = "01:00:00"
+    """Wall-clock limit, Slurm's format (`MM`, `HH:MM:SS`, `D-HH:MM:SS`)."""
+    cpus_per_task: int = 2
+    mem: str = ""
+    """Memory per node, Slurm's format (`64G`); "" leaves the site default."""
+    constraint: str = ""
+
+    def validate(self, p: str) -> None:
+        _check(bool(_SLURM_TIME.match(self.time)), f"{p}.time", f"{self.time!r} is not a Slurm time (D-HH:MM:SS)")
+        _check(self.cpus_per_task >= 1, f"{p}.cpus_per_task", "must be >= 1")
+        _check(self.mem == "" or bool(re.match(r"^\d+[KMGT]?$", self.mem)), f"{p}.mem",
+               f"{self.mem!r} is not a Slurm memory size (e.g. 64G)")
+        for name in ("partition", "account", "qos", "constraint"):
+            _check(not any(c.isspace() for c in getattr(self, name)), f"{p}.{name}", "must not contain spaces")
+
+
+@dataclass(frozen=True)
+class TrainerTopology:
+    """The trainer het group: one rank per GPU (or `ranks_per_node` CPU ranks where gpus_per_node is 0)."""
+    nodes: int = 1
+    gpus_per_node: int = 0
+    ranks_per_node: int = 1
+    """CPU ranks per node; on GPU nodes it must equal gpus_per_node (one rank per GPU)."""
+    slurm: SlurmGroupConfig = field(default_factory=SlurmGroupConfig)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    def validate(self, p: str) -> None:
+        _check(self.nodes >= 1, f"{p}.nodes", "must be >= 1")
+        _check(self.gpus_per_node >= 0, f"{p}.gpus_per_node", "must be >= 0")
+        _check(self.ranks_per_node >= 1, f"{p}.ranks_per_node", "must be >= 1")
+        _check(self.gpus_per_node == 0 or self.ranks_per_node == self.gpus_per_node, f"{p}.ranks_per_node",
+               f"must equal gpus_per_node ({self.gpus_per_node}): one trainer rank per GPU")
+        self.slurm.validate(f"{p}.slurm")
+
+
+@dataclass(frozen=True)
+class RolloutTopology:
+    """The rollout het group: `ranks` processes, each driving its own vLLM engines. The engine settings
+    (gpu_memory_utilization, tensor_parallel_size, dtype) and the lagging pool are rendered and
+    validated here; the rollout role does not read them yet (it runs one engine per rank, float32 eager)."""
+    nodes: int = 1
+    ranks: int = 1
+    engines_per_rank: int = 1
+    """Engines of the current pool (always the newest weights) per rank."""
+    lagging_engines_per_rank: int = 0
+    """Engines of the lagging pool per rank (cross-policy sampling, design §5). NOT YET WIRED."""
+    lagging_prob: float = 0.25
+    """Probability that a turn is generated by the lagging pool. NOT YET WIRED."""
+    lagging_refresh_steps: int = 25
+    """The lagging pool loads new weights every this many trainer steps. NOT YET WIRED."""
+    gpus_per_node: int = 0
+    gpu_memory_utilization: float = 0.85
+    """vLLM's `gpu_memory_utilization`: the share of each engine's GPUs it may take (weights + KV cache)."""
+    tensor_parallel_size: int = 1
+    """GPUs per engine."""
+    dtype: str = "auto"
+    """vLLM's dtype: auto | bfloat16 | float16 | float32."""
+    slurm: SlurmGroupConfig = field(default_factory=SlurmGroupConfig)
+
+    @property
+    def gpus_per_rank(self) -> int:
+        return (self.engines_per_rank + self.lagging_engines_per_rank) * self.tensor_parallel_size
+
+    def validate(self, p: str) -> None:
+        for name in ("nodes", "ranks", "engines_per_rank", "tensor_parallel_size", "lagging_refresh_steps"):
+            _check(getattr(self, name) >= 1, f"{p}.{name}", "must be >= 1")
+        _check(self.lagging_engines_per_rank >= 0, f"{p}.lagging_engines_per_rank", "must be >= 0")
+        _check(0.0 <= self.lagging_prob <= 1.0, f"{p}.lagging_prob", "must be in [0, 1]")
+        _check(self.ranks % self.nodes == 0, f"{p}.ranks", f"must be a multiple of nodes ({self.nodes})")
+        _check(0.0 < self.gpu_memory_utilization <= 1.0, f"{p}.gpu_memory_utilization", "must be in (0, 1]")
+        _check(self.dtype in ("auto", "bfloat16", "float16", "float32"), f"{p}.dtype",
+               f"unknown dtype {self.dtype!r} (auto | bfloat16 | float16 | float32)")
+        _check(self.gpus_per_node >= 0, f"{p}.gpus_per_node", "must be >= 0")
+        if self.gpus_per_node:  # every engine gets its own GPUs: the node must hold exactly the ranks' engines
+            need = self.ranks // self.nodes * self.gpus_per_rank
+            _check(self.gpus_per_node == need, f"{p}.gpus_per_node",
+                   f"must equal ranks per node x (engines_per_rank + lagging_engines_per_rank) x "
+                   f"tensor_parallel_size = {need}")
+        self.slurm.validate(f"{p}.slurm")
+
+
+@dataclass(frozen=True)
+class EnvTopology:
+    """The env het group: the controller (by default) and `envs.workers` env workers over `nodes` nodes."""
+    nodes: int = 1
+    slots_per_task: dict[str, int] = field(default_factory=dict)
+    """Concurrent sessions per task on one worker; a task not named gets envs.slots. NOT YET WIRED: the
+    worker applies envs.slots to every task."""
+    apptainer_image: str = ""
+    """The env workers' image (built from containers/agentrl.def); "" runs them on the node's Python."""
+    binds: tuple[str, ...] = ()
+    """Extra host paths bound into the workers' containers (the run dir and data dir always are)."""
+    os_sandbox_image: str = ""
+    """The `os` task's per-session sandbox image (built from containers/os-sandbox.def); the launcher
+    writes it into envs.task_options.os.sandbox (backend apptainer). "" leaves the task's own options."""
+    slurm: SlurmGroupConfig = field(default_factory=SlurmGroupConfig)
+
+    def validate(self, p: str) -> None:
+        _check(self.nodes >= 1, f"{p}.nodes", "must be >= 1")
+        for task, n in self.slots_per_task.items():
+            _check(n >= 1, f"{p}.slots_per_task.{task}", "must be >= 1")
+        self.slurm.validate(f"{p}.slurm")
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
     launcher: str = "local"
-    """local: roles as processes on this machine."""
+    """local: roles as processes on this machine | slurm: one Slurm job through submitit (jobs.launch)."""
     role_timeout_s: float = 3600.0
     """The local launcher stops the run if a role has not finished by then."""
+    max_restarts: int = 3
+    """Times the local launcher starts a dead env worker again (per worker) before it gives the run up."""
+    hetjob: bool = True
+    """One heterogeneous job (trainer, rollout, env groups); false: one job per role, chained with
+    dependencies, for sites that forbid hetjobs."""
+    controller_placement: str = "env"
+    """The het group whose first node runs the controller: env | trainer."""
+    signal_s: int = 300
+    """Seconds before the time limit at which Slurm sends USR1 (checkpoint, then requeue)."""
+    python: str = ".venv/bin/python"
+    """The Python the jobs run (relative to the submit directory, or absolute)."""
+    trainer: TrainerTopology = field(default_factory=TrainerTopology)
+    rollout: RolloutTopology = field(default_factory=RolloutTopology)
+    env: EnvTopology = field(default_factory=EnvTopology)
 
     def validate(self, p: str) -> None:
-        _check(self.launcher in ("local",), f"{p}.launcher", f"unknown launcher {self.launcher!r} (local)")
+        _check(self.launcher in ("local", "slurm"), f"{p}.launcher",
+               f"unknown launcher {self.launcher!r} (local | slurm)")
         _check(self.role_timeout_s > 0, f"{p}.role_timeout_s", "must be positive")
+        _check(self.max_restarts >= 0, f"{p}.max_restarts", "must be >= 0")
+        _check(self.controller_placement in ("env", "trainer"), f"{p}.controller_placement",
+               f"unknown placement {self.controller_placement!r} (env | trainer)")
+        _check(self.signal_s >= 0, f"{p}.signal_s", "must be >= 0")
+        _check(bool(self.python), f"{p}.python", "must name a Python")
+        self.trainer.validate(f"{p}.trainer")
+        self.rollout.validate(f"{p}.rollout")
+        self.env.validate(f"{p}.env")
 
 
 @dataclass(frozen=True)
@@ -294,8 +485,15 @@ class RunConfig:
         # fields that only make sense together
         _check(self.trainer.sft_steps == 0 or self.rollout.expert_samples > 0, "rollout.expert_samples",
                "must be > 0 when trainer.sft_steps > 0 (the warm start trains on the expert's episodes)")
+        _check(self.trainer.update == "rl" or self.trainer.sft_steps > 0, "trainer.update",
+               "sft (the control run) continues the warm start: it needs trainer.sft_steps > 0")
         _check(self.trainer.steps == 0 or self.rollout.samples_per_prompt >= 2, "rollout.samples_per_prompt",
                "must be >= 2 for RL: group advantages of a group of one are 0")
+        for task in self.cluster.env.slots_per_task:
+            _check(task in self.envs.tasks, f"cluster.env.slots_per_task.{task}",
+                   f"is not one of envs.tasks {list(self.envs.tasks)}")
+        _check(self.envs.workers >= self.cluster.env.nodes, "envs.workers",
+               f"must be >= cluster.env.nodes ({self.cluster.env.nodes}): every env node runs a worker")
         _check(bool(self.model.path) or self.rollout.max_model_len <= self.model.max_position,
                "rollout.max_model_len", "must be <= model.max_position")
 
@@ -398,7 +596,7 @@ def load_config(preset: str | None = None, overrides: list[str] | tuple[str, ...
     data: dict[str, Any] = {}
     if preset:
         path = Path(preset)
-        if not path.suffix:
+        if path.suffix not in (".yaml", ".yml"):  # a name; "agentbench-qwen2.5-7b" has a dot, not a suffix
             path = PRESETS_DIR / f"{preset}.yaml"
         if not path.exists():
             known = sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))

@@ -16,12 +16,15 @@ SCHEMA_VERSION = 1
 
 
 class Status(str, enum.Enum):
-    """How an episode ended. The first four are the agent's doing; the last two are infrastructure."""
+    """How an episode ended. completed..context_limit are the agent's doing; truncated is the run's budget
+    (`rollout.max_turns`, a global cap below the task's own limit: trained on with the task's reward and no
+    failure penalty, and counted); env_error and cancelled are infrastructure."""
 
     COMPLETED = "completed"
     INVALID_ACTION = "invalid_action"
     TURN_LIMIT = "turn_limit"
     CONTEXT_LIMIT = "context_limit"
+    TRUNCATED = "truncated"
     ENV_ERROR = "env_error"
     CANCELLED = "cancelled"
     RUNNING = "running"  # only on the wire, for an episode that has not ended

@@ -51,11 +51,12 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from agentrl.auth import auth_header, run_secret
 from agentrl.config import config_from_dict, dump_config
 from agentrl.envs.api import EnvError
 from agentrl.envs.client import GatewayClient
+from agentrl.envs.serving import event_loop_factory, raise_fd_limit
 from agentrl.launch import rendezvous
-from jobs.controller import event_loop_factory, raise_fd_limit
 
 REPO = Path(__file__).resolve().parents[1]
 TASK = "echo"
@@ -136,10 +137,10 @@ class Path_:
     little CPU as it can, and the same on both paths.
     """
 
-    def __init__(self, name: str, connections: int, payload: str) -> None:
+    def __init__(self, name: str, connections: int, payload: str, secret: str) -> None:
         self.name = name
         self.http = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=connections, limit_per_host=connections),
+            connector=aiohttp.TCPConnector(limit=connections, limit_per_host=connections), headers=auth_header(secret),
             timeout=aiohttp.ClientTimeout(total=60.0), skip_auto_headers=("User-Agent",))
         self.payload = payload
         self.sessions: list[tuple[str, str, bytes]] = []  # (interact URL, session id, request body)
@@ -303,6 +304,7 @@ async def bench(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
                             "controller": {"heartbeat_s": 1.0, "dead_after_s": 30.0, "session_idle_s": 3600.0,
                                            "request_timeout_s": 60.0}})
     dump_config(cfg, run_dir / "config.yaml")
+    secret = run_secret(run_dir)  # the roles started below read the same one
     (run_dir / rendezvous.FILENAME).unlink(missing_ok=True)  # a reused run dir: never an old controller's address
     procs = Processes(run_dir, uvloop=not args.no_uvloop)
     prefix = ("-m", "cProfile", "-o", str(Path(args.profile_controller).resolve())) if args.profile_controller else ()
@@ -315,12 +317,15 @@ async def bench(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
             procs.spawn(f"worker-{w}", "jobs.env_worker", "--run-dir", str(run_dir), "--worker-id", f"w{w}")
         url = await asyncio.to_thread(rendezvous.wait_for, run_dir, "controller_url", 60.0)
         # keep-alive off: the benchmark sends its one touch itself, timed
-        gateway = clients[url] = GatewayClient(url, timeout_s=60.0, max_connections=args.connections, keepalive_s=None)
+        gateway = clients[url] = GatewayClient(url, timeout_s=60.0, max_connections=args.connections, keepalive_s=None,
+                                                   secret=secret)
         addresses = await wait_workers(gateway, args.workers, 60.0, procs)
         for a in addresses:
-            clients[a] = GatewayClient(a, timeout_s=60.0, max_connections=args.connections, keepalive_s=None)
+            clients[a] = GatewayClient(a, timeout_s=60.0, max_connections=args.connections, keepalive_s=None,
+                                       secret=secret)
         payload = "x" * args.payload_bytes
-        through, direct = Path_("controller", args.connections, payload), Path_("direct", args.connections, payload)
+        through = Path_("controller", args.connections, payload, secret)
+        direct = Path_("direct", args.connections, payload, secret)
         paths = [through, direct]
         cpu0, client_cpu0 = procs.cpu(), os.times()
 

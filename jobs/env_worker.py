@@ -8,6 +8,8 @@ Through submitit, the launcher calls `main(["--run-dir", run_dir, "--worker-id",
 
 Waits for `controller_url` in RUN_DIR/rendezvous.json, serves `envs.tasks` with `envs.slots` slots on
 a free port, registers and heartbeats. The worker id defaults to worker-$SLURM_PROCID or host-pid.
+Every route requires the run's secret ($AGENTRL_SECRET, else RUN_DIR/secret, made here if absent);
+/expert answers only where the run turns it on (`envs.expert_route`, auto: when the run plays the expert).
 SIGTERM drains: no new sessions, up to `envs.drain_s` for the held ones to end, then exit; a second
 SIGTERM (or SIGINT) exits at once.
 """
@@ -22,10 +24,11 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
+from agentrl.auth import run_secret
 from agentrl.config import load_config
+from agentrl.envs.serving import event_loop_factory, expert_route_on, raise_fd_limit
 from agentrl.envs.worker import start_worker
 from agentrl.launch import rendezvous
-from jobs.controller import event_loop_factory, raise_fd_limit
 
 log = logging.getLogger("agentrl.jobs.env_worker")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -37,7 +40,8 @@ def default_worker_id() -> str:
     return f"worker-{socket.gethostname()}-{os.getpid()}"
 
 
-async def serve(run_dir: Path, worker_id: str, host: str | None, advertise: str | None, wait_s: float) -> None:
+async def serve(run_dir: Path, worker_id: str, host: str | None, advertise: str | None, wait_s: float) -> int:
+    """Serve until a signal; returns how many task calls are still running (past their deadline)."""
     cfg = load_config(str(run_dir / "config.yaml"))
     controller_url = await asyncio.to_thread(rendezvous.wait_for, run_dir, "controller_url", wait_s)
     # a controller on loopback means one machine: stay on loopback; otherwise listen everywhere and
@@ -46,7 +50,8 @@ async def serve(run_dir: Path, worker_id: str, host: str | None, advertise: str 
     host = host or ("127.0.0.1" if local else "0.0.0.0")
     advertise = advertise or ("127.0.0.1" if local else socket.gethostname())
     running = await start_worker(cfg.envs, cfg.controller, controller_url, worker_id, host=host,
-                                 advertise_host=advertise)
+                                 advertise_host=advertise, secret=run_secret(run_dir),
+                                 expert_route=expert_route_on(cfg))
     log.info("worker %s serving %s at %s (controller %s)", worker_id, list(cfg.envs.tasks), running.address,
              controller_url)
 
@@ -71,6 +76,7 @@ async def serve(run_dir: Path, worker_id: str, host: str | None, advertise: str 
         drain.cancel()
     log.info("worker %s stopping with %d sessions held", worker_id, len(running.worker.sessions))
     await running.stop()
+    return running.worker.stuck
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -84,7 +90,12 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     raise_fd_limit()
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-        runner.run(serve(args.run_dir, args.worker_id or default_worker_id(), args.host, args.advertise, args.wait_s))
+        stuck = runner.run(serve(args.run_dir, args.worker_id or default_worker_id(), args.host, args.advertise,
+                                 args.wait_s))
+    if stuck:  # threads of hung task calls cannot be stopped, and interpreter exit would join them
+        log.warning("exiting with %d task calls still running", stuck)
+        logging.shutdown()
+        os._exit(0)
 
 
 if __name__ == "__main__":

@@ -83,7 +83,8 @@ def report_split(task: Task, split: str, limit: int | None = None, workers: int 
         out.episodes += 1
         turns += n
         out.statuses[status.value] = out.statuses.get(status.value, 0) + 1
-        if status == Status.COMPLETED and reward > 0:
+        # success is reward 1.0 in every built-in task; webshop's partial rewards (a score in [0, 1]) are not
+        if status == Status.COMPLETED and reward >= 1.0:
             out.solved += 1
         else:
             out.errors += status == Status.ENV_ERROR

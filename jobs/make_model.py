@@ -13,6 +13,7 @@ import argparse
 import logging
 import random
 from pathlib import Path
+from typing import Any
 
 from agentrl.config import load_config
 from agentrl.envs.api import Session
@@ -23,9 +24,9 @@ from agentrl.rollout import chat
 log = logging.getLogger("agentrl.make_model")
 
 
-def expert_conversations(task_name: str, n: int, seed: int) -> list[str]:
-    """Render `n` train-split episodes of the task's scripted expert as chat text."""
-    task = get_task(task_name)
+def expert_conversations(task_name: str, n: int, seed: int, **options: Any) -> list[str]:
+    """Render `n` train-split episodes of the task's scripted expert as chat text (`options`: the task's)."""
+    task = get_task(task_name, **options)
     indices = task.indices("train")
     out = []
     for index in random.Random(seed).sample(indices, min(n, len(indices))):
@@ -56,10 +57,11 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = load_config(str(args.run_dir / "config.yaml"))
     m = cfg.model
-    corpus = [text for t in cfg.envs.tasks for text in expert_conversations(t, args.corpus_episodes, cfg.seed)]
+    corpus = [text for t in cfg.envs.tasks
+              for text in expert_conversations(t, args.corpus_episodes, cfg.seed, **cfg.envs.task_options.get(t, {}))]
     tok = build_tokenizer(list(cfg.envs.tasks), corpus, m.vocab_size)
     model = tiny.build_model(tok, m.hidden_size, m.num_layers, m.num_heads, m.intermediate_size, m.max_position,
-                             cfg.seed, rope_theta=m.rope_theta)
+                             cfg.seed, rope_theta=m.rope_theta, copy_init=m.copy_init)
     out = tiny.save(model, tok, args.out or args.run_dir / "model", probe=corpus[0])
     lengths = [len(tok.encode(c)) for c in corpus[:200]]
     log.info("model at %s: %d parameters, vocab %d, expert episode %.0f tokens on average", out,

@@ -14,12 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import sys
 import time
 
 from agentrl.config import ConfigError, dump_config, load_config
-from agentrl.launch import rendezvous
-from agentrl.launch.local import LocalLauncher
+from agentrl.launch.local import LocalLauncher, start_run
+from agentrl.monitor.eval_summary import summary_lines
 
 
 def echo(role: str, line: str) -> None:
@@ -29,6 +30,10 @@ def echo(role: str, line: str) -> None:
         print(f"[{role:>10}] {msg}", flush=True)
     elif "Traceback" in line or line.startswith(("Error", "RuntimeError")):
         print(f"[{role:>10}] {line}", flush=True)
+
+
+def _stop_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def main() -> int:
@@ -52,17 +57,14 @@ def main() -> int:
     dump_config(cfg, run_dir / "config.yaml")
     t0 = time.time()
     launcher = LocalLauncher(run_dir)
+    # SIGTERM (Slurm's, a scheduler's, kill) and SIGINT end the run through `finally`: every role is stopped
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _stop_on_signal)
     timeout = cfg.cluster.role_timeout_s
     try:
-        launcher.start("controller", "jobs.controller")
-        rendezvous.wait_for(run_dir, "controller_url", timeout_s=60)
-        for w in range(cfg.envs.workers):
-            launcher.start(f"env_worker-{w}", "jobs.env_worker", "--worker-id", f"worker-{w}")
-        if not cfg.model.path:
-            launcher.run("make_model", "jobs.make_model", timeout_s=600, echo=echo)
-        launcher.start("trainer", "jobs.trainer")
-        launcher.start("rollout", "jobs.rollout")
-        failed = launcher.watch(["trainer", "rollout"], timeout, echo)
+        start_run(launcher, cfg.envs.workers, build_model=not cfg.model.path, echo=echo)
+        failed = launcher.watch(["trainer", "rollout"], timeout, echo, restartable=("env_worker-",),
+                                max_restarts=cfg.cluster.max_restarts)
         if failed:
             print(launcher.failure_report(failed), file=sys.stderr)
             return 1
@@ -79,6 +81,8 @@ def main() -> int:
     print(f"summary: held-out success (greedy) {summary['success_before_rl']:.3f} after warm start -> "
           f"{summary['success_after_rl']:.3f} after {summary['rl_steps']} RL steps "
           f"({summary['eval_episodes']} episodes/eval){sampled}; {summary['wall_s']:.0f}s, run dir {run_dir}")
+    for line in summary_lines(summary):
+        print(line)
     return 0
 
 

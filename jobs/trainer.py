@@ -31,9 +31,11 @@ def plan(cfg: RunConfig) -> tuple[role.Schedule, RLHyper]:
     schedule = role.Schedule(
         steps=t.steps, sft_steps=t.sft_steps, sft_batch=t.sft_batch, sft_lr=t.sft_lr, sft_all_tokens=t.sft_all_tokens,
         lr=t.lr, weight_decay=t.weight_decay, max_staleness=a.max_staleness, drop_uniform_groups=a.drop_uniform_groups,
-        fail_penalty=a.fail_penalty, wait_timeout_s=cfg.cluster.role_timeout_s, seed=t.seed,
+        fail_penalty=a.fail_penalty, wait_timeout_s=cfg.cluster.role_timeout_s, seed=cfg.seed + t.seed,
         poll_s=cfg.transport.poll_s, warmup_steps=t.warmup_steps, checkpoint_every=t.checkpoint_every,
-        keep_checkpoints=t.keep_checkpoints)
+        keep_checkpoints=t.keep_checkpoints, sft_successful_only=t.sft_successful_only, sft_target=t.sft_target,
+        sft_min_token_prob=t.sft_min_token_prob, sft_check_every=t.sft_check_every, sft_holdout=t.sft_holdout,
+        update=t.update)
     return schedule, hyper
 
 

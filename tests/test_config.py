@@ -8,10 +8,10 @@ from agentrl.config import ConfigError, RunConfig, config_from_dict, dump_config
 
 
 def test_demo_preset_loads_and_overrides_apply() -> None:
-    cfg = load_config("demo", ["trainer.lr=1e-5", "rollout.temperature=0.7", "envs.tasks=[lookup]", "name=x"])
+    cfg = load_config("demo", ["trainer.lr=1e-5", "rollout.temperature=0.7", "envs.tasks=[unlock, lookup]", "name=x"])
     assert cfg.trainer.lr == pytest.approx(1e-5)
     assert cfg.rollout.temperature == pytest.approx(0.7)
-    assert cfg.envs.tasks == ("lookup",)
+    assert cfg.envs.tasks == ("unlock", "lookup")
     assert cfg.name == "x" and cfg.run_dir == Path("runs/x")
     assert cfg.rollout.samples_per_prompt == 8  # from the preset, not the dataclass default
     with pytest.raises(AttributeError):

@@ -2,30 +2,36 @@
 
 Roles meet only at wire formats: rollout never imports trainer or controller, trainer never imports
 rollout/envs/controller, algorithms stay pure math, launch runs on a login node without torch or vLLM,
-and nothing in the package imports the `jobs/` entry points.
+and nothing imports the `jobs/` entry points: not the package, and not another entry point (code two
+jobs share belongs in `agentrl/`). `agentrl/auth.py` (the run's secret) is standard library only, so
+every role, the launcher included, may use it.
 """
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parents[1] / "agentrl"
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "agentrl"
+JOBS = ROOT / "jobs"
 
 # module (subpackage or top-level file) -> agentrl modules it may import; "*" = anything third-party
 ALLOWED: dict[str, set[str]] = {
     "types": set(),
     "config": set(),
+    "auth": set(),
     "algorithms": {"types"},
-    "envs": {"types", "config"},
+    "envs": {"types", "config", "auth"},
     "transport": {"types", "config"},
     "monitor": {"types", "config"},
     "models": {"types", "config"},
-    "controller": {"envs", "types", "config"},
-    "rollout": {"envs", "transport", "monitor", "types", "config"},
+    "controller": {"envs", "types", "config", "auth"},
+    "rollout": {"envs", "transport", "monitor", "types", "config", "auth"},
     "trainer": {"algorithms", "transport", "monitor", "types", "config"},
-    "launch": {"config"},
+    "launch": {"config", "auth"},
 }
 # third-party modules a subpackage must never import
 FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
@@ -36,6 +42,8 @@ FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
     "envs": {"torch", "vllm"},
     "controller": {"torch", "vllm", "transformers"},
 }
+STDLIB_ONLY = {"auth"}
+"""Modules that import nothing outside the standard library (the launcher's login node has little)."""
 
 
 def _owner(path: Path) -> str:
@@ -79,6 +87,8 @@ def _violations(owner: str, modules: list[str]) -> list[str]:
                 bad.append(f"{owner} must not import agentrl.{target} ({mod})")
         bad += [f"{owner} imports {mod}" for b in FORBIDDEN_THIRD_PARTY.get(owner, ())
                 if mod == b or mod.startswith(b + ".")]
+        if owner in STDLIB_ONLY and parts[0] not in sys.stdlib_module_names and parts[0] != "__future__":
+            bad.append(f"{owner} must use the standard library only ({mod})")
     return bad
 
 
@@ -87,6 +97,15 @@ def test_dependency_directions(path: Path) -> None:
     if path == PKG / "__init__.py":
         return
     assert _violations(_owner(path), _imports(path)) == [], path.relative_to(PKG)
+
+
+JOB_FILES = sorted(JOBS.glob("*.py"))
+
+
+@pytest.mark.parametrize("path", JOB_FILES, ids=lambda p: p.name)
+def test_jobs_never_import_jobs(path: Path) -> None:
+    """An entry point imports the package, never another entry point."""
+    assert [m for m in _imports(path) if m.split(".")[0] == "jobs"] == [], path.name
 
 
 def test_the_checker_catches_violations(tmp_path: Path) -> None:
@@ -99,3 +118,8 @@ def test_the_checker_catches_violations(tmp_path: Path) -> None:
     assert _violations("rollout", ["agentrl.controller.server"]) != []
     assert _violations("launch", ["torch"]) != [] and _violations("launch", ["agentrl.config"]) == []
     assert _violations("trainer", ["agentrl.algorithms.ppo", "torch"]) == []
+    assert _violations("auth", ["aiohttp"]) != [] and _violations("auth", ["hmac", "os.path"]) == []
+    assert _violations("launch", ["agentrl.auth"]) == [] and _violations("trainer", ["agentrl.auth"]) != []
+    job = tmp_path / "job.py"
+    job.write_text("from jobs.controller import serve\nimport agentrl.config\n")
+    assert [m for m in _imports(job) if m.split(".")[0] == "jobs"] == ["jobs.controller"]

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.envs.api import EnvError
+from agentrl.envs.api import EnvError, shown
 from agentrl.types import Status
 
 MAX_TOMBSTONES = 200_000
@@ -61,6 +61,8 @@ class Ended:
     status: Status
     reason: str
     at: float
+    cause: str = "env_error"
+    """The failure class it is counted under in /status (worker_died, idle_expired, worker_timeout, ...)."""
 
 
 class Registry:
@@ -68,6 +70,8 @@ class Registry:
         self.workers: dict[str, WorkerEntry] = {}
         self.sessions: dict[str, SessionEntry] = {}
         self.tombstones: OrderedDict[str, Ended] = OrderedDict()
+        self.ended_by: dict[str, int] = {}
+        """Live sessions ended as env_error, by cause: a session ends once, so it is counted once."""
 
     # ------------------------------------------------------------------------------------ workers
     def register(self, worker_id: str, address: str, tasks: list[str], slots: int,
@@ -82,7 +86,7 @@ class Registry:
         listed = {sid for sid, _ in sessions}
         if old is not None:
             for sid in list(old.sessions - listed):
-                self.end_session(sid, Ended(Status.ENV_ERROR, f"worker {worker_id} restarted", now))
+                self.end_session(sid, Ended(Status.ENV_ERROR, f"worker {worker_id} restarted", now, "worker_died"))
         entry = WorkerEntry(worker_id=worker_id, address=address.rstrip("/"), tasks=tuple(tasks), slots=slots,
                             last_heartbeat=now, draining=draining)
         self.workers[worker_id] = entry
@@ -132,7 +136,7 @@ class Registry:
         entry.alive = False
         ended = list(entry.sessions)
         for sid in ended:
-            self.end_session(sid, Ended(Status.ENV_ERROR, f"worker {worker_id} died: {reason}", now))
+            self.end_session(sid, Ended(Status.ENV_ERROR, f"worker {worker_id} died: {reason}", now, "worker_died"))
         return ended
 
     def pick(self, task: str, exclude: frozenset[str] | set[str] = frozenset()) -> WorkerEntry:
@@ -146,11 +150,11 @@ class Registry:
         if not serving:
             if self.workers:
                 known = sorted({t for w in self.workers.values() for t in w.tasks})
-                raise EnvError("unknown_task", f"no worker serves task {task!r} (served: {', '.join(known)})")
+                raise EnvError("unknown_task", f"no worker serves task {shown(task)} (served: {', '.join(known)})")
             raise EnvError("no_capacity", "no env worker has registered yet")
         ready = [w for w in serving if w.alive and not w.draining and w.free > 0 and w.worker_id not in exclude]
         if not ready:
-            raise EnvError("no_capacity", f"no live worker of task {task!r} has a free slot")
+            raise EnvError("no_capacity", f"no live worker of task {shown(task)} has a free slot")
         # ties go to the lowest worker id: deterministic, and all workers fill evenly anyway
         return min(ready, key=lambda w: (w.failures > 0, -w.free, w.worker_id))
 
@@ -160,7 +164,7 @@ class Registry:
         if live:
             return min(live, key=lambda w: w.worker_id)
         self.pick(task)  # raises the right error
-        raise EnvError("no_capacity", f"no live worker of task {task!r}")  # pragma: no cover
+        raise EnvError("no_capacity", f"no live worker of task {shown(task)}")  # pragma: no cover
 
     # ------------------------------------------------------------------------------------ sessions
     def add_session(self, sid: str, task: str, worker_id: str, now: float) -> None:
@@ -174,6 +178,8 @@ class Registry:
             worker = self.workers.get(entry.worker_id)
             if worker is not None:
                 worker.sessions.discard(sid)
+            if ended is not None and ended.status == Status.ENV_ERROR:
+                self.ended_by[ended.cause] = self.ended_by.get(ended.cause, 0) + 1
         if ended is not None:
             self.tombstones[sid] = ended
             while len(self.tombstones) > MAX_TOMBSTONES:
@@ -193,7 +199,8 @@ class Registry:
             self.mark_dead(wid, f"no heartbeat for {dead_after_s:g}s", now)
         idle = [s for s in self.sessions.values() if now - s.last_used > session_idle_s] if sessions else []
         for s in idle:
-            self.end_session(s.session_id, Ended(Status.ENV_ERROR, f"idle for more than {session_idle_s:g}s", now))
+            self.end_session(s.session_id, Ended(Status.ENV_ERROR, f"idle for more than {session_idle_s:g}s", now,
+                                                 "idle_expired"))
         while self.tombstones:
             sid, ended = next(iter(self.tombstones.items()))
             if now - ended.at <= tombstone_ttl_s:

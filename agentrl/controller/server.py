@@ -16,7 +16,20 @@ client sends for every session it holds). A session waiting for a slow generatio
 therefore lives as long as its rollout process keeps its event loop running.
 
 Operator routes: GET /status (workers, sessions per task, latency percentiles, the controller's own
-overhead per call) and POST /drain {"worker_id"} (no new sessions there; its own run to their end).
+overhead per call, failures by class) and POST /drain {"worker_id"} (no new sessions there; its own
+run to their end).
+
+Every route, the workers' /register and /heartbeat included, requires the run's secret
+(`agentrl.auth`, checked before the body is read: a forged call gets 401 and changes nothing), and the
+controller sends it on every call to a worker. One call at a time per session: a second interact or
+expert while one is in flight gets 409 `busy` here, without reaching the worker.
+
+Counting: each failure once, by class (`errors_by_class` in /status). A session ended as env_error is
+counted under the cause that ended it (worker_died, worker_timeout, worker_failed, worker_garbled,
+worker_lost, idle_expired, or env_error when the worker itself ended it: a task that raised or timed
+out there); a start_sample that failed counts as start_failed, an unhandled error of ours as internal.
+A caller that hangs up mid-request is `client_disconnects`, not an error; forged calls are
+`unauthorized`; refused concurrent calls are `busy`.
 
 The hot path (interact) forwards the client's request body to the worker as the same bytes and the
 worker's answer back as the same bytes: it parses each once, to route and to check it, and serializes
@@ -29,7 +42,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 from urllib.parse import urlencode
 
@@ -38,15 +51,14 @@ from aiohttp.typedefs import Middleware
 
 from agentrl.config import ControllerConfig
 from agentrl.controller.registry import Ended, LatencyStats, Registry, WorkerEntry
-from agentrl.controller.upstream import Failed, Unreachable, Upstream
-from agentrl.envs.api import EnvError, InteractResult, require
-from agentrl.envs.wire import error_response
+from agentrl.controller.upstream import Failed, TimedOut, Unreachable, Upstream
+from agentrl.envs.api import EnvError, InteractResult, require, shown
+from agentrl.envs.wire import Handler, auth_middleware, check_exposure, error_response, parse_json, read_body
 from agentrl.types import Status
 
 log = logging.getLogger(__name__)
 
 GATEWAY_ROUTES = ("/start_sample", "/interact", "/cancel", "/expert", "/indices", "/touch")
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 UPSTREAM_S = web.RequestKey("upstream_s", float)
 """Seconds a request's handler spent waiting on a worker (the rest is the controller's own overhead)."""
 MAX_TOUCH_IDS = 10_000
@@ -58,17 +70,13 @@ class WorkerUnreachable(Exception):
 
 
 class WorkerFailed(EnvError):
-    """The worker timed out, dropped the call or answered something that is not our wire format."""
+    """The worker timed out, dropped the call or answered something that is not our wire format.
 
-    def __init__(self, message: str) -> None:
+    `cause` is the failure class a session it ends is counted under."""
+
+    def __init__(self, message: str, cause: str = "worker_failed") -> None:
         super().__init__("env_error", message)
-
-
-def _json(raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as e:
-        raise EnvError("bad_request", f"invalid JSON body: {e}") from None
+        self.cause = cause
 
 
 def _is_interact_answer(d: Any) -> bool:
@@ -82,15 +90,19 @@ def _is_start_answer(d: Any) -> bool:
 
 
 class Controller:
-    def __init__(self, cfg: ControllerConfig) -> None:
+    def __init__(self, cfg: ControllerConfig, secret: str | None = None) -> None:
         self.cfg = cfg
+        self.secret = secret
         self.registry = Registry()
         self.latency = LatencyStats()
         self.route_latency = {route: LatencyStats(window=2_000) for route in GATEWAY_ROUTES}
         self.overhead = LatencyStats()
-        self.errors = 0
-        """Sessions ended as env_error (dead, hung or garbling worker, raising task, expiry), starts that
-        failed with env_error, and unhandled errors of the controller itself."""
+        self.failures = {"start_failed": 0, "internal": 0}
+        """Failures that are not a session ending (those are `registry.ended_by`)."""
+        self.counters = {"client_disconnects": 0, "unauthorized": 0, "busy": 0}
+        """Refused or abandoned calls: not failures of ours."""
+        self.in_flight: set[str] = set()
+        """Sessions with an interact or expert call being forwarded: one at a time."""
         self.indices_cache: dict[tuple[str, str], list[str]] = {}
         self.upstream: Upstream | None = None
         self._background: set[asyncio.Task[Any]] = set()
@@ -100,7 +112,7 @@ class Controller:
     async def on_startup(self, app: web.Application) -> None:
         # A socket is held only while a call runs, so 1024 per worker cover 10,000 sessions with room
         # to spare; keep-alive reuses them, which is most of what makes a forwarded call cheap.
-        self.upstream = Upstream(timeout_s=self.cfg.request_timeout_s, limit=1024)
+        self.upstream = Upstream(timeout_s=self.cfg.request_timeout_s, limit=1024, secret=self.secret)
         self._spawn(self._janitor())
 
     async def on_cleanup(self, app: web.Application) -> None:
@@ -137,7 +149,6 @@ class Controller:
                                           tombstone_ttl_s=max(cfg.session_idle_s, 600.0), sessions=scan)
         for wid in dead:
             log.warning("worker %s missed heartbeats for %.1fs: declared dead", wid, cfg.dead_after_s)
-        self.errors += len(idle)
         for s in idle:
             worker = self.registry.workers.get(s.worker_id)
             if worker is not None and worker.alive:
@@ -165,16 +176,17 @@ class Controller:
         except Unreachable as e:
             raise WorkerUnreachable(f"worker {worker.worker_id} unreachable on {route}: {e}") from e
         except Failed as e:
-            raise WorkerFailed(f"worker {worker.worker_id} failed on {route}: {e}") from e
+            raise WorkerFailed(f"worker {worker.worker_id} failed on {route}: {e}",
+                               "worker_timeout" if isinstance(e, TimedOut) else "worker_failed") from e
         try:
             return status, json.loads(out), out
         except (ValueError, RecursionError):
             raise WorkerFailed(f"worker {worker.worker_id} sent a non-JSON answer on {route} "
-                               f"(HTTP {status}: {out[:100]!r})") from None
+                               f"(HTTP {status}: {out[:100]!r})", "worker_garbled") from None
 
     def _worker_down(self, worker: WorkerEntry, err: Exception) -> None:
         log.warning("%s: declared dead", err)
-        self.errors += len(self.registry.mark_dead(worker.worker_id, str(err), time.monotonic()))
+        self.registry.mark_dead(worker.worker_id, str(err), time.monotonic())  # its sessions count as worker_died
 
     def _worker_failed(self, worker: WorkerEntry, err: Exception) -> None:
         """One more failed call; enough in a row and the worker is declared dead (its sessions end)."""
@@ -193,7 +205,7 @@ class Controller:
         ended = self.registry.tombstones.get(sid)
         if ended is not None:
             return None, ended
-        raise EnvError("unknown_session", f"no session {sid!r}")
+        raise EnvError("unknown_session", f"no session {shown(sid)}")
 
     # ---------------------------------------------------------------------------------- gateway
     async def start_sample(self, request: web.Request) -> web.Response:
@@ -201,12 +213,12 @@ class Controller:
             return await self._start_sample(request)
         except EnvError as e:
             if e.code == "env_error":  # counted: no session came of it (no_capacity is back-pressure, not this)
-                self.errors += 1
+                self.failures["start_failed"] += 1
             raise
 
     async def _start_sample(self, request: web.Request) -> web.Response:
-        raw = await request.read()
-        body = _json(raw)
+        raw = await self._read(request)
+        body = parse_json(raw)
         task, _ = require(body, "task"), require(body, "index")
         tried: set[str] = set()
         last: EnvError | None = None
@@ -241,7 +253,7 @@ class Controller:
                 return web.Response(body=out, content_type="application/json")
             if status == 200 or not (isinstance(data, dict) and isinstance(data.get("error"), dict)):
                 err = WorkerFailed(f"worker {worker.worker_id} sent a malformed start_sample answer "
-                                   f"(HTTP {status}: {out[:100]!r})")
+                                   f"(HTTP {status}: {out[:100]!r})", "worker_garbled")
                 self._worker_failed(worker, err)
                 last = err
                 continue
@@ -251,55 +263,76 @@ class Controller:
                 raise err
             last = err  # the worker is fuller than we counted (or draining): try the next one
 
+    async def _read(self, request: web.Request) -> bytes:
+        return await read_body(request, self.cfg.max_body_bytes, self.cfg.body_timeout_s)
+
+    def _claim(self, sid: str) -> None:
+        """Mark a session's call in flight; a second one while it runs is the caller's mistake: busy."""
+        if sid in self.in_flight:
+            self.counters["busy"] += 1
+            raise EnvError("busy", f"session {sid} is already running a call; send one call at a time")
+        self.in_flight.add(sid)
+
     async def interact(self, request: web.Request) -> web.Response:
-        raw = await request.read()
-        body = _json(raw)
+        raw = await self._read(request)
+        body = parse_json(raw)
         sid = require(body, "session_id")
         require(body, "message", dict)
         worker, ended = self._session(sid)
         if worker is None:
             assert ended is not None
             return web.json_response(InteractResult.ended(ended.status, ended.reason).to_wire())
+        self._claim(sid)
+        try:
+            return await self._interact(request, raw, sid, worker)
+        finally:
+            self.in_flight.discard(sid)
+
+    async def _interact(self, request: web.Request, raw: bytes, sid: str, worker: WorkerEntry) -> web.Response:
         t0 = time.perf_counter()
         try:
             status, data, out = await self._forward(worker, "POST", "/interact", raw=raw)
         except WorkerUnreachable as e:
             self._worker_down(worker, e)
-            return self._end_with_error(sid, str(e))
+            return self._end_with_error(sid, str(e), "worker_died")
         except WorkerFailed as e:
+            answer = self._end_with_error(sid, e.message, e.cause)  # counted under its own cause first
             self._worker_failed(worker, e)
             self._spawn(self._quiet_cancel(worker, sid))  # the episode's state there is unknown: free it
-            return self._end_with_error(sid, e.message)
+            return answer
         finally:
             request[UPSTREAM_S] = time.perf_counter() - t0
         if status == 200 and _is_interact_answer(data):
             worker.failures = 0
-            if data["done"]:
+            if data["done"] and data["status"] == Status.ENV_ERROR.value:  # the worker ended it: say so later too
+                reason = str(data.get("error") or f"worker {worker.worker_id} ended the session")
+                self.registry.end_session(sid, Ended(Status.ENV_ERROR, reason, time.monotonic(), "env_error"))
+            elif data["done"]:
                 self.registry.end_session(sid)
-                if data["status"] == Status.ENV_ERROR.value:
-                    self.errors += 1
             return web.Response(body=out, content_type="application/json")
         if status == 200 or not (isinstance(data, dict) and isinstance(data.get("error"), dict)):
             err = WorkerFailed(f"worker {worker.worker_id} sent a malformed interact answer "
-                               f"(HTTP {status}: {out[:100]!r})")
+                               f"(HTTP {status}: {out[:100]!r})", "worker_garbled")
+            answer = self._end_with_error(sid, err.message, err.cause)
             self._worker_failed(worker, err)
             self._spawn(self._quiet_cancel(worker, sid))
-            return self._end_with_error(sid, err.message)
+            return answer
         worker.failures = 0
         err = EnvError.from_wire(data, status)
         if err.code == "unknown_session":  # the worker lost it (restart, its own expiry): infrastructure
-            return self._end_with_error(sid, f"worker {worker.worker_id} lost the session")
+            return self._end_with_error(sid, f"worker {worker.worker_id} lost the session", "worker_lost")
         raise err
 
-    def _end_with_error(self, sid: str, reason: str) -> web.Response:
-        self.errors += 1
-        ended = Ended(Status.ENV_ERROR, reason, time.monotonic())
-        if sid in self.registry.sessions:
+    def _end_with_error(self, sid: str, reason: str, cause: str) -> web.Response:
+        """End a live session as env_error (counted under `cause`, once) and answer its interact so."""
+        ended = self.registry.tombstones.get(sid)
+        if sid in self.registry.sessions or ended is None:
+            ended = Ended(Status.ENV_ERROR, reason, time.monotonic(), cause)
             self.registry.end_session(sid, ended)
         return web.json_response(InteractResult.ended(ended.status, reason).to_wire())
 
     async def cancel(self, request: web.Request) -> web.Response:
-        sid = require(_json(await request.read()), "session_id")
+        sid = require(parse_json(await self._read(request)), "session_id")
         worker, _ = self._session(sid)
         if worker is not None:
             self.registry.end_session(sid)
@@ -314,11 +347,18 @@ class Controller:
         return web.json_response({"ok": True})
 
     async def expert(self, request: web.Request) -> web.Response:
-        sid = require(_json(await request.read()), "session_id")
+        sid = require(parse_json(await self._read(request)), "session_id")
         worker, ended = self._session(sid)
         if worker is None:
             assert ended is not None
             raise EnvError("env_error", f"session ended: {ended.reason}")
+        self._claim(sid)
+        try:
+            return await self._expert(request, sid, worker)
+        finally:
+            self.in_flight.discard(sid)
+
+    async def _expert(self, request: web.Request, sid: str, worker: WorkerEntry) -> web.Response:
         t0 = time.perf_counter()
         try:
             status, data, out = await self._forward(worker, "POST", "/expert", {"session_id": sid})
@@ -333,7 +373,7 @@ class Controller:
         if status != 200:
             raise EnvError.from_wire(data, status)
         if not (isinstance(data, dict) and isinstance(data.get("message"), dict)):
-            raise WorkerFailed(f"worker {worker.worker_id} sent a malformed expert answer")
+            raise WorkerFailed(f"worker {worker.worker_id} sent a malformed expert answer", "worker_garbled")
         return web.Response(body=out, content_type="application/json")
 
     async def indices(self, request: web.Request) -> web.Response:
@@ -355,24 +395,30 @@ class Controller:
 
     async def touch(self, request: web.Request) -> web.Response:
         """A client's keep-alive for the sessions it holds; answers which of them are not live."""
-        ids = require(_json(await request.read()), "session_ids", list)
+        ids = require(parse_json(await self._read(request)), "session_ids", list)
         if len(ids) > MAX_TOUCH_IDS or not all(isinstance(i, str) for i in ids):
             raise EnvError("bad_request", f"session_ids must be at most {MAX_TOUCH_IDS} strings")
         return web.json_response({"missing": self.registry.touch(ids, time.monotonic())})
 
     async def status(self, request: web.Request) -> web.Response:
-        reg = self.registry
+        reg, now = self.registry, time.monotonic()
         return web.json_response({
-            "workers": [w.to_wire() for w in sorted(reg.workers.values(), key=lambda w: w.worker_id)],
+            "workers": [{**w.to_wire(), "heartbeat_age_s": round(now - w.last_heartbeat, 3)}
+                        for w in sorted(reg.workers.values(), key=lambda w: w.worker_id)],
             "sessions": reg.sessions_per_task(), "active_sessions": len(reg.sessions),
             "latency_ms": self.latency.summary(),
             "latency_ms_by_route": {r.lstrip("/"): s.summary() for r, s in self.route_latency.items() if s.samples},
             "overhead_ms": self.overhead.summary(),
-            "errors": self.errors, "ended_sessions": len(reg.tombstones)})
+            "errors": sum(self.errors_by_class().values()), "errors_by_class": self.errors_by_class(),
+            **self.counters, "ended_sessions": len(reg.tombstones)})
+
+    def errors_by_class(self) -> dict[str, int]:
+        """Each failure once: sessions ended as env_error by cause, failed starts, our own bugs."""
+        return {**self.registry.ended_by, **self.failures}
 
     # ---------------------------------------------------------------------------------- workers
     async def register(self, request: web.Request) -> web.Response:
-        body = _json(await request.read())
+        body = parse_json(await self._read(request))
         worker_id, address = require(body, "worker_id"), require(body, "address")
         tasks, slots = require(body, "tasks", list), require(body, "slots", int)
         listed = body.get("sessions") or []
@@ -385,7 +431,7 @@ class Controller:
         return web.json_response({"ok": True, "drop": drop})
 
     async def heartbeat(self, request: web.Request) -> web.Response:
-        body = _json(await request.read())
+        body = parse_json(await self._read(request))
         worker_id = require(body, "worker_id")
         active = body.get("active", 0)
         known = self.registry.heartbeat(worker_id, active if isinstance(active, int) else 0,
@@ -397,10 +443,10 @@ class Controller:
 
     async def drain(self, request: web.Request) -> web.Response:
         """Stop routing new sessions to a worker and tell it to refuse them; its own run to their end."""
-        worker_id = require(_json(await request.read()), "worker_id")
+        worker_id = require(parse_json(await self._read(request)), "worker_id")
         worker = self.registry.workers.get(worker_id)
         if worker is None:
-            raise EnvError("not_found", f"no worker {worker_id!r}")
+            raise EnvError("not_found", f"no worker {shown(worker_id)}")
         worker.draining = True
         if worker.alive:
             try:  # so its heartbeats keep saying so; if it cannot hear us the flag here still holds
@@ -424,10 +470,13 @@ def _make_middleware(controller: Controller) -> Middleware:
         t0 = time.perf_counter()
         try:
             return await handler(request)
+        except ConnectionResetError:  # the caller hung up mid-request: not our failure, nobody to answer
+            controller.counters["client_disconnects"] += 1
+            return web.Response(status=499)
         except Exception as e:
             response = error_response(e, request, unhandled_code="internal")
-            if response.status == 500:  # a bug of ours; env_error endings are counted where they happen
-                controller.errors += 1
+            if not isinstance(e, EnvError | web.HTTPException):  # a bug of ours (logged by error_response)
+                controller.failures["internal"] += 1
             return response
         finally:
             stats = timed.get(request.path)
@@ -441,10 +490,18 @@ def _make_middleware(controller: Controller) -> Middleware:
     return middleware
 
 
-def create_controller_app(cfg: ControllerConfig) -> web.Application:
-    """The controller as an aiohttp app (serve it with web.AppRunner; `start_controller` does)."""
-    controller = Controller(cfg)
-    app = web.Application(middlewares=[_make_middleware(controller)], client_max_size=cfg.max_body_bytes)
+def create_controller_app(cfg: ControllerConfig, secret: str | None = None) -> web.Application:
+    """The controller as an aiohttp app (serve it with web.AppRunner; `start_controller` does).
+
+    `secret`: required on every route and sent to the workers; None only for in-process loopback tests.
+    """
+    controller = Controller(cfg, secret)
+
+    def rejected() -> None:
+        controller.counters["unauthorized"] += 1
+
+    app = web.Application(middlewares=[auth_middleware(secret, rejected), _make_middleware(controller)],
+                          client_max_size=cfg.max_body_bytes)
     app[CONTROLLER_KEY] = controller
     app.on_startup.append(controller.on_startup)
     app.on_cleanup.append(controller.on_cleanup)
@@ -473,9 +530,14 @@ class RunningController:
         await self.runner.cleanup()
 
 
-async def start_controller(cfg: ControllerConfig, advertise_host: str | None = None) -> RunningController:
-    """Serve the controller on cfg.host:cfg.port (port 0: a free one); the URL uses `advertise_host`."""
-    runner = web.AppRunner(create_controller_app(cfg), access_log=None)
+async def start_controller(cfg: ControllerConfig, advertise_host: str | None = None,
+                           secret: str | None = None) -> RunningController:
+    """Serve the controller on cfg.host:cfg.port (port 0: a free one); the URL uses `advertise_host`.
+
+    `secret`: the run's secret (`agentrl.auth.run_secret`); None only on loopback (refused elsewhere).
+    """
+    check_exposure(cfg.host, secret)
+    runner = web.AppRunner(create_controller_app(cfg, secret), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port, backlog=4096)
     await site.start()

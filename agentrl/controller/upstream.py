@@ -21,6 +21,8 @@ import time
 from collections import defaultdict
 from urllib.parse import urlsplit
 
+from agentrl.auth import auth_header
+
 HEADER_LIMIT = 64 * 1024
 
 
@@ -34,6 +36,10 @@ class Unreachable(UpstreamError):
 
 class Failed(UpstreamError):
     """The call was sent (or the connection was open) but no well-formed answer came back in time."""
+
+
+class TimedOut(Failed):
+    """No whole answer within the timeout."""
 
 
 class _Closed(Failed):
@@ -120,8 +126,10 @@ class _Connection(asyncio.Protocol):
 class Upstream:
     """Keep-alive connection pools per worker address ("http://host:port"), at most `limit` per worker."""
 
-    def __init__(self, timeout_s: float, limit: int = 1024, idle_s: float = 15.0) -> None:
+    def __init__(self, timeout_s: float, limit: int = 1024, idle_s: float = 15.0, secret: str | None = None) -> None:
+        """`secret`: the run's secret, sent with every call (the workers require it)."""
         self.timeout_s = timeout_s
+        self.auth = "".join(f"{k}: {v}\r\n" for k, v in auth_header(secret).items())
         self.idle_s = idle_s
         self.limit = limit
         self._idle: dict[tuple[str, int], list[_Connection]] = defaultdict(list)
@@ -156,7 +164,7 @@ class Upstream:
     async def request(self, address: str, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
         """One call; returns (HTTP status, body). Raises Unreachable or Failed (timeouts included)."""
         host = self._host(address)
-        head = (f"{method} {path} HTTP/1.1\r\nHost: {host[0]}:{host[1]}\r\n"
+        head = (f"{method} {path} HTTP/1.1\r\nHost: {host[0]}:{host[1]}\r\n{self.auth}"
                 f"Content-Type: application/json\r\nContent-Length: {len(body or b'')}\r\n\r\n").encode()
         request = head + body if body else head
         slots = self._slots.get(host)
@@ -177,7 +185,7 @@ class Upstream:
         except TimeoutError:
             if conn is not None:
                 conn.close()
-            raise Failed(f"timed out: no answer within {self.timeout_s:g}s") from None
+            raise TimedOut(f"timed out: no answer within {self.timeout_s:g}s") from None
         except BaseException:  # Failed, or a cancellation: the connection is out of step, never reuse it
             if conn is not None:
                 conn.close()

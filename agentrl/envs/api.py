@@ -2,11 +2,10 @@
 
 What is here:
   * `Task` / `Episode`: the two protocols a task author implements (tools, indices, an episode that
-    answers validated tool calls with messages until it ends with a reward and a status), and the
+    answers validated tool calls with messages until it ends with a reward and a status), and two
     optional ones an episode may add: `AnswersInText` (a plain-text reply is an action, e.g. a final
-    answer), `HasOwnTools` (each sample brings its own subset of the task's tools), `ReadsRawMessages`
-    (a benchmark's own reading of the message replaces the shared checks), and `Closable` (an episode
-    that holds a sandbox or a database frees it when the session ends);
+    answer) and `HasOwnTools` (each sample brings its own subset of the task's tools), and `Closable`
+    (an episode that holds a sandbox or a database frees it when the session ends);
   * `ToolBox` and `Session`: the layer every task shares. It parses each tool call's JSON arguments,
     checks them against the tool's JSON Schema, turns every kind of malformed action into an
     observation the model can learn from, counts turns, enforces `max_turns`, and turns a raising task
@@ -15,7 +14,8 @@ What is here:
     and workers (JSON; `to_wire`/`from_wire` convert).
 
 What is not here: HTTP (see `client.py` and `worker.py`), routing (`agentrl.controller`), any task
-(`agentrl.envs.tasks`). This module imports only the standard library, jsonschema and `agentrl.types`.
+(`agentrl.envs.tasks`). This module imports only the standard library, jsonschema, `agentrl.types`
+and `agentrl.envs.protocol` (the call policies of the faithful protocol).
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import jsonschema
 
+from agentrl.envs.protocol import STRICT, CallPolicy, parse_lenient, policy_of, select_calls
 from agentrl.types import Status
 
 log = logging.getLogger(__name__)
@@ -34,9 +35,17 @@ MAX_ARGUMENT_BYTES = 8 * 1024
 """Tool-call arguments longer than this are refused before parsing (a runaway generation, not a call)."""
 MAX_OUTPUT_CHARS = 16 * 1024
 """Env message contents longer than this are cut with a marker (a tool that printed a whole file)."""
+MAX_TOOL_CALLS = 16
+"""Tool calls in one assistant message beyond this are refused as a whole (none is run): a runaway
+generation of 38,000 calls must cost one cheap error observation, not seconds of validation."""
+SHOWN_CHARS = 200
+"""An error message quotes at most this much of the caller's input (`shown`)."""
 
 ERROR_HTTP_STATUS: dict[str, int] = {
     "bad_request": 400,
+    "unauthorized": 401,
+    "forbidden": 403,
+    "busy": 409,
     "unknown_session": 404,
     "unknown_task": 404,
     "not_found": 404,
@@ -73,22 +82,36 @@ class EnvError(Exception):
         return cls("env_error", f"HTTP {http_status}: {str(body)[:200]}")
 
 
+def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
+    """`repr(value)` for an error message, cut to `limit` characters: errors never echo a huge input back."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 # ------------------------------------------------------------------------------------------ wire types
 
 @dataclass
 class StartResult:
-    """Answer to start_sample: the new session, the conversation so far and the tool schemas."""
+    """Answer to start_sample: the new session, the conversation so far, the tool schemas and the task's
+    own round limit (`max_turns`: assistant messages before the episode ends as turn_limit; None from a
+    server that does not say)."""
 
     session_id: str
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
+    max_turns: int | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return {"session_id": self.session_id, "messages": self.messages, "tools": self.tools}
+        d: dict[str, Any] = {"session_id": self.session_id, "messages": self.messages, "tools": self.tools}
+        if self.max_turns is not None:
+            d["max_turns"] = self.max_turns
+        return d
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> StartResult:
-        return cls(session_id=str(d["session_id"]), messages=list(d["messages"]), tools=list(d["tools"]))
+        turns = d.get("max_turns")
+        return cls(session_id=str(d["session_id"]), messages=list(d["messages"]), tools=list(d["tools"]),
+                   max_turns=int(turns) if turns is not None else None)
 
 
 @dataclass
@@ -144,11 +167,16 @@ def require(body: Any, key: str, kind: type | tuple[type, ...] = str) -> Any:
 
 @dataclass
 class ToolCall:
-    """One tool call whose arguments parsed as JSON and passed the tool's schema."""
+    """One tool call whose arguments parsed as JSON and passed the tool's schema.
+
+    Under a lenient `CallPolicy` (`agentrl.envs.protocol`) nothing is checked: `arguments` is whatever
+    JSON was sent (None when it did not parse, and `error` then says why) and `name` may be unknown.
+    """
 
     id: str
     name: str
-    arguments: dict[str, Any]
+    arguments: Any
+    error: str | None = None
 
 
 @dataclass
@@ -192,19 +220,6 @@ class AnswersInText(Protocol):
     """
 
     def text_step(self, content: str) -> StepResult | None:
-        ...
-
-
-@runtime_checkable
-class ReadsRawMessages(Protocol):
-    """Optional for an episode that must read the assistant message exactly as the model sent it.
-
-    A benchmark's own protocol may parse calls differently from `ToolBox` (AgentBench-FC's `os` runs
-    the first call only and takes argument values whatever their keys). `Session` then hands every
-    message to `raw_step` unchecked; turn counting, the turn limit and failure handling stay shared.
-    """
-
-    def raw_step(self, message: dict[str, Any]) -> StepResult:
         ...
 
 
@@ -277,26 +292,36 @@ def _compiled(schema: dict[str, Any]) -> Any:
 class ToolBox:
     """The tool schemas of one task, compiled once, and the checks every tool call goes through."""
 
-    def __init__(self, tools: list[dict[str, Any]], max_argument_bytes: int = MAX_ARGUMENT_BYTES) -> None:
+    def __init__(self, tools: list[dict[str, Any]], max_argument_bytes: int = MAX_ARGUMENT_BYTES,
+                 max_tool_calls: int = MAX_TOOL_CALLS) -> None:
         self.tools = tools
         self.max_argument_bytes = max_argument_bytes
+        self.max_tool_calls = max_tool_calls
         self.validators: dict[str, Any] = {}
         for tool in tools:
             fn = tool["function"]
             self.validators[fn["name"]] = _compiled(fn.get("parameters") or {"type": "object"})
         self.names = ", ".join(self.validators)
 
-    def check(self, message: dict[str, Any]) -> tuple[list[ToolCall], list[dict[str, Any]]]:
+    def check(self, message: dict[str, Any],
+              policy: CallPolicy = STRICT) -> tuple[list[ToolCall], list[dict[str, Any]]]:
         """Split an assistant message's tool calls into valid calls and error observations.
 
         Each invalid call gets a tool message starting with "Error:" that says what was wrong, so the
         model can learn from it; a message with no tool call at all gets a user message asking for one.
+        `policy` may keep only the first call and pass every call unchecked (`agentrl.envs.protocol`).
         """
         raw_calls = message.get("tool_calls") or []
         if not isinstance(raw_calls, list):
             raise EnvError("bad_request", "tool_calls must be a list")
         if not raw_calls:
             return [], [{"role": "user", "content": f"Please call one of the tools: {self.names}."}]
+        raw_calls = select_calls(raw_calls, policy)  # AgentBench's protocol keeps only the first
+        if len(raw_calls) > self.max_tool_calls:
+            return [], [{"role": "user", "content": f"Error: {len(raw_calls)} tool calls in one message; the limit "
+                                                    f"is {self.max_tool_calls}. None of them was run."}]
+        if policy.lenient_arguments:
+            return [ToolCall(*parse_lenient(raw, i, self.max_argument_bytes)) for i, raw in enumerate(raw_calls)], []
         calls: list[ToolCall] = []
         errors: list[dict[str, Any]] = []
         for i, raw in enumerate(raw_calls):
@@ -315,7 +340,7 @@ class ToolBox:
 
     def _check_call(self, name: str, arguments: Any) -> tuple[str | None, dict[str, Any]]:
         if name not in self.validators:
-            return f"unknown tool {name!r}; the tools are: {self.names}.", {}
+            return f"unknown tool {shown(name)}; the tools are: {self.names}.", {}
         if arguments is None or arguments == "":
             arguments = "{}"
         if isinstance(arguments, dict):  # tolerated: some clients send parsed arguments
@@ -370,30 +395,26 @@ class Session:
             self.episode = task.start(index)
             self.messages = list(self.episode.initial_messages())
             if isinstance(self.episode, HasOwnTools):
-                self.toolbox = ToolBox(self.episode.tools(), self.toolbox.max_argument_bytes)
+                self.toolbox = ToolBox(self.episode.tools(), self.toolbox.max_argument_bytes,
+                                       self.toolbox.max_tool_calls)
         except EnvError:
             self.close()
             raise
         except Exception as e:
             self.close()
-            log.exception("task %s failed to start sample %s", task.name, index)
-            raise EnvError("env_error", f"task {task.name} failed to start {index}: {type(e).__name__}: {e}") from e
+            log.exception("task %s failed to start sample %s", task.name, shown(index))
+            raise EnvError("env_error", f"task {task.name} failed to start {shown(index)}: "
+                                        f"{type(e).__name__}: {str(e)[:SHOWN_CHARS]}") from e
 
     def interact(self, message: Any) -> InteractResult:
         if self.done:
             raise EnvError("bad_request", "the episode has already ended")
         if not isinstance(message, dict) or message.get("role", "assistant") != "assistant":
             raise EnvError("bad_request", "message must be an assistant message object")
-        raw = isinstance(self.episode, ReadsRawMessages)
-        calls, errors = ([], []) if raw else self.toolbox.check(message)
+        calls, errors = self.toolbox.check(message, policy_of(self.episode, self.task))
         self.turns += 1
         result = StepResult(messages=errors)
-        if raw:
-            try:
-                result = self.episode.raw_step(message)  # type: ignore[attr-defined]
-            except Exception as e:
-                return self._failed(e)
-        elif not message.get("tool_calls") and isinstance(self.episode, AnswersInText):
+        if not message.get("tool_calls") and isinstance(self.episode, AnswersInText):
             try:
                 step = self.episode.text_step(str(message.get("content") or ""))
             except Exception as e:

@@ -10,6 +10,8 @@ it touches them all (POST /touch, in batches) every `keepalive_s`. The controlle
 only after `session_idle_s` without a call or a touch, so a session whose agent loop waits on a slow
 generation or a weight sync is never expired while this process runs; one whose process died is.
 
+Every request carries the run's secret (`agentrl.auth`): the one given, else `$AGENTRL_SECRET`.
+
 Not here: retries (the caller decides whether an env_error episode is retried or dropped).
 """
 from __future__ import annotations
@@ -17,11 +19,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from types import TracebackType
 from typing import Any, Self
 
 import aiohttp
 
+from agentrl.auth import ENV_VAR, auth_header
 from agentrl.envs.api import EnvError, InteractResult, StartResult
 
 log = logging.getLogger(__name__)
@@ -32,18 +36,20 @@ class GatewayClient:
     """Client of the gateway routes (start_sample, interact, cancel, expert, indices, status).
 
     Usage:
-        async with GatewayClient("http://127.0.0.1:8000") as env:
+        async with GatewayClient("http://127.0.0.1:8000", secret=run_secret(run_dir)) as env:
             start = await env.start_sample("lookup", "train-0")
             result = await env.interact(start.session_id, assistant_message)
     """
 
     def __init__(self, base_url: str, timeout_s: float = 60.0, max_connections: int = 1024,
-                 keepalive_s: float | None = 30.0) -> None:
-        """`keepalive_s`: how often to touch the held sessions (None: never; e.g. a worker's own URL)."""
+                 keepalive_s: float | None = 30.0, secret: str | None = None) -> None:
+        """`keepalive_s`: how often to touch the held sessions (None: never; e.g. a worker's own URL).
+        `secret`: the run's secret (default `$AGENTRL_SECRET`; none for an in-process test server)."""
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self.max_connections = max_connections
         self.keepalive_s = keepalive_s
+        self.headers = auth_header(secret or os.environ.get(ENV_VAR, "").strip() or None)
         self._http: aiohttp.ClientSession | None = None
         self.held: set[str] = set()
         """Sessions started here and not yet seen to end: what the keep-alive touches."""
@@ -52,7 +58,7 @@ class GatewayClient:
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None or self._http.closed:
             connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=self.max_connections)
-            self._http = aiohttp.ClientSession(connector=connector,
+            self._http = aiohttp.ClientSession(connector=connector, headers=self.headers,
                                                timeout=aiohttp.ClientTimeout(total=self.timeout_s))
         return self._http
 

@@ -141,7 +141,10 @@ def select_backend(requested: str = "auto", isolation: bool = True) -> str:
 def check_image(cfg: SandboxConfig, backend: str) -> None:
     """Fail now (at task construction, i.e. worker start) if the sandbox's image is missing."""
     if backend == "bwrap":
-        require_rootfs(cfg.image_dir(), cfg.sandbox_uid(backend))
+        try:
+            require_rootfs(cfg.image_dir(), cfg.sandbox_uid(backend))
+        except (FileNotFoundError, PermissionError) as e:  # the sandbox cannot run here: say how to fix it
+            raise SandboxUnavailable(str(e)) from e
     elif backend == "apptainer" and not cfg.image:
         raise SandboxUnavailable("the apptainer backend needs an image (sandbox.image), "
                                  "e.g. one built from containers/os-sandbox.def")
@@ -295,14 +298,20 @@ def bwrap_argv(mounts: list[str], command: list[str], hostname: str, disk_mb: in
             "--remount-ro", "/dev", "--clearenv", "--chdir", "/", "--", *command]
 
 
-def apptainer_argv(image: str, env: dict[str, str], command: list[str], hostname: str,
+def apptainer_argv(image: str, binds: dict[str, str], env: dict[str, str], command: list[str], hostname: str,
                    fakeroot: bool = True, binary: str = "apptainer") -> list[str]:
     """Apptainer's command line: everything contained, no network, a writable tmpfs over the image
-    (Apptainer's `sessiondir max size` bounds it), nothing of the host bound in."""
-    argv = [binary, "exec", "--containall", "--no-init", "--no-home", "--net", "--network", "none",
-            "--writable-tmpfs", "--hostname", hostname, "--pwd", "/root", "--cleanenv"]
+    (Apptainer's `sessiondir max size` bounds it). The driver starts every command in /root itself.
+
+    Args:
+        binds: host directory -> path inside; the `os` sessions bind nothing of the host (empty).
+    """
+    argv = [binary, "exec", "--containall", "--no-init", "--net", "--network", "none", "--writable-tmpfs",
+            "--hostname", hostname, "--pwd", "/", "--cleanenv"]
     if fakeroot:
         argv.append("--fakeroot")
+    for host, inside in binds.items():
+        argv += ["--bind", f"{host}:{inside}"]
     for k, v in env.items():
         argv += ["--env", f"{k}={v}"]
     return argv + [image, *command]
@@ -349,7 +358,7 @@ class Shell:
             image = str(self.cfg.image_dir().absolute())
             return bwrap_argv(plan_mounts(image), command, self.cfg.hostname, self.cfg.disk_mb, self.cfg.shm_mb)
         if self.backend == "apptainer":
-            return apptainer_argv(self.cfg.image, {}, command, self.cfg.hostname, self.cfg.fakeroot,
+            return apptainer_argv(self.cfg.image, {}, {}, command, self.cfg.hostname, self.cfg.fakeroot,
                                   _apptainer_binary() or "apptainer")
         return ["python3", "-I", "-S", "-c", BOOT]
 

@@ -6,7 +6,17 @@ with 503 no_capacity when full or draining; a draining worker still serves the s
 they end. Task code runs behind `Session`, so a raising task ends its episode as env_error instead of
 crashing the worker. `start_worker` also registers with the controller and heartbeats every
 `heartbeat_s`; it re-registers (listing its live sessions) whenever the controller says it does not
-know it.
+know it. Every route requires the run's secret (`agentrl.auth`); /expert answers only where the run
+turned it on (`envs.expert_route`).
+
+Faults stay with the session that caused them:
+  * a blocking task's calls run on this worker's own thread pool, with a thread for every slot, so the
+    event loop (and with it the heartbeats) never waits on task work and one slow session never queues
+    behind others;
+  * a call that outlives `call_timeout_s` (below the controller's request timeout) ends its session as
+    env_error with that reason; the thread it holds is counted as taken (`stuck`) until it returns,
+    when the session is closed;
+  * one call at a time per session: a second interact or expert while one runs gets 409 `busy`.
 
 Expiry belongs to the controller (it hears the client's keep-alives; the worker does not). A session
 quiet on the worker for longer than the controller's idle limit is only a candidate: the next heartbeat
@@ -18,20 +28,25 @@ Not here: routing, dead-worker detection (the controller's), process setup and l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
+from agentrl.auth import auth_header
 from agentrl.config import ControllerConfig, EnvsConfig
 from agentrl.envs.api import (
     MAX_ARGUMENT_BYTES,
     MAX_OUTPUT_CHARS,
+    MAX_TOOL_CALLS,
     EnvError,
     InteractResult,
     Session,
@@ -39,12 +54,25 @@ from agentrl.envs.api import (
     Task,
     ToolBox,
     require,
+    shown,
 )
-from agentrl.envs.wire import error_response
+from agentrl.envs.wire import Handler, auth_middleware, check_exposure, error_response, read_json
+from agentrl.types import Status
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+MAX_ENDED = 10_000
+"""Sessions this worker ended itself (a call timed out), remembered so later calls get the reason."""
+
+
+def call_timeout_s(request_timeout_s: float) -> float:
+    """The worker's deadline for one task call: enough below the controller's request timeout that the
+    worker answers "this session timed out" before the controller counts the worker as hung."""
+    return max(0.8 * request_timeout_s, request_timeout_s - 5.0)
+
+
+class CallTimedOut(Exception):
+    """A task call did not return within the worker's deadline; its thread still runs."""
 
 
 @dataclass
@@ -59,45 +87,126 @@ class EnvWorker:
     """Sessions of the hosted tasks and the route handlers over them."""
 
     def __init__(self, tasks: Mapping[str, Task], slots: int, worker_id: str, session_idle_s: float = 600.0,
-                 max_argument_bytes: int = MAX_ARGUMENT_BYTES, max_output_chars: int = MAX_OUTPUT_CHARS) -> None:
+                 max_argument_bytes: int = MAX_ARGUMENT_BYTES, max_output_chars: int = MAX_OUTPUT_CHARS,
+                 max_tool_calls: int = MAX_TOOL_CALLS, call_timeout_s: float = 24.0, expert_route: bool = False,
+                 max_body_bytes: int = 4 * 1024 * 1024, body_timeout_s: float = 10.0) -> None:
         self.tasks = dict(tasks)
-        self.toolboxes = {name: ToolBox(t.tools(), max_argument_bytes) for name, t in self.tasks.items()}
+        self.toolboxes = {name: ToolBox(t.tools(), max_argument_bytes, max_tool_calls)
+                          for name, t in self.tasks.items()}
         self.slots = slots
         self.worker_id = worker_id
         self.session_idle_s = session_idle_s
         self.max_output_chars = max_output_chars
+        self.call_timeout_s = call_timeout_s
+        self.expert_route = expert_route
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
         self.draining = False
         self.sessions: dict[str, _Live] = {}
+        self.ended: OrderedDict[str, str] = OrderedDict()
+        """Sessions ended here (their call timed out) → why, for their later calls."""
+        self.starting = 0
+        """start_sample calls in flight: they hold a slot until they answer."""
+        self.stuck = 0
+        """Task calls past their deadline whose threads still run: each holds a slot until it returns."""
+        self.counters = {"call_timeouts": 0, "busy": 0, "unhandled": 0, "unauthorized": 0}
+        # A thread for every slot, and as many again for starts and closes of sessions already gone:
+        # a call never waits for a thread because other sessions are slow. Threads start only on demand.
+        self.pool = ThreadPoolExecutor(max_workers=2 * slots + 4, thread_name_prefix=f"task-{worker_id}")
+        self._closing: set[asyncio.Task[None]] = set()
         self.changed = asyncio.Event()
         """Set when the controller should hear from us before the next heartbeat is due (a drain)."""
 
     # ------------------------------------------------------------------------------------ helpers
-    async def _run(self, task: Task, fn: Callable[..., Any], *args: Any) -> Any:
-        # Task code is called directly (fast tasks like lookup); a task that says it blocks gets a thread.
-        if getattr(task, "blocking", False):
-            return await asyncio.to_thread(fn, *args)
-        return fn(*args)
+    async def _run(self, task: Task, fn: Callable[..., Any], *args: Any,
+                   late: Callable[[Future[Any]], None] | None = None) -> Any:
+        """Call task code. A task that says it blocks runs on the pool, bounded by `call_timeout_s`.
+
+        Fast tasks (lookup, echo) are called directly. On a timeout the thread keeps running: it counts
+        as `stuck` until it returns, and then `late(future)` cleans up what it produced (e.g. closes a
+        session whose caller was already told it timed out).
+        """
+        if not getattr(task, "blocking", False):
+            return fn(*args)
+        future = self.pool.submit(fn, *args)
+        try:
+            async with asyncio.timeout(self.call_timeout_s):
+                return await asyncio.shield(asyncio.wrap_future(future))
+        except BaseException as e:
+            if future.done():  # the task's own exception
+                raise
+            self.stuck += 1
+            loop = asyncio.get_running_loop()
+
+            def returned(f: Future[Any]) -> None:
+                self.stuck -= 1
+                if late is not None:
+                    late(f)
+
+            def from_thread(f: Future[Any]) -> None:
+                with contextlib.suppress(RuntimeError):  # the loop closed: the process is exiting
+                    loop.call_soon_threadsafe(returned, f)
+
+            future.add_done_callback(from_thread)
+            if isinstance(e, TimeoutError):
+                self.counters["call_timeouts"] += 1
+                name = getattr(fn, "__qualname__", getattr(fn, "__name__", "call"))
+                raise CallTimedOut(f"{task.name}: {name} took longer than {self.call_timeout_s:g}s") from None
+            raise
+
+    def _close_later(self, live: _Live) -> Callable[[Future[Any]], None]:
+        """`late` for a call on a session that was ended meanwhile: close it once its call returned."""
+        def close(_: Future[Any]) -> None:
+            self._close_off_loop(live.session)
+        return close
+
+    def _close_started(self, f: Future[Any]) -> None:
+        """`late` for a start that timed out: the session it made after all is nobody's; close it."""
+        if not f.cancelled() and f.exception() is None:
+            self._close_off_loop(f.result())
+
+    def _close_off_loop(self, session: Session) -> None:
+        with contextlib.suppress(RuntimeError):  # the pool was shut down: the process is exiting
+            self.pool.submit(session.close)
+
+    def _end_here(self, sid: str, reason: str) -> None:
+        self.sessions.pop(sid, None)
+        self.ended[sid] = reason
+        while len(self.ended) > MAX_ENDED:
+            self.ended.popitem(last=False)
+
+    async def _body(self, request: web.Request) -> Any:
+        return await read_json(request, self.max_body_bytes, self.body_timeout_s)
 
     def _live(self, body: Any) -> tuple[str, _Live]:
         sid = require(body, "session_id")
         live = self.sessions.get(sid)
         if live is None:
-            raise EnvError("unknown_session", f"no session {sid!r} on worker {self.worker_id}")
+            raise EnvError("unknown_session", f"no session {shown(sid)} on worker {self.worker_id}")
         live.last_used = time.monotonic()
         return sid, live
 
+    def _busy(self, sid: str, live: _Live) -> None:
+        if live.lock.locked():
+            self.counters["busy"] += 1
+            raise EnvError("busy", f"session {sid} is already running a call; send one call at a time")
+
     def _task(self, name: str) -> Task:
         if name not in self.tasks:
-            raise EnvError("unknown_task", f"worker {self.worker_id} does not serve task {name!r}")
+            raise EnvError("unknown_task", f"worker {self.worker_id} does not serve task {shown(name)}")
         return self.tasks[name]
+
+    @property
+    def taken(self) -> int:
+        return len(self.sessions) + self.starting + self.stuck
 
     def load(self) -> dict[str, Any]:
         per_task: dict[str, int] = {name: 0 for name in self.tasks}
         for live in self.sessions.values():
             per_task[live.task] += 1
         return {"worker_id": self.worker_id, "tasks": list(self.tasks), "slots": self.slots,
-                "active": len(self.sessions), "free": self.slots - len(self.sessions), "draining": self.draining,
-                "sessions": per_task}
+                "active": len(self.sessions), "free": max(0, self.slots - self.taken), "stuck": self.stuck,
+                "draining": self.draining, "sessions": per_task, **self.counters}
 
     def idle_candidates(self, limit: int = 1000) -> list[str]:
         """Sessions quiet here past the idle limit (at most `limit`): the controller says which to drop.
@@ -113,51 +222,93 @@ class EnvWorker:
         return stale
 
     def drop(self, session_ids: list[str]) -> None:
+        """Forget sessions the controller no longer holds; their resources are freed off the event loop."""
         for sid in session_ids:
             live = self.sessions.pop(sid, None)
             if live is not None:
-                live.session.close()
+                task = asyncio.get_running_loop().create_task(self._close(live))
+                self._closing.add(task)  # the loop holds tasks only weakly
+                task.add_done_callback(self._closing.discard)
+
+    async def _close(self, live: _Live) -> None:
+        async with live.lock:  # after a step in flight has finished
+            try:
+                await self._run(live.session.task, live.session.close)
+            except CallTimedOut as e:
+                log.warning("closing a session: %s", e)
 
     def start_draining(self) -> None:
         self.draining = True
         self.changed.set()
 
+    def shutdown(self) -> None:
+        """Stop taking task work; threads still running finish in the background (never joined)."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
     # ------------------------------------------------------------------------------------ routes
     async def start_sample(self, request: web.Request) -> web.Response:
-        body = await request.json()
+        body = await self._body(request)
         task = self._task(require(body, "task"))
         index = require(body, "index")
         if self.draining:
             raise EnvError("no_capacity", f"worker {self.worker_id} is draining")
-        if len(self.sessions) >= self.slots:
+        if self.taken >= self.slots:
             raise EnvError("no_capacity", f"worker {self.worker_id} is full ({self.slots} slots)")
-        session = await self._run(task, Session, task, index, self.toolboxes[task.name], self.max_output_chars)
+        self.starting += 1
+        try:
+            session = await self._run(task, Session, task, index, self.toolboxes[task.name], self.max_output_chars,
+                                      late=self._close_started)
+        except CallTimedOut as e:
+            raise EnvError("env_error", str(e)) from None
+        finally:
+            self.starting -= 1
         sid = uuid.uuid4().hex
         self.sessions[sid] = _Live(session=session, task=task.name, last_used=time.monotonic())
-        return web.json_response(StartResult(sid, session.messages, session.toolbox.tools).to_wire())
+        start = StartResult(sid, session.messages, session.toolbox.tools, task.max_turns)
+        return web.json_response(start.to_wire())
 
     async def interact(self, request: web.Request) -> web.Response:
-        body = await request.json()
+        body = await self._body(request)
+        sid = require(body, "session_id")
+        if sid in self.ended:  # this worker ended it (a call timed out): say so on every later call
+            return web.json_response(InteractResult.ended(Status.ENV_ERROR, self.ended[sid]).to_wire())
         sid, live = self._live(body)
         message = require(body, "message", dict)
-        async with live.lock:  # one step at a time per session, even when a task runs in a thread
-            result: InteractResult = await self._run(live.session.task, live.session.interact, message)
+        self._busy(sid, live)
+        async with live.lock:
+            try:
+                result: InteractResult = await self._run(live.session.task, live.session.interact, message,
+                                                         late=self._close_later(live))
+            except CallTimedOut as e:
+                reason = f"{e}; the session was ended"
+                self._end_here(sid, reason)
+                return web.json_response(InteractResult.ended(Status.ENV_ERROR, reason).to_wire())
         if result.done:
             self.sessions.pop(sid, None)  # the slot frees as soon as the episode ends
         return web.json_response(result.to_wire())
 
     async def cancel(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        live = self.sessions.pop(require(body, "session_id"), None)  # idempotent: cancelling twice is fine
+        body = await self._body(request)
+        sid = require(body, "session_id")
+        self.ended.pop(sid, None)
+        live = self.sessions.pop(sid, None)  # idempotent: cancelling twice is fine
         if live is not None:  # free its sandbox or database, after a step in flight has finished
-            async with live.lock:
-                await self._run(live.session.task, live.session.close)
+            await self._close(live)
         return web.json_response({"ok": True})
 
     async def expert(self, request: web.Request) -> web.Response:
-        _, live = self._live(await request.json())
+        if not self.expert_route:
+            raise EnvError("forbidden", "the expert route is off in this run (envs.expert_route)")
+        sid, live = self._live(await self._body(request))
+        self._busy(sid, live)
         async with live.lock:
-            message = await self._run(live.session.task, live.session.expert_message)
+            try:
+                message = await self._run(live.session.task, live.session.expert_message,
+                                          late=self._close_later(live))
+            except CallTimedOut as e:
+                reason = f"{e}; the session was ended"
+                self._end_here(sid, reason)
+                raise EnvError("env_error", reason) from None
         return web.json_response({"message": message})
 
     async def indices(self, request: web.Request) -> web.Response:
@@ -168,7 +319,8 @@ class EnvWorker:
         except EnvError:
             raise
         except Exception as e:
-            raise EnvError("env_error", f"{task.name}.indices({split!r}) failed: {type(e).__name__}: {e}") from e
+            raise EnvError("env_error", f"{task.name}.indices({shown(split)}) failed: "
+                                        f"{type(e).__name__}: {str(e)[:200]}") from e
         return web.json_response({"indices": list(indices)})
 
     async def status(self, request: web.Request) -> web.Response:
@@ -180,17 +332,29 @@ class EnvWorker:
         return web.json_response({"ok": True, "active": len(self.sessions)})
 
 
-@web.middleware
-async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every failure of one request becomes a JSON error for that request only."""
-    try:
-        return await handler(request)
-    except Exception as e:
-        return error_response(e, request, unhandled_code="env_error")
+def _error_middleware(worker: EnvWorker) -> Any:
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Every failure of one request becomes a JSON error for that request only."""
+        try:
+            return await handler(request)
+        except ConnectionResetError:  # the caller hung up mid-request: nobody to answer
+            return web.Response(status=499)
+        except Exception as e:
+            response = error_response(e, request, unhandled_code="env_error")
+            if not isinstance(e, EnvError | web.HTTPException):
+                worker.counters["unhandled"] += 1
+            return response
+    return middleware
 
 
-def create_worker_app(worker: EnvWorker, max_body_bytes: int = 4 * 1024 * 1024) -> web.Application:
-    app = web.Application(middlewares=[error_middleware], client_max_size=max_body_bytes)
+def create_worker_app(worker: EnvWorker, secret: str | None = None) -> web.Application:
+    """The worker as an aiohttp app; `secret`: required on every route (None: no check, loopback tests)."""
+    def rejected() -> None:
+        worker.counters["unauthorized"] += 1
+
+    app = web.Application(middlewares=[auth_middleware(secret, rejected), _error_middleware(worker)],
+                          client_max_size=worker.max_body_bytes)
     app.add_routes([
         web.post("/start_sample", worker.start_sample), web.post("/interact", worker.interact),
         web.post("/cancel", worker.cancel), web.post("/expert", worker.expert),
@@ -205,13 +369,14 @@ class RunningWorker:
     """A worker being served on a socket and kept registered with the controller."""
 
     def __init__(self, worker: EnvWorker, runner: web.AppRunner, address: str, controller_url: str,
-                 heartbeat_s: float) -> None:
+                 heartbeat_s: float, secret: str | None = None) -> None:
         self.worker = worker
         self.runner = runner
         self.address = address
         self.controller_url = controller_url.rstrip("/")
         self.heartbeat_s = heartbeat_s
-        self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=max(2.0, 2 * heartbeat_s)))
+        self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=max(2.0, 2 * heartbeat_s)),
+                                          headers=auth_header(secret))
         self._loop_task: asyncio.Task[None] | None = None
 
     async def _post(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -226,8 +391,7 @@ class RunningWorker:
         sessions = [{"session_id": sid, "task": live.task} for sid, live in w.sessions.items()]
         answer = await self._post("/register", {"worker_id": w.worker_id, "address": self.address,
                                                 "tasks": list(w.tasks), "slots": w.slots, "sessions": sessions})
-        for sid in answer.get("drop", []):  # sessions the controller already ended (e.g. declared us dead)
-            w.sessions.pop(sid, None)
+        w.drop([str(sid) for sid in answer.get("drop") or []])  # ended there meanwhile (e.g. we were declared dead)
         log.info("registered %s at %s with %s", w.worker_id, self.controller_url, self.address)
 
     async def heartbeat_once(self) -> None:
@@ -297,21 +461,29 @@ class RunningWorker:
             log.debug("final heartbeat failed: %s", e)
         await self.http.close()
         await self.runner.cleanup()
+        self.worker.shutdown()
 
 
 async def start_worker(envs: EnvsConfig, controller: ControllerConfig, controller_url: str, worker_id: str,
                        host: str = "127.0.0.1", advertise_host: str | None = None, port: int = 0,
-                       tasks: Mapping[str, Task] | None = None) -> RunningWorker:
+                       tasks: Mapping[str, Task] | None = None, secret: str | None = None,
+                       expert_route: bool | None = None) -> RunningWorker:
     """Serve `envs.tasks` on host:port (0 = a free port), register, and heartbeat in the background.
 
     Args:
-        envs: task names and slot count.
-        controller: heartbeat period and session idle limit (the controller's timing, shared).
+        envs: task names, slot count and the per-message limits.
+        controller: heartbeat period, session idle limit, request timeout and body limits (the
+            controller's timing, shared).
         controller_url: e.g. "http://node1:8000".
         worker_id: unique among the workers of the run.
         host: interface to bind; advertise_host: the host name the controller should call (default host).
         tasks: already-built tasks by name (tests); default: `get_task` for each of `envs.tasks`.
+        secret: the run's secret (`agentrl.auth.run_secret`), required of every caller and sent to the
+            controller; None only for in-process tests on loopback (refused on any other interface).
+        expert_route: answer /expert; None: `envs.expert_route == "enabled"` (the jobs resolve "auto"
+            with `agentrl.envs.serving.expert_route_on`).
     """
+    check_exposure(host, secret)
     if tasks is None:
         from agentrl.envs.tasks import get_task  # deferred: only a serving worker needs the registry
 
@@ -321,13 +493,16 @@ async def start_worker(envs: EnvsConfig, controller: ControllerConfig, controlle
     # ones (later by a margin, so the two rarely cross) only to free slots the controller forgot.
     worker = EnvWorker(tasks, envs.slots, worker_id,
                        session_idle_s=controller.session_idle_s + controller.dead_after_s,
-                       max_argument_bytes=envs.max_argument_bytes, max_output_chars=envs.max_output_chars)
-    runner = web.AppRunner(create_worker_app(worker, controller.max_body_bytes), access_log=None)
+                       max_argument_bytes=envs.max_argument_bytes, max_output_chars=envs.max_output_chars,
+                       max_tool_calls=envs.max_tool_calls, call_timeout_s=call_timeout_s(controller.request_timeout_s),
+                       expert_route=envs.expert_route == "enabled" if expert_route is None else expert_route,
+                       max_body_bytes=controller.max_body_bytes, body_timeout_s=controller.body_timeout_s)
+    runner = web.AppRunner(create_worker_app(worker, secret), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
     bound_port = runner.addresses[0][1]
     address = f"http://{advertise_host or host}:{bound_port}"
-    running = RunningWorker(worker, runner, address, controller_url, controller.heartbeat_s)
+    running = RunningWorker(worker, runner, address, controller_url, controller.heartbeat_s, secret)
     running.start_heartbeats()
     return running

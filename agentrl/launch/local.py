@@ -22,6 +22,9 @@ class Role:
     proc: subprocess.Popen
     log_path: Path
     offset: int = 0
+    command: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    restarts: int = 0
 
 
 @dataclass
@@ -35,11 +38,22 @@ class LocalLauncher:
         logs.mkdir(parents=True, exist_ok=True)
         log_path = logs / f"{name}.log"
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        with open(log_path, "ab") as out:
-            proc = subprocess.Popen([self.python, "-m", module, "--run-dir", str(self.run_dir), *args],
-                                    stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
-        role = Role(name, proc, log_path)
+        command = [self.python, "-m", module, "--run-dir", str(self.run_dir), *args]
+        role = Role(name, self._spawn(command, log_path, full_env), log_path, command=command, env=full_env)
         self.roles[name] = role
+        return role
+
+    @staticmethod
+    def _spawn(command: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen:
+        with open(log_path, "ab") as out:
+            return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def restart(self, name: str) -> Role:
+        """Start a role that exited again, with the same command (its log goes on in the same file)."""
+        role = self.roles[name]
+        _signal_group(role.proc, signal.SIGKILL)  # whatever the dead role left in its group (engine cores, sandboxes)
+        role.proc = self._spawn(role.command, role.log_path, role.env)
+        role.restarts += 1
         return role
 
     def run(self, name: str, module: str, *args: str, timeout_s: float = 600.0,
@@ -51,9 +65,13 @@ class LocalLauncher:
             raise RuntimeError(self.failure_report(failed))
 
     def watch(self, names: list[str], timeout_s: float, echo: Callable[[str, str], None] | None = None,
-              poll_s: float = 0.5) -> str | None:
+              poll_s: float = 0.5, restartable: tuple[str, ...] = (), max_restarts: int = 0) -> str | None:
         """Wait until every role in `names` exited 0. Returns the name of a role that failed (any
-        started role exiting non-zero counts), or raises TimeoutError."""
+        started role exiting non-zero counts), or raises TimeoutError.
+
+        A role whose name starts with one of `restartable` (e.g. "env_worker-") is started again when it
+        exits, at most `max_restarts` times each, and the run goes on (the controller routes around it
+        meanwhile); past that it counts as failed."""
         deadline = time.monotonic() + timeout_s
         while True:
             if echo:
@@ -61,7 +79,13 @@ class LocalLauncher:
                     self._follow(role, echo)
             for role in self.roles.values():
                 rc = role.proc.poll()
-                if rc is not None and rc != 0:
+                if rc is None or role.name in names and rc == 0:
+                    continue
+                if role.name.startswith(restartable) and restartable and role.restarts < max_restarts:
+                    print(f"[  launcher] {role.name} exited with {rc}; restarting it "
+                          f"({role.restarts + 1} of {max_restarts})", file=sys.stderr, flush=True)
+                    self.restart(role.name)
+                elif rc != 0:
                     return role.name
             if all(self.roles[n].proc.poll() == 0 for n in names):
                 return None
@@ -97,6 +121,22 @@ class LocalLauncher:
                 r.proc.wait()
         for r in self.roles.values():
             _signal_group(r.proc, signal.SIGKILL)  # whatever is left in the groups
+
+
+def start_run(launcher: LocalLauncher, workers: int, build_model: bool,
+              echo: Callable[[str, str], None] | None = None) -> None:
+    """Start a run's roles in order: controller (and its address in rendezvous.json), env workers, the
+    model build (waited for), trainer, rollout. What `python -m jobs.train` and `jobs.chaos` run."""
+    from agentrl.launch import rendezvous
+
+    launcher.start("controller", "jobs.controller")
+    rendezvous.wait_for(launcher.run_dir, "controller_url", timeout_s=60)
+    for w in range(workers):
+        launcher.start(f"env_worker-{w}", "jobs.env_worker", "--worker-id", f"worker-{w}")
+    if build_model:
+        launcher.run("make_model", "jobs.make_model", timeout_s=600, echo=echo)
+    launcher.start("trainer", "jobs.trainer")
+    launcher.start("rollout", "jobs.rollout")
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

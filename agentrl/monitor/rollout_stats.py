@@ -8,6 +8,16 @@ import numpy as np
 from agentrl.types import Status, Trajectory
 
 
+def task_metric_means(trajs: list[Trajectory]) -> dict[str, float]:
+    """Mean of every numeric `metrics` key over the trajectories that report it (success included)."""
+    sums: dict[str, list[float]] = defaultdict(list)
+    for t in trajs:
+        for k, v in t.metrics.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                sums[k].append(float(v))
+    return {k: float(np.mean(v)) for k, v in sorted(sums.items())}
+
+
 def rollout_metrics(trajs: list[Trajectory], prefix: str = "rollout") -> dict[str, float]:
     by_task: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajs:
@@ -20,6 +30,9 @@ def rollout_metrics(trajs: list[Trajectory], prefix: str = "rollout") -> dict[st
         out[f"{p}/turns"] = float(np.mean([t.num_turns for t in ts]))
         out[f"{p}/tokens"] = float(np.mean([t.num_tokens for t in ts]))
         out[f"{p}/invalid_calls"] = float(np.mean([t.metrics.get("invalid_calls", 0.0) for t in ts]))
+        for key, value in task_metric_means(ts).items():  # every other float the task reports, e.g. read_note
+            if key not in ("success", "invalid_calls"):
+                out[f"{p}/metrics/{key}"] = value
         for s in Status:
             n = sum(t.status == s for t in ts)
             if n:

@@ -20,8 +20,22 @@ from agentrl.types import Status, Trajectory, TrajectoryBuilder, new_id
 @dataclass(frozen=True)
 class EpisodeLimits:
     max_turns: int
+    """A global cap on assistant turns below the task's own limit (0: the task's limit alone). Episodes
+    it ends early are `truncated`: the run's budget, not the agent's failure."""
     max_model_len: int
     max_new_tokens: int
+
+
+# A task that does not say its round limit (an old server) gets this many turns before the cap.
+DEFAULT_TASK_TURNS = 20
+
+
+def turn_budget(task_max_turns: int | None, cap: int) -> tuple[int, bool]:
+    """(turns this episode may take, whether reaching them means the cap cut it short of the task's limit)."""
+    own = task_max_turns if task_max_turns and task_max_turns > 0 else DEFAULT_TASK_TURNS
+    if cap and cap < own:
+        return cap, True
+    return own, False
 
 
 async def run_episode(client: Any, engine: Engine, tokenizer: Any, task: str, index: str, group_id: str,
@@ -37,10 +51,14 @@ async def run_episode(client: Any, engine: Engine, tokenizer: Any, task: str, in
                               add_special_tokens=False)
     b.add_context(prompt[: limits.max_model_len])  # an over-long prompt ends at once as context_limit
     im_end = tokenizer.convert_tokens_to_ids(chat.IM_END)
-    status, reward, metrics, turns, invalid = Status.TURN_LIMIT, 0.0, {}, 0, 0
+    max_turns, capped = turn_budget(start.max_turns, limits.max_turns)
+    # Reaching max_turns below: the task's own limit ends the episode as turn_limit (turns with unreadable
+    # calls count, as the env's Session counts every assistant message); the run's cap, as truncated.
+    status = Status.TRUNCATED if capped else Status.TURN_LIMIT
+    reward, metrics, turns, invalid = 0.0, {}, 0, 0
     done = False
     try:
-        while turns < limits.max_turns:
+        while turns < max_turns:
             budget = limits.max_model_len - len(b)
             if budget < 2:
                 status = Status.CONTEXT_LIMIT

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.envs.api import EnvError
+from agentrl.monitor.eval_summary import per_task_summary, task_eval
 from agentrl.monitor.rollout_stats import rollout_metrics
 from agentrl.rollout import chat
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
@@ -29,6 +30,27 @@ from agentrl.transport.shards import ShardWriter
 from agentrl.types import Status, Trajectory, new_id
 
 log = logging.getLogger("agentrl.rollout")
+
+
+# Errors a retry cannot mend: the run is misconfigured, not unlucky.
+FATAL_CODES = ("unauthorized", "forbidden", "unknown_task", "bad_request")
+
+
+@dataclass(frozen=True)
+class Retry:
+    """How an episode that the infrastructure ended is tried again.
+
+    `max_retries` more attempts after an env_error ending, each after `backoff_s` doubling up to `max_backoff_s`;
+    while no worker has room (`no_capacity`, the controller unreachable) the episode waits with the same
+    backoff up to `capacity_wait_s` without spending its retries: a restarting worker is given time."""
+
+    max_retries: int = 2
+    backoff_s: float = 0.5
+    max_backoff_s: float = 8.0
+    capacity_wait_s: float = 120.0
+
+    def delay(self, attempt: int) -> float:
+        return min(self.backoff_s * 2 ** attempt, self.max_backoff_s) * random.uniform(0.5, 1.0)
 
 
 @dataclass(frozen=True)
@@ -44,7 +66,7 @@ class Plan:
     temperature: float
     top_p: float
     limits: EpisodeLimits
-    max_retries: int = 2
+    retry: Retry = Retry()
     wait_timeout_s: float = 3600.0
     seed: int = 0
     poll_s: float = 0.05
@@ -53,27 +75,42 @@ class Plan:
 
 async def collect(client: Any, engine: Engine, tok: Any, requests: list[tuple[str, str, str]],
                   sampling: SamplingConfig, limits: EpisodeLimits, concurrency: int,
-                  max_retries: int) -> tuple[list[Trajectory], int]:
+                  max_retries: int | Retry) -> tuple[list[Trajectory], int]:
     """Run one episode per (task, index, group_id), at most `concurrency` at once.
 
-    Returns the trajectories (env_error ones included after `max_retries`) and the number of retries.
+    Returns the trajectories (env_error ones included after the retries) and the number of retries.
     """
+    retry = max_retries if isinstance(max_retries, Retry) else Retry(max_retries=max_retries)
     sem = asyncio.Semaphore(concurrency)
     retries = 0
 
     async def one(task: str, index: str, group: str) -> Trajectory:
         nonlocal retries
-        for attempt in range(max_retries + 1):
+        attempt, waited, traj = 0, 0.0, None
+        loop = asyncio.get_running_loop()
+        while True:
             async with sem:
                 try:
                     traj = await run_episode(client, engine, tok, task, index, group, sampling, limits)
                 except EnvError as e:  # could not even start a session
-                    log.warning("start_sample %s/%s failed (%s): attempt %d", task, index, e, attempt + 1)
+                    if e.code in FATAL_CODES:
+                        raise
                     traj = None
+                    if e.code == "no_capacity" and waited < retry.capacity_wait_s:
+                        pause = retry.delay(min(attempt, 4))
+                        log.warning("start_sample %s/%s: %s; waiting %.1fs for capacity", task, index, e, pause)
+                        t0 = loop.time()
+                        await asyncio.sleep(pause)
+                        waited += loop.time() - t0
+                        continue
+                    log.warning("start_sample %s/%s failed (%s): attempt %d", task, index, e, attempt + 1)
             if traj is not None and traj.status != Status.ENV_ERROR:
                 return traj
-            if attempt < max_retries:
-                retries += 1
+            if attempt >= retry.max_retries:
+                break
+            retries += 1
+            await asyncio.sleep(retry.delay(attempt))
+            attempt += 1
         if traj is None:  # keep a record: an empty env_error trajectory is counted, never trained on
             traj = Trajectory(new_id(), task, index, group, [], [], [], [], [], 0.0, Status.ENV_ERROR, 0,
                               metrics={"env_error": 1.0, "success": 0.0})
@@ -83,14 +120,40 @@ async def collect(client: Any, engine: Engine, tok: Any, requests: list[tuple[st
     return list(trajs), retries
 
 
+async def collect_step(client: Any, engine: Engine, tok: Any, reqs: list[tuple[str, str, str]],
+                       sampling: SamplingConfig, plan: Plan, step: int) -> tuple[list[Trajectory], int]:
+    """One step's episodes. A batch in which the infrastructure ended every episode would be a step that
+    trains on nothing: it is collected again (after a pause) until some episode ends on its own terms,
+    for at most `plan.retry.capacity_wait_s`; then the run fails, saying the env workers are down."""
+    retry = plan.retry
+    deadline = time.monotonic() + retry.capacity_wait_s
+    total_retries = 0
+    for attempt in range(10**6):
+        trajs, retries = await collect(client, engine, tok, reqs, sampling, plan.limits, plan.concurrency, retry)
+        total_retries += retries
+        if any(not t.status.is_infra for t in trajs):
+            return trajs, total_retries
+        if time.monotonic() > deadline:
+            break
+        pause = retry.delay(min(attempt, 4))
+        log.warning("step %d: every one of %d episodes ended in an env failure; collecting again in %.1fs",
+                    step + 1, len(trajs), pause)
+        await asyncio.sleep(pause)
+    raise RuntimeError(f"step {step + 1}: every episode ended in an env failure for {retry.capacity_wait_s:g}s; "
+                       "the env workers are down (see logs/env_worker-*.log and logs/controller.log)")
+
+
 def stop_ids(tok: Any) -> tuple[int, ...]:
     return (tok.convert_tokens_to_ids(chat.IM_END), tok.eos_token_id)
 
 
 async def evaluate(client: Any, engine: Engine, tok: Any, plan: Plan, version: int, report_dir: Path,
-                   monitor, sampled: bool = False) -> dict[str, float]:
+                   monitor, sampled: bool = False) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
     """Episodes on the first `eval_samples` held-out indices of each task: greedy, or (`sampled`) each
-    index `eval_sampled` times at the rollout temperature, i.e. the stochastic policy RL optimizes."""
+    index `eval_sampled` times at the rollout temperature, i.e. the stochastic policy RL optimizes.
+
+    Returns the metrics (also logged and written to report/<eval|eval_sampled>-v<version>.json) and the
+    per-task evaluation (`eval_summary.task_eval`: success, episodes, stderr, status counts)."""
     name, repeat = ("eval_sampled", plan.eval_sampled) if sampled else ("eval", 1)
     reqs = []
     for task in plan.tasks:
@@ -99,18 +162,21 @@ async def evaluate(client: Any, engine: Engine, tok: Any, plan: Plan, version: i
     temperature, top_p = (plan.temperature, plan.top_p) if sampled else (0.0, 1.0)
     sampling = SamplingConfig(plan.limits.max_new_tokens, temperature, top_p, stop_ids(tok))
     t0 = time.perf_counter()
-    trajs, _ = await collect(client, engine, tok, reqs, sampling, plan.limits, plan.concurrency, plan.max_retries)
+    trajs, _ = await collect(client, engine, tok, reqs, sampling, plan.limits, plan.concurrency, plan.retry)
     m = rollout_metrics(trajs, prefix=name)
     scored = [t for t in trajs if not t.status.is_infra]  # env failures say nothing about the policy
     m[f"{name}/success"] = sum(t.metrics.get("success", 0.0) for t in scored) / max(len(scored), 1)
     m[f"{name}/episodes"] = float(len(scored))
     m[f"{name}/env_errors"] = float(len(trajs) - len(scored))
     m[f"{name}/seconds"] = time.perf_counter() - t0
+    per_task = task_eval(trajs)
     monitor.scalars(m, version)
     report_dir.mkdir(parents=True, exist_ok=True)
-    (report_dir / f"{name}-v{version}.json").write_text(json.dumps({"version": version, **m}, indent=2))
-    log.info("%s v%d: success %.3f over %d held-out episodes", name, version, m[f"{name}/success"], len(trajs))
-    return m
+    (report_dir / f"{name}-v{version}.json").write_text(
+        json.dumps({"version": version, **m, "per_task": per_task}, indent=2))
+    log.info("%s v%d: success %.3f over %d held-out episodes (%s)", name, version, m[f"{name}/success"], len(trajs),
+             "; ".join(f"{k} {v['success']:.3f}" for k, v in per_task.items()))
+    return m, per_task
 
 
 async def run(run_dir: Path, model_dir: Path, client: Any, tok: Any, make_engine, plan: Plan, monitor) -> dict:
@@ -124,7 +190,7 @@ async def run(run_dir: Path, model_dir: Path, client: Any, tok: Any, make_engine
             train = await client.indices(task, "train")
             reqs += [(task, i, f"expert-{task}-{i}") for i in rng.sample(train, min(plan.expert_samples, len(train)))]
         trajs, _ = await collect(client, ExpertEngine(client, tok), tok, reqs, sampling, limits,
-                                 plan.concurrency, plan.max_retries)
+                                 plan.concurrency, plan.retry)
         ShardWriter(run_dir / "shards" / "expert-0").write(trajs)
         m = rollout_metrics(trajs, prefix="expert")
         monitor.scalars(m, 0)
@@ -142,9 +208,12 @@ async def run(run_dir: Path, model_dir: Path, client: Any, tok: Any, make_engine
 async def _rl_loop(run_dir: Path, client: Any, tok: Any, engine: Any, path: Path, plan: Plan,
                    sampling: SamplingConfig, rng: random.Random, monitor) -> dict:
     await engine.load_weights(lambda: weights_io.iter_weights(path), 0)
-    before = await evaluate(client, engine, tok, plan, 0, run_dir / "report", monitor)
+    report = run_dir / "report"
+    before, task_before = await evaluate(client, engine, tok, plan, 0, report, monitor)
+    sampled_before = None
     if plan.eval_sampled:
-        before.update(await evaluate(client, engine, tok, plan, 0, run_dir / "report", monitor, sampled=True))
+        m, sampled_before = await evaluate(client, engine, tok, plan, 0, report, monitor, sampled=True)
+        before.update(m)
 
     writer = ShardWriter(run_dir / "shards" / "rollout-0")
     train_idx = {t: await client.indices(t, "train") for t in plan.tasks}
@@ -152,7 +221,6 @@ async def _rl_loop(run_dir: Path, client: Any, tok: Any, engine: Any, path: Path
         if len(idx) < plan.prompts_per_step:
             raise ValueError(f"rollout.prompts_per_step={plan.prompts_per_step} exceeds the {len(idx)} "
                              f"train samples of task {task!r}")
-    limits = plan.limits
     for step in range(plan.steps):
         t0 = time.perf_counter()
         reqs = []
@@ -160,7 +228,7 @@ async def _rl_loop(run_dir: Path, client: Any, tok: Any, engine: Any, path: Path
             for index in rng.sample(train_idx[task], plan.prompts_per_step):
                 group = f"s{step}-{task}-{index}"
                 reqs += [(task, index, group)] * plan.samples_per_prompt
-        trajs, retries = await collect(client, engine, tok, reqs, sampling, limits, plan.concurrency, plan.max_retries)
+        trajs, retries = await collect_step(client, engine, tok, reqs, sampling, plan, step)
         writer.write(trajs)
         dt = time.perf_counter() - t0
         n_act = sum(t.num_action_tokens for t in trajs)
@@ -174,13 +242,31 @@ async def _rl_loop(run_dir: Path, client: Any, tok: Any, engine: Any, path: Path
         path = await asyncio.to_thread(weights_io.wait_for, run_dir, step + 1, plan.wait_timeout_s, plan.poll_s)
         await engine.load_weights(lambda p=path: weights_io.iter_weights(p), step + 1)
 
-    after = await evaluate(client, engine, tok, plan, plan.steps, run_dir / "report", monitor)
-    summary = {"success_before_rl": before["eval/success"], "success_after_rl": after["eval/success"],
-               "eval_episodes": int(after["eval/episodes"]), "rl_steps": plan.steps}
+    after, task_after = await evaluate(client, engine, tok, plan, plan.steps, report, monitor)
+    trainer_report = _read_json(report / "trainer.json")
+    summary: dict[str, Any] = {
+        "success_before_rl": before["eval/success"], "success_after_rl": after["eval/success"],
+        "eval_episodes": int(after["eval/episodes"]), "env_errors": int(after["eval/env_errors"]),
+        "steps": plan.steps,
+        # steps whose batch changed the weights (a step left with no usable trajectory is not counted)
+        "rl_steps": int(trainer_report.get("rl_steps", plan.steps)), "trainer": trainer_report}
+    sampled_after = None
     if plan.eval_sampled:
-        after.update(await evaluate(client, engine, tok, plan, plan.steps, run_dir / "report", monitor, sampled=True))
+        m, sampled_after = await evaluate(client, engine, tok, plan, plan.steps, report, monitor, sampled=True)
+        after.update(m)
         summary.update({"sampled_success_before_rl": before["eval_sampled/success"],
                         "sampled_success_after_rl": after["eval_sampled/success"],
                         "sampled_eval_episodes": int(after["eval_sampled/episodes"])})
-    (run_dir / "report" / "summary.json").write_text(json.dumps(summary, indent=2))
+    summary["per_task"] = per_task_summary(task_before, task_after, sampled_before, sampled_after)
+    (report / "summary.json").write_text(json.dumps(summary, indent=2))
+    if summary["eval_episodes"] == 0:  # every held-out episode was an env failure: no result to report
+        raise RuntimeError(f"the final evaluation scored no episode ({summary['env_errors']} env errors): "
+                           "the env workers failed; see logs/env_worker-*.log and logs/controller.log")
     return summary
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return {}

@@ -9,6 +9,7 @@ ids, running totals) and skips the warm start; every rank of a data-parallel tra
 """
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
@@ -23,6 +24,7 @@ from agentrl.monitor.rollout_stats import rollout_metrics
 from agentrl.trainer import checkpoint
 from agentrl.trainer.batch import collate
 from agentrl.trainer.checkpoint import TrainerState
+from agentrl.trainer.imitation import reproduced_share
 from agentrl.trainer.parallel import Parallel
 from agentrl.trainer.step import RLHyper, rl_step, sft_step
 from agentrl.transport import weights as weights_io
@@ -51,6 +53,12 @@ class Schedule:
     checkpoint_every: int = 0
     """ckpt/step-<N> every this many RL steps, after the last, and once after the warm start; 0: never."""
     keep_checkpoints: int = 2
+    sft_successful_only: bool = True
+    sft_target: float = 0.0
+    sft_min_token_prob: float = 0.2
+    sft_check_every: int = 50
+    sft_holdout: int = 32
+    update: str = "rl"
 
 
 def shaped_rewards(trajs: list[Trajectory], fail_penalty: float) -> list[float]:
@@ -64,28 +72,79 @@ def load_model(model_dir: str | Path, threads: int) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
 
 
-def warm_start(model: torch.nn.Module, demos: list[Trajectory], s: Schedule, h: RLHyper, pad_id: int,
-               monitor, par: Parallel | None = None) -> dict[str, float]:
-    """Supervised steps on the scripted expert's successful trajectories."""
-    demos = [t for t in demos if t.metrics.get("success", 0.0) > 0]
-    if not demos:
-        raise RuntimeError("warm start: the expert produced no successful trajectory")
-    opt = torch.optim.AdamW(model.parameters(), lr=s.sft_lr, weight_decay=0.0)
-    # short linear warm-up, then constant: a decaying rate slowed the late copy skills (the answer's value
-    # is copied from the observation only after ~1,200 steps in the demo) more than it steadied them
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / 10))
-    rng = random.Random(s.seed)  # the same draws on every rank: each runs its share of the same batch
-    stats: dict[str, float] = {}
-    for i in range(s.sft_steps):
-        picked = rng.sample(demos, min(s.sft_batch, len(demos)))
-        batch = collate(picked, [0.0] * len(picked), pad_id)
-        stats = sft_step(model, opt, batch, h.grad_clip, h.micro_batch_tokens, s.sft_all_tokens, par, h.packing)
-        sched.step()
-        monitor.scalars({f"sft/{k}": v for k, v in stats.items()}, i)
-        if i % 50 == 0 or i == s.sft_steps - 1:
-            log.info("sft step %d/%d loss %.4f token_acc %.3f", i + 1, s.sft_steps, stats["sft_loss"],
-                     stats["sft_token_acc"])
-    return stats
+def split_demos(demos: list[Trajectory], s: Schedule) -> tuple[list[Trajectory], list[Trajectory]]:
+    """(what the warm start trains on, held-out successful demonstrations per task for `sft_target`)."""
+    rng = random.Random(s.seed + 1)
+    held: list[Trajectory] = []
+    if s.sft_target > 0:
+        for task in sorted({t.task for t in demos}):
+            wins = [t for t in demos if t.task == task and t.metrics.get("success", 0.0) > 0]
+            held += rng.sample(wins, min(s.sft_holdout, len(wins) // 4))
+    ids = {t.traj_id for t in held}
+    train = [t for t in demos if t.traj_id not in ids]
+    if s.sft_successful_only:
+        train = [t for t in train if t.metrics.get("success", 0.0) > 0]
+    return train, held
+
+
+class WarmStart:
+    """Supervised steps on the scripted expert's trajectories: its successful ones (rejection sampling), or
+    all of them (`sft_successful_only=False`: plain imitation of an imperfect expert, whose mistakes RL then
+    unlearns). `run` takes at most `sft_steps`; with `sft_target > 0` it stops as soon as every task's
+    held-out successful demonstrations are reproducible (`imitation.reproduced_share`), wherever that happens
+    on this machine. `step` is one more update (the control run's steps, `trainer.update=sft`)."""
+
+    def __init__(self, model: torch.nn.Module, demos: list[Trajectory], s: Schedule, h: RLHyper, pad_id: int,
+                 par: Parallel | None = None) -> None:
+        self.model, self.s, self.h, self.pad_id, self.par = model, s, h, pad_id, par or Parallel()
+        self.train, self.held = split_demos(demos, s)
+        if not self.train:
+            raise RuntimeError("warm start: no expert trajectory to train on (none successful?)")
+        self.opt = torch.optim.AdamW(model.parameters(), lr=s.sft_lr, weight_decay=0.0)
+        # short linear warm-up, then constant: a decaying rate slowed the late copy skills more than it steadied them
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda i: min(1.0, (i + 1) / 10))
+        self.rng = random.Random(s.seed)  # the same draws on every rank: each runs its share of the same batch
+        self.done = 0
+
+    def step(self) -> dict[str, float]:
+        picked = self.rng.sample(self.train, min(self.s.sft_batch, len(self.train)))
+        batch = collate(picked, [0.0] * len(picked), self.pad_id)
+        self.model.train()
+        stats = sft_step(self.model, self.opt, batch, self.h.grad_clip, self.h.micro_batch_tokens,
+                         self.s.sft_all_tokens, self.par, self.h.packing)
+        self.sched.step()
+        self.done += 1
+        return stats
+
+    def run(self, monitor) -> dict[str, float]:
+        """The warm start; returns the last step's statistics plus `sft_steps_done`."""
+        s, stats = self.s, {}
+        for i in range(s.sft_steps):
+            if self.held and i % s.sft_check_every == 0 and _imitates(self.model, self.held, s, self.pad_id,
+                                                                      monitor, i, self.par):
+                break
+            stats = self.step()
+            monitor.scalars({f"sft/{k}": v for k, v in stats.items()}, i)
+            if i % 50 == 0 or i == s.sft_steps - 1:
+                log.info("sft step %d/%d loss %.4f token_acc %.3f", i + 1, s.sft_steps, stats["sft_loss"],
+                         stats["sft_token_acc"])
+        else:
+            if self.held and not _imitates(self.model, self.held, s, self.pad_id, monitor, s.sft_steps, self.par):
+                log.warning("warm start: %d steps (the cap) without reaching sft_target %.2f on every task",
+                            s.sft_steps, s.sft_target)
+        log.info("warm start done after %d steps", self.done)
+        return {**stats, "sft_steps_done": float(self.done)}
+
+
+def _imitates(model: torch.nn.Module, held: list[Trajectory], s: Schedule, pad_id: int, monitor, step: int,
+              par: Parallel) -> bool:
+    """Check `sft_target` on the held-out demonstrations (every rank runs it; rank 0's verdict counts)."""
+    share = reproduced_share(model, held, pad_id, s.sft_min_token_prob)
+    monitor.scalars({f"sft/reproduced/{task}": v for task, v in share.items()}, step)
+    reached = bool(share) and min(share.values()) >= s.sft_target
+    log.info("sft step %d: held-out successes reproducible %s%s", step,
+             {k: round(v, 3) for k, v in share.items()}, " (target reached)" if reached else "")
+    return bool(par.broadcast_object(reached))
 
 
 def publish_weights(run_dir: Path, version: int, model: torch.nn.Module, par: Parallel) -> None:
@@ -122,10 +181,16 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, threads: int, m
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)  # padding is masked
     resume = par.broadcast_object(checkpoint.latest(run_dir))  # rank 0 decides: every rank must take the same path
+    sft_steps_done = 0
+    ws: WarmStart | None = None
+    if s.update == "sft" and (resume is not None or s.sft_steps == 0):
+        raise ValueError("trainer.update=sft (the control run) continues a warm start: it needs sft_steps > 0 "
+                         "and a fresh run dir, not a resumed one")
     if resume is None and s.sft_steps > 0:
         demos = ShardReader(run_dir / "shards" / "expert-0").wait(0, timeout_s=s.wait_timeout_s, poll_s=s.poll_s)
         log.info("warm start on %d expert trajectories", len(demos))
-        warm_start(model, demos, s, h, pad_id, monitor, par)
+        ws = WarmStart(model, demos, s, h, pad_id, par)
+        sft_steps_done = int(ws.run(monitor)["sft_steps_done"])
         if h.kl_coef > 0:
             state = par.full_state_dict(model)
             if par.is_main:
@@ -137,6 +202,7 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, threads: int, m
     warmup = max(s.warmup_steps, 1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / warmup))
     state = TrainerState()
+    state.stats["sft_steps"] = float(sft_steps_done)
     if resume is not None:
         state = checkpoint.load(resume, model, opt, sched, par)
         log.info("resumed from %s: step %d, policy v%d, %d trajectories consumed", resume, state.step,
@@ -156,7 +222,9 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, threads: int, m
         usable, rewards, counts = select_training_data(fresh, state.policy_version, s)
         counts["dropped_consumed"] = len(trajs) - len(fresh)
         stats: dict[str, float] = {}
-        if usable:
+        if ws is not None and s.update == "sft":  # the control run: imitation instead of RL, same number of updates
+            stats = ws.step()
+        elif usable:
             batch = collate(usable, rewards, pad_id)
             model.train()
             stats = rl_step(model, opt, batch, h, ref_model, par)
@@ -166,9 +234,12 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, threads: int, m
         state.policy_version += 1
         state.consumed.update(t.traj_id for t in fresh)
         n_tok = sum(t.num_tokens for t in usable)
-        for k, v in {"trajectories_trained": len(usable), "tokens_trained": n_tok, **counts}.items():
+        for k, v in {"trajectories_trained": len(usable), "tokens_trained": n_tok, "rl_steps": float(bool(stats)),
+                     **counts}.items():
             if k != "staleness_max":
                 state.stats[k] = state.stats.get(k, 0.0) + float(v)
+        if par.is_main:  # before the weights: a rollout that sees v<N> finds the report of step N
+            write_report(run_dir, state, s.steps)
         publish_weights(run_dir, state.policy_version, model, par)
         if s.checkpoint_every and (state.step % s.checkpoint_every == 0 or state.step == s.steps):
             checkpoint.save(run_dir, state, model, opt, sched, par, s.keep_checkpoints)
@@ -183,6 +254,18 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, threads: int, m
                  "(%.1fs)", step + 1, s.steps, len(usable), len(trajs), counts["dropped_uniform"],
                  stats.get("loss", 0.0), stats.get("approx_kl", 0.0), stats.get("grad_norm", 0.0), dt)
     return state
+
+
+def write_report(run_dir: Path, state: TrainerState, steps: int) -> None:
+    """report/trainer.json: the running totals, with `rl_steps` = steps whose batch updated the weights."""
+    totals = {k: (int(v) if float(v).is_integer() else v) for k, v in sorted(state.stats.items())}
+    body = {"steps_done": state.step, "steps": steps, "policy_version": state.policy_version, **totals}
+    body.setdefault("rl_steps", 0)
+    out = run_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "trainer.json.tmp"
+    tmp.write_text(json.dumps(body, indent=2))
+    tmp.replace(out / "trainer.json")
 
 
 def select_training_data(trajs: list[Trajectory], version: int, s: Schedule

@@ -15,6 +15,11 @@ matches the reader's `NNNNNN.h5` pattern) is written, fsynced and `os.replace`d 
 and the directory is fsynced. A crash leaves either the whole shard or no shard under the final name.
 Each directory has one writer (design §6), so sequence numbers need no lock.
 
+Each rank writes its own directory, `shard_dir(run_dir, "rollout", rank)`; segments are numbered from
+0 and a restarted writer continues after the highest segment present (removing temp files a crash left),
+so numbering survives restarts and nothing is overwritten. Readers may list and read segments while the
+writer runs (`ShardReader.scan`); a restarted trainer drains every rank's directory (`rank_dirs`).
+
 This module is not the MPI channel and keeps no ledger of consumed trajectories (the trainer does).
 """
 from __future__ import annotations
@@ -24,7 +29,7 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -43,6 +48,21 @@ SCALARS: dict[str, type[np.generic]] = {"reward": np.float32, "num_turns": np.in
 STRINGS: tuple[str, ...] = ("traj_id", "task", "index", "group_id", "status")
 JSONS: tuple[str, ...] = ("timings", "metrics")
 SHARD_NAME = re.compile(r"^(\d{6,})\.h5$")
+TEMP_NAME = re.compile(r"^\.\d{6,}\.h5\.[0-9a-f]+\.tmp$")
+
+
+def shard_dir(run_dir: str | os.PathLike[str], role: str, rank: int) -> Path:
+    """`run_dir/shards/<role>-<rank>`: the directory of one writer (design §8)."""
+    return Path(run_dir) / "shards" / f"{role}-{rank}"
+
+
+def rank_dirs(run_dir: str | os.PathLike[str], role: str) -> dict[int, Path]:
+    """The shard directories of every rank of `role` present under `run_dir/shards`, by rank."""
+    root = Path(run_dir) / "shards"
+    pattern = re.compile(rf"^{re.escape(role)}-(\d+)$")
+    found = {int(m.group(1)): p for p in root.iterdir() if (m := pattern.match(p.name)) and p.is_dir()} \
+        if root.is_dir() else {}
+    return dict(sorted(found.items()))
 
 
 class ShardError(Exception):
@@ -163,12 +183,21 @@ def _trajectory(cols: dict[str, list[Any]], j: int) -> Trajectory:
 
 
 class ShardWriter:
-    """Writes numbered shards `000000.h5`, `000001.h5`, ... into one directory (one writer per dir)."""
+    """Writes numbered shards `000000.h5`, `000001.h5`, ... into one directory (one writer per dir).
+
+    On construction it continues after the highest segment present and deletes the temp files that a
+    killed writer of this directory left (safe: a directory has one writer, and it is this one now).
+    """
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        existing = [int(m.group(1)) for p in self.directory.iterdir() if (m := SHARD_NAME.match(p.name))]
+        existing = []
+        for p in self.directory.iterdir():
+            if m := SHARD_NAME.match(p.name):
+                existing.append(int(m.group(1)))
+            elif TEMP_NAME.match(p.name):
+                p.unlink(missing_ok=True)
         self.next_seq: int = max(existing) + 1 if existing else 0
 
     def write(self, trajectories: Sequence[Trajectory]) -> Path:
@@ -198,6 +227,17 @@ class ShardReader:
     def read(self, seq: int) -> list[Trajectory]:
         """All trajectories of shard `seq`; FileNotFoundError if it is not there."""
         return read_shard(self.path(seq))
+
+    def scan(self, start: int = 0) -> Iterator[tuple[int, list[Trajectory]]]:
+        """(seq, trajectories) of every complete shard with seq ≥ `start` present now, in order.
+
+        Safe while the writer runs: a shard appears under its name only once complete. To follow a
+        live writer, call again with `start` = the last seq seen + 1.
+        """
+        for path in self.available():
+            seq = int(path.name.removesuffix(".h5"))
+            if seq >= start:
+                yield seq, read_shard(path)
 
     def wait(self, seq: int, timeout_s: float, poll_s: float = 0.5) -> list[Trajectory]:
         """Block until shard `seq` exists, then read it.

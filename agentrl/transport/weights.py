@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from agentrl.transport.fsio import fsync_dir
+
 WEIGHTS_FILE = "model.safetensors"
 
 
@@ -48,9 +50,14 @@ def publish(run_dir: str | Path, version: int, state_dict: dict[str, torch.Tenso
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if final.exists():
-        shutil.rmtree(final)
+    aside = None
+    if final.exists():  # a restarted trainer writing a version again: swap by two renames, never a delete first
+        aside = final.with_name(f".old-{final.name}-{os.getpid()}")
+        os.replace(final, aside)
     os.replace(tmp, final)
+    fsync_dir(final.parent)  # the rename itself is durable before anyone is told of v<version>
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
     for old in sorted(final.parent.glob("v*"), key=lambda p: int(p.name[1:]))[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final

@@ -23,7 +23,8 @@ from agentrl.types import Status
 
 CFG = ControllerConfig(heartbeat_s=0.05, dead_after_s=2.0, session_idle_s=30.0, keepalive_s=1.0,
                        request_timeout_s=0.5, max_worker_failures=2, max_body_bytes=64 * 1024)
-ENVS = EnvsConfig(tasks=("lookup", "trouble"), slots=16, max_argument_bytes=512, max_output_chars=1000)
+ENVS = EnvsConfig(tasks=("lookup", "trouble"), slots=16, max_argument_bytes=512, max_output_chars=1000,
+                  expert_route="enabled")
 
 
 class TroubleEpisode:
@@ -83,6 +84,10 @@ async def still_serving(env: GatewayClient) -> None:
         if result.done:
             assert (result.reward, result.status) == (1.0, Status.COMPLETED)
             return
+
+
+def nonzero(counts: dict[str, int]) -> dict[str, int]:
+    return {k: v for k, v in counts.items() if v}
 
 
 async def error_code(awaitable: Any) -> str:
@@ -215,7 +220,8 @@ def test_raising_task_ends_only_its_episode() -> None:
             r = await env.interact(other.session_id, call("finish", "{}"))  # the other episode is fine
             assert (r.done, r.reward, r.status) == (True, 1.0, Status.COMPLETED)
             await still_serving(env)
-            assert (await env.status())["errors"] >= 1
+            status = await env.status()  # the crashed episode and the failed start, once each
+            assert nonzero(status["errors_by_class"]) == {"env_error": 1, "start_failed": 1}
         await worker.stop()
         await ctrl.stop()
     run(main())
@@ -311,6 +317,9 @@ def test_worker_answering_garbage_costs_only_its_sessions(mode: str) -> None:
             r = await env.interact(healthy.session_id, await env.expert(healthy.session_id))
             assert not r.done  # the real worker's session never noticed
             await still_serving(env)
+            status = await env.status()  # three sessions ended, each counted once, by what ended it
+            assert nonzero(status["errors_by_class"]) == {"worker_garbled": 2, "worker_died": 1}
+            assert status["errors"] == 3
         await fake.stop()
         await worker.stop()
         await ctrl.stop()
@@ -353,7 +362,78 @@ def test_hanging_worker_costs_only_its_session() -> None:
             assert (r.done, r.status) == (True, Status.ENV_ERROR) and "timed out" in (r.error or "")
             assert ctrl.controller.registry.workers["fake"].alive  # one timeout: suspect, not dead
             await still_serving(env)
+            assert nonzero((await env.status())["errors_by_class"]) == {"worker_timeout": 1}
         await fake.stop()
+        await worker.stop()
+        await ctrl.stop()
+    run(main())
+
+
+# ------------------------------------------------------------------------- counting each failure once
+
+def test_a_timeout_that_kills_the_worker_is_counted_once() -> None:
+    """The timed-out session counts as worker_timeout, the other session of the now dead worker as
+    worker_died: two failures, two counts (the timed-out one was once counted again as a death)."""
+    cfg = ControllerConfig(heartbeat_s=0.05, dead_after_s=5.0, session_idle_s=30.0, keepalive_s=1.0,
+                           request_timeout_s=1.0, max_worker_failures=1)
+
+    async def main() -> None:
+        ctrl, worker = await stack(cfg)
+        fake = FakeWorker(ctrl.url)
+        await fake.start()
+        async with GatewayClient(ctrl.url) as env:
+            hung, other = await env.start_sample("flaky", "hang-0"), await env.start_sample("flaky", "hang-1")
+            r = await env.interact(hung.session_id, call("x", "{}"))
+            assert (r.done, r.status) == (True, Status.ENV_ERROR) and "timed out" in (r.error or "")
+            assert not ctrl.controller.registry.workers["fake"].alive
+            r = await env.interact(other.session_id, call("x", "{}"))
+            assert r.status == Status.ENV_ERROR and "died" in (r.error or "")
+            status = await env.status()
+            assert nonzero(status["errors_by_class"]) == {"worker_timeout": 1, "worker_died": 1}
+            assert status["errors"] == 2
+        await fake.stop()
+        await worker.stop()
+        await ctrl.stop()
+    run(main())
+
+
+def test_missed_heartbeats_count_their_sessions() -> None:
+    cfg = ControllerConfig(heartbeat_s=0.05, dead_after_s=0.5, session_idle_s=30.0, keepalive_s=1.0)
+
+    async def main() -> None:
+        ctrl, worker = await stack(cfg)
+        fake = FakeWorker(ctrl.url)
+        await fake.start()
+        async with GatewayClient(ctrl.url) as env:
+            for i in range(3):
+                await env.start_sample("flaky", f"hang-{i}")
+            assert fake.beat is not None
+            fake.beat.cancel()  # silent from now on
+            await wait_until(lambda: not ctrl.controller.registry.workers["fake"].alive, timeout_s=10.0)
+            assert nonzero((await env.status())["errors_by_class"]) == {"worker_died": 3}
+        await fake.stop()
+        await worker.stop()
+        await ctrl.stop()
+    run(main())
+
+
+def test_a_bug_in_a_handler_is_500_and_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a body that is not JSON is "invalid JSON" (400, the caller's); a ValueError of our own code
+    is a 500 internal error, logged and counted."""
+    async def main() -> None:
+        ctrl, worker = await stack()
+
+        def broken(session_ids: list[str], now: float) -> list[str]:
+            raise ValueError("a bug of ours")
+
+        monkeypatch.setattr(ctrl.controller.registry, "touch", broken)
+        async with GatewayClient(ctrl.url) as env:
+            status, answer = await post_raw(f"{ctrl.url}/touch", json.dumps({"session_ids": ["a"]}).encode())
+            assert (status, answer["error"]["code"]) == (500, "internal") and "a bug of ours" in answer["error"]["message"]
+            status, answer = await post_raw(f"{ctrl.url}/touch", b"{not json")
+            assert (status, answer["error"]["code"]) == (400, "bad_request")
+            counts = await env.status()
+            assert nonzero(counts["errors_by_class"]) == {"internal": 1} and counts["errors"] == 1
         await worker.stop()
         await ctrl.stop()
     run(main())

@@ -21,7 +21,7 @@ FAST = ControllerConfig(heartbeat_s=0.05, dead_after_s=0.4, session_idle_s=30.0,
 
 async def add_worker(ctrl: RunningController, worker_id: str, slots: int = 8,
                      cfg: ControllerConfig = FAST) -> RunningWorker:
-    worker = await start_worker(EnvsConfig(tasks=("lookup",), slots=slots), cfg, ctrl.url, worker_id)
+    worker = await start_worker(EnvsConfig(tasks=("lookup",), slots=slots, expert_route="enabled"), cfg, ctrl.url, worker_id)
     reg = ctrl.controller.registry
     await wait_until(lambda: worker_id in reg.workers and reg.workers[worker_id].alive)
     return worker

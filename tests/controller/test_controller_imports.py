@@ -8,9 +8,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "agentrl"
 ALLOWED = {
-    "envs": {"agentrl.types", "agentrl.config", "agentrl.envs"},
-    "controller": {"agentrl.types", "agentrl.config", "agentrl.envs.api", "agentrl.envs.client", "agentrl.envs.wire",
-                   "agentrl.controller"},
+    "envs": {"agentrl.types", "agentrl.config", "agentrl.envs", "agentrl.auth"},
+    "controller": {"agentrl.types", "agentrl.config", "agentrl.auth", "agentrl.envs.api", "agentrl.envs.client",
+                   "agentrl.envs.wire", "agentrl.controller"},
 }
 
 

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from agentrl.auth import run_secret
 from agentrl.config import config_from_dict, dump_config
 from agentrl.envs.api import EnvError
 from agentrl.envs.client import GatewayClient
@@ -35,7 +36,7 @@ def test_controller_and_worker_processes(tmp_path: Path) -> None:
                            log=tmp_path / "worker.log"))
 
         async def episodes() -> list[tuple[float, Status]]:
-            async with GatewayClient(url) as env:
+            async with GatewayClient(url, secret=run_secret(tmp_path)) as env:
                 deadline = time.monotonic() + 20.0
                 while not [w for w in (await env.status())["workers"] if w["alive"]]:
                     assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()
@@ -51,6 +52,17 @@ def test_controller_and_worker_processes(tmp_path: Path) -> None:
                 return out
 
         assert asyncio.run(episodes()) == [(1.0, Status.COMPLETED)] * 5
+
+        async def forged() -> str:
+            async with GatewayClient(url, secret="not-this-run") as env:
+                try:
+                    await env.status()
+                except EnvError as e:
+                    return e.code
+                return "served"
+
+        assert asyncio.run(forged()) == "unauthorized"  # the roles made and share RUN_DIR/secret, owner-only
+        assert (tmp_path / "secret").stat().st_mode & 0o777 == 0o600
         for p in reversed(procs):
             p.send_signal(signal.SIGTERM)
             assert p.wait(timeout=10) == 0
@@ -94,7 +106,7 @@ def test_killed_worker_process_costs_only_its_sessions(tmp_path: Path) -> None:
                 return r.reward, r.status
 
     async def scenario() -> None:
-        async with GatewayClient(url) as env:
+        async with GatewayClient(url, secret=run_secret(tmp_path)) as env:
             await workers(env, {"w0", "w1"})
             starts = [await env.start_sample("lookup", f"test-{i}") for i in range(4)]
             owner = {s.session_id: w for s, w in zip(starts, ["w0", "w1", "w0", "w1"])}

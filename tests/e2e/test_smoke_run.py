@@ -36,8 +36,16 @@ def test_run_dir_layout_and_summary(run_dir: Path) -> None:
               "report/eval_sampled-v0.json", "report/eval_sampled-v2.json"):
         assert (run_dir / p).exists(), p
     summary = json.loads((run_dir / "report" / "summary.json").read_text())
-    assert summary["rl_steps"] == 2 and summary["eval_episodes"] == 8
-    assert 0.0 <= summary["success_before_rl"] <= 1.0 and 0.0 <= summary["success_after_rl"] <= 1.0
+    assert summary["rl_steps"] == 2 and summary["eval_episodes"] == 8  # both steps changed the weights
+    trainer = json.loads((run_dir / "report" / "trainer.json").read_text())
+    assert trainer["rl_steps"] == 2 and trainer["steps_done"] == 2 and trainer["sft_steps"] == 5
+    for version, key in ((0, "success_before_rl"), (2, "success_after_rl")):
+        ev = json.loads((run_dir / "report" / f"eval-v{version}.json").read_text())
+        assert summary[key] == ev["eval/success"] == ev["per_task"]["lookup"]["success"]
+    row = summary["per_task"]["lookup"]
+    assert row["episodes"] == 8 and sum(row["status"]["after_rl"].values()) == 8
+    assert sum(row["status"]["sampled_after_rl"].values()) == 16
+    assert row["sampled_gain"] == row["sampled_success_after_rl"] - row["sampled_success_before_rl"]
     assert summary["sampled_eval_episodes"] == 16  # 8 held-out samples, 2 draws each at the rollout temperature
     sampled = json.loads((run_dir / "report" / "eval_sampled-v2.json").read_text())
     assert sampled["eval_sampled/success"] == summary["sampled_success_after_rl"]

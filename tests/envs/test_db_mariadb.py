@@ -1,17 +1,23 @@
 """The `db` task on MariaDB, AgentBench's engine: a private server started as the worker would, a
-database and a user per session, AgentBench's answer_md5 on its dev INSERT/UPDATE samples, the same
-hashes as SQLite on our samples, statement time limits, and cleanup. Skipped where mariadbd is missing
+database and a user per session (or a failed session, unless sharing is explicitly allowed), AgentBench's
+answer_md5 on its dev INSERT/UPDATE samples, the same hashes as SQLite on our samples, any identifier
+AgentBench uses, AgentBench-FC's sql_mode, statement time limits, and cleanup. Skipped where mariadbd is missing
 (.ci/run installs it)."""
 from __future__ import annotations
 
+import json
+import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
+from agentbench_checkout import build_checkout
 from env_helpers import call, expert_reward
 
-from agentrl.envs.api import Session
+from agentrl.envs.api import EnvError, Session
 from agentrl.envs.tasks.db import DbTask
-from agentrl.envs.tasks.db_backends import MariaDBServer, find_mariadbd
+from agentrl.envs.tasks.db_backends import MYSQL8_SQL_MODE, MariaDBServer, find_mariadbd, rows_hash
+from jobs.agentbench_check import main as check_main
 
 pytestmark = pytest.mark.skipif(find_mariadbd() is None, reason="mariadbd is not installed "
                                 "(apt-get install --no-install-recommends mariadb-server)")
@@ -39,7 +45,7 @@ def databases(server: MariaDBServer) -> set[str]:
 
 
 def test_gold_sql_passes_answer_md5_on_dev(task: DbTask) -> None:
-    dev = list(zip(task.indices("dev"), task.samples["dev"]))
+    dev = list(zip(task.indices("dev"), task.split("dev")))
     inserts = [i for i, s in dev if s.kind == "INSERT"][:6]
     updates = [i for i, s in dev if s.kind == "UPDATE"][:6]
     assert sum(expert_reward(task, i) for i in inserts + updates) == 12
@@ -77,3 +83,81 @@ def test_private_server_starts_and_stops() -> None:
     assert expert_reward(t, "train-5") == 1.0
     s.stop()
     assert not s.dir.exists()
+
+
+ODD_NAMES = ("%", "Win %", "Foreign nationals in %", "2007", "15 to 17", "Men's team", 'say "hi"', "back`tick")
+
+
+def test_any_identifier_agentbench_uses_works(server: MariaDBServer, tmp_path: Path) -> None:
+    """Names from AgentBench's test split: `%` (PyMySQL's executemany formats the whole query), digits
+    first, spaces, quotes; a table whose name starts with digits. The gold INSERT reaches the hash."""
+    rows = [[str(i) + "%", *(f"v{i}{j}" for j in range(1, len(ODD_NAMES)))] for i in range(3)]
+    cols = ", ".join("`" + c.replace("`", "``") + "`" for c in ODD_NAMES)
+    new = ["9%", *(f"n{j}" for j in range(1, len(ODD_NAMES)))]
+    gold = f"INSERT INTO `1952_British_Grand_Prix_0` ({cols}) VALUES ({', '.join(repr(v) for v in new)})"
+    entry = {"description": "Add a row.", "type": ["INSERT"], "label": [gold], "add_description": "",
+             "table": {"table_name": "1952_British_Grand_Prix_0", "table_info": {
+                 "columns": [{"name": c, "type": "TEXT"} for c in ODD_NAMES], "rows": rows}},
+             "answer_md5": f"[('{rows_hash([tuple(r) for r in rows + [new]])}',)]"}
+    (tmp_path / "db").mkdir()
+    (tmp_path / "db" / "test.jsonl").write_text(json.dumps(entry) + "\n")  # no train file: not needed
+    task = DbTask(backend="mariadb", mariadb_address=f"unix:{server.socket}", data_dir=tmp_path)
+    s = Session(task, "test-0")
+    r = s.interact(call("execute_sql", {"query": "SELECT `%`, `Win %`, `Men's team` FROM `1952_British_Grand_Prix_0`"}))
+    assert r.messages[0]["content"] == "[('0%', 'v01', 'v05'), ('1%', 'v11', 'v15'), ('2%', 'v21', 'v25')]"
+    s.close()
+    assert expert_reward(task, "test-0") == 1.0
+
+
+def test_sql_mode_is_mysql8_default_as_agentbench_fc_runs(task: DbTask) -> None:
+    """AgentBench-FC's mysql:8 container runs MySQL 8's default sql_mode: strict. An UPDATE whose WHERE
+    compares text that is no number with a number is an error there (1292), not a warning."""
+    s = Session(task, "train-0")
+    r = s.interact(call("execute_sql", {"query": "SELECT @@SESSION.sql_mode"}))
+    assert r.messages[0]["content"] == f"[('{MYSQL8_SQL_MODE}',)]"
+    table = s.episode.sample.tables[0]
+    r = s.interact(call("execute_sql", {"query": f"UPDATE `{table.name}` SET `{table.columns[1]}` = 'x' "
+                                                 f"WHERE `{table.columns[0]}` = 16"}, "c1"))
+    assert r.messages[0]["content"].startswith("Error 1292: Truncated incorrect DECIMAL value")
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def limited(server: MariaDBServer) -> str:
+    """An account that may create `agentrl_*` databases but no users (as on a shared server)."""
+    conn = server.address.connect()
+    with conn.cursor() as cur:
+        cur.execute("CREATE USER 'limited'@'localhost' IDENTIFIED BY 'pw'")
+        cur.execute("GRANT ALL PRIVILEGES ON `agentrl\\_%`.* TO 'limited'@'localhost'")
+    conn.close()
+    return "limited"
+
+
+def test_no_silent_shared_account(server: MariaDBServer, limited: str, caplog: pytest.LogCaptureFixture) -> None:
+    before = databases(server)
+    task = DbTask(backend="mariadb", mariadb_address=f"unix:{server.socket}", mariadb_user=limited,
+                  mariadb_password="pw")
+    with caplog.at_level(logging.ERROR, logger="agentrl.envs.tasks.db_backends"), pytest.raises(EnvError) as e:
+        Session(task, "train-0")
+    assert e.value.code == "env_error" and "cannot create a MariaDB user per session" in e.value.message
+    assert any("the session fails" in r.getMessage() for r in caplog.records)
+    assert databases(server) == before  # its database was dropped again
+
+
+def test_shared_account_is_an_explicit_logged_opt_in(server: MariaDBServer, limited: str,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        task = DbTask(backend="mariadb", mariadb_address=f"unix:{server.socket}", mariadb_user=limited,
+                      mariadb_password="pw", mariadb_shared_account=True)
+        assert expert_reward(task, "train-0") == 1.0
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("mariadb_shared_account is on" in m for m in messages)
+    assert any("shares the account limited" in m for m in messages)
+
+
+def test_agentbench_check_on_mariadb_names_a_data_defect(tmp_path: Path) -> None:
+    """AgentBench's dev-5 has a column named '': MySQL refuses its table, as AgentBench-FC's own would."""
+    checkout = build_checkout(tmp_path)
+    report = check_main(["--agentbench", str(checkout), "--tasks", "db", "--split", "dev", "--backend", "mariadb",
+                         "--limit", "8", "--workers", "2"])
+    assert report["db"]["dev"]["passed"] == 7 and report["db"]["dev"]["failures"] == {"data defect": ["dev-5"]}

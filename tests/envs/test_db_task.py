@@ -31,7 +31,8 @@ def test_interface_is_agentbench_fc(task: DbTask) -> None:
         "type": "array", "items": {"type": "string"}, "description": "The list of final answers to commit."}},
         "required": ["answers"], "additionalProperties": False}
     assert TOOLS[0]["function"]["parameters"]["required"] == ["query"]
-    assert task.sizes == {"train": 500, "test": 100, "dev": 60}
+    assert {split: len(task.indices(split)) for split in ("train", "test", "dev")} == {
+        "train": 500, "test": 100, "dev": 60}
 
 
 @pytest.mark.parametrize("answer, truth, kind, ok", [
@@ -80,7 +81,7 @@ def test_table_hash_is_agentbench_formula() -> None:
 
 def test_gold_sql_passes_answer_md5_on_dev(task: DbTask) -> None:
     """All 40 INSERT/UPDATE dev samples: AgentBench's gold SQL on SQLite gives AgentBench's answer_md5."""
-    modify = [i for i, s in zip(task.indices("dev"), task.samples["dev"]) if s.kind in ("INSERT", "UPDATE")]
+    modify = [i for i, s in zip(task.indices("dev"), task.split("dev")) if s.kind in ("INSERT", "UPDATE")]
     assert len(modify) == 40
     assert sum(expert_reward(task, i) for i in modify) == 40
     session = Session(task, modify[0])  # committing without running the gold leaves the hash unchanged
@@ -91,12 +92,12 @@ def test_gold_sql_passes_answer_md5_on_dev(task: DbTask) -> None:
 def test_expert_on_our_samples(task: DbTask) -> None:
     indices = task.indices("train")[:40] + task.indices("test")[:16]  # every question type several times
     assert sum(expert_reward(task, i) for i in indices) == len(indices)
-    kinds = {task.samples["train"][i].kind.split("-")[0] for i in range(40)}
+    kinds = {task.split("train")[i].kind.split("-")[0] for i in range(40)}
     assert kinds == {"other", "counting", "aggregation", "ranking", "comparison", "INSERT", "UPDATE", "DELETE"}
 
 
 def test_observations_and_wrong_answers(task: DbTask) -> None:
-    sample = task.samples["train"][0]
+    sample = task.split("train")[0]
     session = Session(task, "train-0")
     assert session.messages[1]["content"].startswith("Additional table information about the question: ")
     assert session.messages[1]["content"].endswith(f"Question: {sample.description}\n")
@@ -135,7 +136,8 @@ def test_malformed_calls_are_observations(task: DbTask, message: dict[str, Any],
     assert not r.done and r.messages[0]["content"].startswith(expected), r.messages
 
 
-def test_options_are_checked() -> None:
+def test_options_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AGENTRL_AGENTBENCH_DIR", raising=False)
     for bad, match in (({"backend": "postgres"}, "unknown backend"), ({"sqlite_affinity": "x"}, "sqlite_affinity"),
                        ({"source": "agentbench"}, "needs agentbench_dir")):
         with pytest.raises(ValueError, match=match):

@@ -9,9 +9,11 @@ from typing import Any
 
 import jsonschema
 import pytest
+from conftest import missing_system_tool
 
 from agentrl.envs.api import Action, EnvError, Session, StepResult, ToolBox, tool_message
 from agentrl.envs.contract import ContractError, check_task
+from agentrl.envs.sandbox import SandboxUnavailable
 from agentrl.envs.tasks import get_task, get_task_class, register_task, task_names
 from agentrl.envs.tasks.example import TOOLS, GuessEpisode, GuessTask, secret_of
 from agentrl.types import Status
@@ -21,7 +23,10 @@ from agentrl.types import Status
 def test_builtin_tasks_meet_the_contract(name: str) -> None:
     task = get_task(name)
     splits = getattr(task, "splits", ("train", "test"))  # an evaluation-only task (bfcl) has only "test"
-    report = check_task(task, splits=splits)
+    try:
+        report = check_task(task, splits=splits)
+    except SandboxUnavailable as e:  # the os task without bubblewrap: skipped here, a failure in CI
+        missing_system_tool(f"task {name!r} cannot run its sandbox: {e}")
     assert all(report.played[split] == min(20, len(task.indices(split))) for split in splits)
 
 

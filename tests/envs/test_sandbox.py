@@ -49,16 +49,17 @@ def test_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_apptainer_command_line() -> None:
-    argv = sb.apptainer_argv("/img/os.sif", {"HOME": "/root"}, ["python3", "-c", "x"], "box", fakeroot=True)
+    argv = sb.apptainer_argv("/img/os.sif", {}, {"HOME": "/root"}, ["python3", "-c", "x"], "box", fakeroot=True)
     assert argv[:2] == ["apptainer", "exec"]
-    for flag in ("--containall", "--writable-tmpfs", "--fakeroot", "--cleanenv", "--no-home"):
+    for flag in ("--containall", "--writable-tmpfs", "--fakeroot", "--cleanenv"):
         assert flag in argv
-    assert "--bind" not in argv  # nothing of the host goes in
+    assert "--bind" not in argv  # the os sessions bind nothing of the host
     assert argv[argv.index("--network") + 1] == "none" and "--net" in argv
-    assert argv[argv.index("--hostname") + 1] == "box" and argv[argv.index("--pwd") + 1] == "/root"
+    assert argv[argv.index("--hostname") + 1] == "box"
     assert argv[argv.index("--env") + 1] == "HOME=/root"
     assert argv[-4:] == ["/img/os.sif", "python3", "-c", "x"]
-    assert "--fakeroot" not in sb.apptainer_argv("i", {}, ["true"], "h", fakeroot=False)
+    assert "--fakeroot" not in sb.apptainer_argv("i", {}, {}, ["true"], "h", fakeroot=False)
+    assert sb.apptainer_argv("i", {"/a": "/b"}, {}, ["true"], "h")[-4:-2] == ["--bind", "/a:/b"]
 
 
 def test_bwrap_command_line() -> None:
@@ -119,7 +120,7 @@ def test_process_budget() -> None:
 
 def test_missing_root_file_system_names_the_command(tmp_path: Path) -> None:
     cfg = SandboxConfig(backend="bwrap", image=str(tmp_path / "nothing"))
-    with pytest.raises(FileNotFoundError, match=r"python -m jobs.make_rootfs --out .*nothing"):
+    with pytest.raises(SandboxUnavailable, match=r"python -m jobs.make_rootfs --out .*nothing"):
         sb.check_image(cfg, "bwrap")
 
 

@@ -13,7 +13,7 @@ from agentrl.envs.client import GatewayClient
 from agentrl.envs.tasks.lookup import make_sample
 from agentrl.envs.worker import start_worker
 from agentrl.rollout import chat
-from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
+from agentrl.rollout.agent_loop import EpisodeLimits, run_episode, turn_budget
 from agentrl.rollout.engine import ExpertEngine, SamplingConfig, ScriptedEngine
 from agentrl.rollout.role import collect
 from agentrl.types import Status
@@ -28,7 +28,7 @@ def call(tool: str, **args: str) -> str:
 async def _with_env(fn, cfg: RunConfig | None = None):
     cfg = cfg or RunConfig()
     controller = await start_controller(cfg.controller)
-    worker = await start_worker(cfg.envs, cfg.controller, controller.url, "worker-test")
+    worker = await start_worker(cfg.envs, cfg.controller, controller.url, "worker-test", expert_route=True)
     client = GatewayClient(controller.url)
     try:
         for _ in range(200):
@@ -90,7 +90,24 @@ def test_malformed_call_becomes_an_observation_and_the_episode_goes_on(lookup_to
     assert "Error: no item named 'nobody'" in text  # the task's own observation
 
 
-def test_turn_limit_and_cancel(lookup_tokenizer) -> None:
+def test_the_tasks_own_turn_limit_ends_the_episode_and_cancels(lookup_tokenizer) -> None:
+    """No global cap (max_turns 0): lookup's own limit of 4 turns applies, told by start_sample."""
+    tok = lookup_tokenizer
+    engine = ScriptedEngine([call("lookup", name="nobody", field="code")] * 4, tok)
+
+    async def go(client, _):
+        start = await client.start_sample("lookup", INDEX)
+        await client.cancel(start.session_id)
+        t = await run_episode(client, engine, tok, "lookup", INDEX, "g0", _sampling(tok), EpisodeLimits(0, 512, 48))
+        return start, t, await client.status()
+
+    start, t, status = asyncio.run(_with_env(go))
+    assert start.max_turns == 4
+    assert t.status == Status.TURN_LIMIT and t.num_turns == 4 and t.reward == 0.0
+    assert sum(status["sessions"].values()) == 0  # the session was ended, not leaked
+
+
+def test_a_global_cap_below_the_tasks_limit_truncates_and_cancels(lookup_tokenizer) -> None:
     tok = lookup_tokenizer
     engine = ScriptedEngine([call("lookup", name="nobody", field="code")] * 2, tok)
 
@@ -99,8 +116,16 @@ def test_turn_limit_and_cancel(lookup_tokenizer) -> None:
         return t, await client.status()
 
     t, status = asyncio.run(_with_env(go))
-    assert t.status == Status.TURN_LIMIT and t.num_turns == 2 and t.reward == 0.0
-    assert sum(status["sessions"].values()) == 0  # the session was ended, not leaked
+    assert t.status == Status.TRUNCATED and t.num_turns == 2 and t.reward == 0.0
+    assert not t.status.is_agent_failure and not t.status.is_infra  # counted, trained without the penalty
+    assert sum(status["sessions"].values()) == 0
+
+
+def test_turn_budget() -> None:
+    assert turn_budget(8, 0) == (8, False)  # the task's own limit
+    assert turn_budget(8, 20) == (8, False)  # a cap above it changes nothing
+    assert turn_budget(8, 3) == (3, True)  # a cap below it truncates
+    assert turn_budget(None, 0) == (20, False)  # a server that does not say: a default, not forever
 
 
 def test_context_limit(lookup_tokenizer) -> None:

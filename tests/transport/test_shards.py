@@ -179,3 +179,55 @@ def test_reader_wait_times_out(tmp_path: Path) -> None:
     with pytest.raises(TimeoutError, match=r"000007\.h5.*0\.2 s"):
         ShardReader(tmp_path).wait(7, timeout_s=0.2, poll_s=0.05)
     assert 0.2 <= time.monotonic() - t0 < 2.0
+
+
+WRITER = """
+import sys, time
+from agentrl.transport.shards import ShardWriter
+from tests.transport.test_shards import make_trajectories
+w = ShardWriter(sys.argv[1])
+print(w.next_seq, flush=True)
+trajs = make_trajectories(7)
+while True:
+    w.write(trajs)
+    time.sleep(0.01)
+"""
+
+
+def test_killed_writer_restarts_after_its_last_segment(tmp_path: Path) -> None:
+    """A rollout rank's writer is SIGKILLed mid-run; while it ran a reader saw only complete segments;
+    its restart continues the numbering after the highest segment and clears the crash's temp files."""
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    d = shards.shard_dir(run_dir, "rollout", 1)
+    assert d == run_dir / "shards" / "rollout-1"
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    want = make_trajectories(7)
+    seen: dict[int, int] = {}
+    for attempt in range(2):
+        present = [int(p.name[:-3]) for p in ShardReader(d).available()]
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(d)], cwd=repo, env=env, stdout=subprocess.PIPE,
+                                text=True)
+        try:
+            assert proc.stdout is not None
+            assert int(proc.stdout.readline()) == (max(present) + 1 if present else 0)  # continues after the last
+            deadline = time.monotonic() + 20
+            while len(seen) < 3 * (attempt + 1) and time.monotonic() < deadline:
+                for seq, trajs in ShardReader(d).scan(start=max(seen, default=-1) + 1):  # while it writes
+                    assert len(trajs) == len(want) and trajs[-1].traj_id == want[-1].traj_id
+                    seen[seq] = len(trajs)
+                time.sleep(0.02)
+        finally:
+            proc.kill()
+            proc.wait()
+    (d / ".000999.h5.0123abcd.tmp").write_bytes(b"half a shard")  # what a kill during a write leaves
+    w = ShardWriter(d)
+    seqs = [int(p.name[:-3]) for p in ShardReader(d).available()]
+    assert seqs == list(range(len(seqs))) and set(seen) <= set(seqs)  # contiguous: no gap, no overwrite
+    assert w.next_seq == len(seqs) and not list(d.glob(".*.tmp"))
+    assert w.write(want[:1]).name == f"{len(seqs):06d}.h5"
+    assert [seq for seq, _ in ShardReader(d).scan(start=len(seqs))] == [len(seqs)]
+    assert shards.rank_dirs(run_dir, "rollout") == {1: d} and shards.rank_dirs(tmp_path / "none", "rollout") == {}

@@ -14,6 +14,7 @@ from agentrl.envs.api import Task
 
 _BUILTIN: dict[str, str] = {
     "lookup": "agentrl.envs.tasks.lookup:LookupTask",
+    "unlock": "agentrl.envs.tasks.unlock:UnlockTask",
     "os": "agentrl.envs.tasks.os_task:OsTask",
     "db": "agentrl.envs.tasks.db:DbTask",
     "echo": "agentrl.envs.tasks.echo:EchoTask",  # load tests of the controller (jobs/bench_controller.py)
@@ -50,6 +51,17 @@ def get_task_class(name: str) -> type:
     if ":" in name:
         return _import(name)
     raise KeyError(f"unknown task {name!r} (known: {', '.join(task_names())})")
+
+
+def task_name(spec: str) -> str:
+    """The name a worker serves the task of `spec` under (its class's `name`): `"lookup"` → "lookup",
+    `"agentrl.envs.tasks.example:GuessTask"` → "guess". Everything that talks to the controller, and every
+    report and metric, uses this name; `envs.tasks` and `envs.task_options` keep the spec as written."""
+    cls = get_task_class(spec)
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"task {spec!r}: {cls.__name__} has no string `name` attribute")
+    return name
 
 
 def get_task(name: str, **options: Any) -> Task:

@@ -14,9 +14,13 @@ Games (TextWorld, which ALFWorld is built on; the `textworld` package is the `en
     (`AGENTRL_CACHE_DIR`, default `~/.cache/agentrl`); train 40 games, test 10.
   * `source="alfworld"`: ALFWorld's own games (`game.tw-pddl`, played by TextWorld's PDDL engine,
     which needs `fast-downward-textworld`: `pip install textworld[pddl]`), from the ALFWorld data folder
-    (`alfworld_data` / `ALFWORLD_DATA`). Splits are AgentBench's files of game paths by task type
-    (`data/alfworld/{split}.json` of an AgentBench checkout, or this project's copy of `dev.json`):
-    dev = dev.json, test = std.json, train = train.json when the checkout has them.
+    (`alfworld_data` / `ALFWORLD_DATA`); `source="agentbench"` is the same. Splits are AgentBench's files
+    of game paths by task type (`data/alfworld/*.json` of an AgentBench checkout, or this project's copy
+    of `dev.json`): dev = dev.json, test = new_std.json (AgentBench-FC's alfworld-std), train =
+    train_valid.json, standard = standard.json, each when the checkout has it.
+
+Protocol: "strict" (ours) or "faithful" (AgentBench-FC's loop and prompt, read from the checkout;
+`alfworld_faithful`), the default for AgentBench's games when a checkout is given.
 
 The scripted expert plays the game's own walkthrough from the current state (TextWorld's
 `policy_commands`), one action per turn.
@@ -36,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.envs.api import Action, EnvError, StepResult, tool_message
+from agentrl.envs.protocol import resolve_protocol
+from agentrl.envs.tasks.agentbench import Checkout
 from agentrl.envs.tasks.shared import call_message, data_root, env_path, import_optional, split_index, split_indices
 from agentrl.types import Status
 
@@ -52,7 +58,10 @@ of the available actions; the environment answers with what happened and the act
 Only the listed actions are valid: any other action does nothing, and the environment then replies
 "Nothing happens.". Act directly and try to finish in as few actions as you can."""
 INSTALL = "pip install -e '.[envs]' (TextWorld 1.7.0)"
-AGENTBENCH_SPLITS = {"train": "train.json", "test": "std.json", "dev": "dev.json"}
+# AgentBench's split files (data/alfworld/ of a checkout); configs/tasks/alfworld.yaml: alfworld-std reads
+# new_std, alfworld-env_train train_valid; standard.json is the older test set
+AGENTBENCH_SPLITS = {"train": "train_valid.json", "test": "new_std.json", "dev": "dev.json",
+                     "standard": "standard.json"}
 
 
 TEXTWORLD = threading.Lock()
@@ -139,13 +148,7 @@ class AlfworldEpisode:
                 continue
             wanted = " ".join(call.arguments["action"].lower().split())  # case and spacing do not matter
             command = next((c for c in self.commands if " ".join(c.lower().split()) == wanted), None)
-            if command is not None:
-                with TEXTWORLD:
-                    self.state, _, done = self.env.step(command)
-                reply = clean(self.state.feedback or "") or "Nothing happens."
-            else:
-                reply = "Nothing happens."
-            self.moves += 1
+            reply, done = self.play(command)
             messages.append(tool_message(call.id, call.name, reply + ("" if done else "\n" + available(self.commands))))
         won = bool(self.state.won)
         if done or won or self.state.lost:
@@ -153,6 +156,15 @@ class AlfworldEpisode:
             return StepResult(messages, done=True, reward=float(won), status=Status.COMPLETED,
                               metrics={"success": float(won)})
         return StepResult(messages, metrics={"success": 0.0})
+
+    def play(self, command: str | None) -> tuple[str, bool]:
+        """One move: the game's reply to an admissible `command` (None: not one) and whether it ended."""
+        self.moves += 1
+        if command is None or command not in self.commands:
+            return "Nothing happens.", False
+        with TEXTWORLD:
+            self.state, _, done = self.env.step(command)
+        return clean(self.state.feedback or "") or "Nothing happens.", bool(done)
 
     def expert_message(self) -> dict[str, Any]:
         """The first action of the game's walkthrough from where the game now is."""
@@ -170,11 +182,13 @@ class AlfworldTask:
     """The `alfworld` task.
 
     Args:
-        source: "ours" (default: this project's generated games) or "alfworld" (ALFWorld's games).
+        source: "ours" (default: this project's generated games) or "alfworld" / "agentbench" (ALFWorld's
+            games, AgentBench's split files).
         alfworld_data: ALFWorld's data folder (default `ALFWORLD_DATA`), which holds `json_2.1.1/...`.
         agentbench_dir: an AgentBench checkout (default `AGENTRL_AGENTBENCH_DIR`) for its split files;
             without one, "dev" comes from this project's copy in `data/agentbench/alfworld/`.
         data_dir: this project's data folder (default `data/`).
+        protocol: "faithful" or "strict" (module docstring).
     """
 
     name = "alfworld"
@@ -182,10 +196,14 @@ class AlfworldTask:
     blocking = True  # loading a game takes a few tenths of a second
 
     def __init__(self, source: str = "ours", alfworld_data: str | Path | None = None,
-                 agentbench_dir: str | Path | None = None, data_dir: str | Path | None = None) -> None:
+                 agentbench_dir: str | Path | None = None, data_dir: str | Path | None = None,
+                 protocol: str | None = None) -> None:
         _textworld()
         root = Path(data_dir) if data_dir else data_root()
+        checkout = Checkout.find(agentbench_dir)
         self.games: dict[str, list[Path]] = {}
+        if source == "agentbench":  # AgentBench's games are ALFWorld's
+            source = "alfworld"
         if source == "ours":
             folder = unpack_games(root / "alfworld" / "games.tar.xz")
             manifest = json.loads((folder / "manifest.json").read_text())
@@ -195,8 +213,7 @@ class AlfworldTask:
             base = Path(alfworld_data) if alfworld_data else env_path("ALFWORLD_DATA")
             if base is None:
                 raise ValueError("alfworld: source='alfworld' needs alfworld_data or ALFWORLD_DATA (ALFWorld's data)")
-            checkout = Path(agentbench_dir) if agentbench_dir else env_path("AGENTRL_AGENTBENCH_DIR")
-            splits = checkout / "data" / "alfworld" if checkout else root / "agentbench" / "alfworld"
+            splits = checkout.path("data/alfworld") if checkout else root / "agentbench" / "alfworld"
             for split, file in AGENTBENCH_SPLITS.items():
                 if (splits / file).is_file():
                     self.games[split] = load_split(splits / file, base)
@@ -206,9 +223,16 @@ class AlfworldTask:
         else:
             raise ValueError(f"alfworld: unknown source {source!r} (ours | alfworld)")
         self.sizes = {split: len(g) for split, g in self.games.items()}
+        self.protocol = resolve_protocol(protocol, source == "alfworld" and checkout is not None, self.name)
+        self.faithful: Any = None  # alfworld_faithful.FaithfulPrompts in the faithful protocol
+        if self.protocol == "faithful":
+            if checkout is None:
+                raise ValueError("alfworld: protocol='faithful' reads AgentBench-FC's prompt from a checkout: give "
+                                 "agentbench_dir or AGENTRL_AGENTBENCH_DIR")
+            from agentrl.envs.tasks.alfworld_faithful import FaithfulPrompts  # it subclasses AlfworldEpisode
 
-    def tools(self) -> list[dict[str, Any]]:
-        return copy.deepcopy(TOOLS)
+            self.faithful = FaithfulPrompts.read(checkout)
+            self.max_turns = self.faithful.max_rounds
 
     def indices(self, split: str) -> list[str]:
         return split_indices(self.name, split, self.sizes)
@@ -218,7 +242,14 @@ class AlfworldTask:
         game = self.games[split][i]
         if not game.is_file():
             raise EnvError("env_error", f"alfworld: game file {game} is missing")
+        if self.faithful is not None:
+            from agentrl.envs.tasks.alfworld_faithful import FaithfulAlfworldEpisode
+
+            return FaithfulAlfworldEpisode(game, self.faithful)
         return AlfworldEpisode(game)
+
+    def tools(self) -> list[dict[str, Any]]:
+        return copy.deepcopy(self.faithful.tools if self.faithful else TOOLS)
 
 
 def load_split(path: Path, base: Path) -> list[Path]:

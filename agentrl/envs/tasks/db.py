@@ -22,9 +22,13 @@ at 800 characters).
 
 Splits: with `source="ours"` (default) train/test are this project's generated samples in AgentBench's
 format (`data/db/{train,test}.jsonl`, made by `agentrl.envs.tasks.db_data`); with `source="agentbench"`
-train = `db_out_new.jsonl` and test = `standard.jsonl` of the checkout in `agentbench_dir` /
-`AGENTRL_AGENTBENCH_DIR`. "dev" is AgentBench's dev subset (60 samples), from the checkout or from this
-project's copy in `data/agentbench/dbbench/`.
+train = `data/dbbench/db_out_new.jsonl` and test = `data/dbbench/standard.jsonl` of the checkout in
+`agentbench_dir` / `AGENTRL_AGENTBENCH_DIR` (AgentBench's own paths). "dev" is AgentBench's dev subset
+(60 samples), from the checkout or from this project's copy in `data/agentbench/dbbench/`. A split's
+file is read when the split is first used: a checkout with only the test file serves the test split.
+
+Protocol: "strict" (ours: schema-checked calls, our prompt) or "faithful" (AgentBench-FC's loop, prompt
+and tool descriptions read from the checkout; `db_faithful`), the default with `source="agentbench"`.
 
 The scripted expert runs the sample's gold SQL, then commits: the known label for this project's
 samples; for AgentBench's, the first column of the gold query's result (a replay of the gold, so its
@@ -41,16 +45,20 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs.api import Action, StepResult, tool_message
+from agentrl.envs.api import Action, EnvError, StepResult, tool_message
+from agentrl.envs.protocol import resolve_protocol
+from agentrl.envs.tasks.agentbench import Checkout
 from agentrl.envs.tasks.db_backends import (
+    MYSQL8_SQL_MODE,
     MariaDBDatabase,
     MariaDBServer,
     ServerAddress,
+    SharedAccountRefused,
     SqliteDatabase,
     Table,
     tables_of,
 )
-from agentrl.envs.tasks.shared import call_message, data_root, env_path, split_index, split_indices
+from agentrl.envs.tasks.shared import call_message, data_root, split_index, split_indices
 from agentrl.types import Status
 
 log = logging.getLogger(__name__)
@@ -308,7 +316,11 @@ class DbEpisode:
 
 DEFAULT_FILES = {"train": "db/train.jsonl", "test": "db/test.jsonl"}
 DEV_FILE = "dbbench/dev.jsonl"  # under data/agentbench/ here, data/ in a checkout
-AGENTBENCH_FILES = {"train": "db_out_new.jsonl", "test": "standard.jsonl"}
+AGENTBENCH_FILES = {"train": "data/dbbench/db_out_new.jsonl", "test": "data/dbbench/standard.jsonl",
+                    "dev": "data/dbbench/dev.jsonl"}  # configs/tasks/dbbench.yaml: dbbench-env_train, dbbench-std
+AGENTBENCH_SQLITE_DIR = "data/dbbench/db_train"  # dbbench-env_train's db_file (not in the public repository)
+AGENTBENCH_PROMPT = "src/server/tasks/dbbench/task.py"
+AGENTBENCH_CONFIG = "configs/tasks/dbbench.yaml"
 
 
 class DbTask:
@@ -318,10 +330,18 @@ class DbTask:
         backend: "sqlite" (default) or "mariadb".
         mariadb_address: "host:port" or "unix:/path/sock" of a MySQL-compatible server; "" starts a
             private mariadbd on first use (needs mariadb-server installed).
-        mariadb_user, mariadb_password: an account that may create databases (and users).
+        mariadb_user, mariadb_password: an account that may create databases and users.
+        mariadb_sql_mode: the sessions' sql_mode; default MySQL 8's, which AgentBench-FC's container runs
+            (see `db_backends`).
+        mariadb_shared_account: allow sessions to share that account when it may not create a user per
+            session (no isolation between sessions; logged). Off by default: such a session fails with
+            env_error.
         statement_timeout_s: longest time one statement may run.
         sqlite_affinity: "text" (AgentBench's all-TEXT schema) or "auto" (see `db_backends`).
-        source, agentbench_dir, data_dir: where samples come from (module docstring).
+        source, agentbench_dir, data_dir: where samples come from (module docstring). Each split is
+            read when first asked for, so a checkout needs only the files of the splits it uses.
+        protocol: "faithful" (AgentBench-FC's protocol and prompts, read from the checkout; the default
+            with source="agentbench") or "strict" (ours; the default otherwise). See `db_faithful`.
     """
 
     name = "db"
@@ -329,9 +349,10 @@ class DbTask:
     blocking = True
 
     def __init__(self, backend: str = "sqlite", mariadb_address: str = "", mariadb_user: str = "root",
-                 mariadb_password: str = "", statement_timeout_s: float = 10.0, sqlite_affinity: str = "text",
-                 source: str = "ours", agentbench_dir: str | Path | None = None,
-                 data_dir: str | Path | None = None) -> None:
+                 mariadb_password: str = "", mariadb_shared_account: bool = False,
+                 mariadb_sql_mode: str = MYSQL8_SQL_MODE, statement_timeout_s: float = 10.0,
+                 sqlite_affinity: str = "text", source: str = "ours", agentbench_dir: str | Path | None = None,
+                 data_dir: str | Path | None = None, protocol: str | None = None) -> None:
         if backend not in ("sqlite", "mariadb"):
             raise ValueError(f"db: unknown backend {backend!r} (sqlite | mariadb)")
         if source not in ("ours", "agentbench"):
@@ -344,34 +365,66 @@ class DbTask:
         self._address = (ServerAddress.parse(mariadb_address, mariadb_user, mariadb_password)
                          if mariadb_address else None)
         self._server: MariaDBServer | None = None
-        self._own_users = True  # a user per session, that sees only its own database, where the server allows
+        self.shared_account = bool(mariadb_shared_account)
+        self.sql_mode = mariadb_sql_mode
+        if self.shared_account and backend == "mariadb":
+            log.warning("db: mariadb_shared_account is on: where no user per session can be made, sessions "
+                        "share the account %s and can reach each other's databases", mariadb_user)
         self._lock = threading.Lock()
         self._reference: dict[int, str] = {}
         root = Path(data_dir) if data_dir else data_root()
-        checkout = Path(agentbench_dir) if agentbench_dir else env_path("AGENTRL_AGENTBENCH_DIR")
-        self.samples: dict[str, list[DbSample]] = {}
+        self.checkout = Checkout.find(agentbench_dir)
+        if source == "agentbench" and self.checkout is None:
+            raise ValueError("db: source='agentbench' needs agentbench_dir or AGENTRL_AGENTBENCH_DIR")
+        # split -> (file, ours, sqlite dir); read on first use
+        self.files: dict[str, tuple[Path, bool, Path | None]] = {}
         if source == "ours":
-            for split, file in DEFAULT_FILES.items():
-                self.samples[split] = load_samples(root / file, ours=True)
+            self.files = {split: (root / file, True, None) for split, file in DEFAULT_FILES.items()}
         else:
-            if checkout is None:
-                raise ValueError("db: source='agentbench' needs agentbench_dir or AGENTRL_AGENTBENCH_DIR")
-            folder = checkout / "data" / "dbbench"
-            for split, file in AGENTBENCH_FILES.items():
-                self.samples[split] = load_samples(folder / file, ours=False, sqlite_dir=folder / "db_train")
-        dev = checkout / "data" / DEV_FILE if checkout else root / "agentbench" / DEV_FILE
-        self.samples["dev"] = load_samples(dev, ours=False)
-        self.sizes = {split: len(s) for split, s in self.samples.items()}
+            assert self.checkout is not None
+            sqlite_dir = self.checkout.path(AGENTBENCH_SQLITE_DIR)
+            self.files = {split: (self.checkout.path(f), False, sqlite_dir) for split, f in AGENTBENCH_FILES.items()}
+        if "dev" not in self.files:
+            dev = self.checkout.path(AGENTBENCH_FILES["dev"]) if self.checkout else root / "agentbench" / DEV_FILE
+            self.files["dev"] = (dev, False, None)
+        self.samples: dict[str, list[DbSample]] = {}
+        self.protocol = resolve_protocol(protocol, source == "agentbench", self.name)
+        self.faithful: Any = None  # db_faithful.FaithfulPrompts in the faithful protocol
+        self._episode: Any = DbEpisode
+        if self.protocol == "faithful":
+            from agentrl.envs.tasks.db_faithful import FaithfulDbEpisode, FaithfulPrompts  # it subclasses DbEpisode
+
+            self._episode = FaithfulDbEpisode
+            if self.checkout is None:
+                raise ValueError("db: protocol='faithful' reads AgentBench-FC's prompt and tools from a checkout: "
+                                 "give agentbench_dir or AGENTRL_AGENTBENCH_DIR")
+            self.faithful = FaithfulPrompts.read(self.checkout)
+            self.max_turns = self.faithful.max_rounds
+
+    def split(self, split: str) -> list[DbSample]:
+        """The samples of one split, read from its file on first use."""
+        if split not in self.files:
+            raise EnvError("bad_request", f"db has no split {split!r} (splits: {', '.join(self.files)})")
+        with self._lock:
+            if split not in self.samples:
+                path, ours, sqlite_dir = self.files[split]
+                if not path.is_file():
+                    raise FileNotFoundError(f"db: the {split} split's file {path} is missing")
+                self.samples[split] = load_samples(path, ours, sqlite_dir)
+            return self.samples[split]
 
     def tools(self) -> list[dict[str, Any]]:
-        return copy.deepcopy(TOOLS)
+        return copy.deepcopy(self.faithful.tools if self.faithful else TOOLS)
 
     def indices(self, split: str) -> list[str]:
-        return split_indices(self.name, split, self.sizes)
+        return split_indices(self.name, split, {split: len(self.split(split))})
 
     def start(self, index: str) -> DbEpisode:
-        split, i = split_index(self.name, index, self.sizes)
-        return DbEpisode(self.samples[split][i], self)
+        split = index.rpartition("-")[0]
+        samples = self.split(split) if split in self.files else []
+        _, i = split_index(self.name, index, {split: len(samples)})
+        episode: DbEpisode = self._episode(samples[i], self)
+        return episode
 
     # ------------------------------------------------------------------------------ databases
     def server_address(self) -> ServerAddress:
@@ -390,10 +443,11 @@ class DbTask:
             return SqliteDatabase(tables, self.timeout_s, self.affinity, sqlite_file)
         if sqlite_file is not None:
             raise ValueError("this sample is an SQLite database file; use backend='sqlite'")
-        db = MariaDBDatabase(self.server_address(), tables, self.timeout_s, own_user=self._own_users)
-        if db.user is None:  # the server's account may not create users: stop trying (sessions share it)
-            self._own_users = False
-        return db
+        try:
+            return MariaDBDatabase(self.server_address(), tables, self.timeout_s,
+                                   allow_shared_account=self.shared_account, sql_mode=self.sql_mode)
+        except SharedAccountRefused as e:
+            raise EnvError("env_error", f"db: {e}") from e
 
     def reference_hash(self, sample: DbSample) -> str:
         """The table hash after the gold SQL, on a fresh database (samples without `answer_md5`)."""
@@ -413,3 +467,4 @@ class DbTask:
         if self._server is not None:
             self._server.stop()
             self._server = None
+

@@ -11,8 +11,16 @@ the MD5 of that; tables joined with '_' in sorted order; an empty table hashes t
 a size cap, and ATTACH refused (no files of the host). `MariaDBDatabase` is a database per session on a
 server, with a user of its own that can see only that database when the server lets us create users.
 `MariaDBServer` starts a private mariadbd on a Unix socket under a temp dir (no TCP), as a worker does
-when it is given no server address; it is configured like AgentBench's MySQL 8 image where that
-matters (utf8mb4, MySQL 8's default sql_mode, group_concat_max_len 1024).
+when it is given no server address; it is configured like AgentBench-FC's database container where
+that matters: AgentBench-FC runs `docker.io/library/mysql:8` with no sql_mode option
+(`src/server/tasks/dbbench/environment.py` of its repository; its older `Interaction.py` ran the
+`mysql` image the same way), so sessions get MySQL 8's default sql_mode (strict), utf8mb4 and
+group_concat_max_len 1024. MariaDB's default collation (utf8mb4_general_ci) differs from MySQL 8's
+(utf8mb4_0900_ai_ci) only in rare accent and padding cases.
+
+Per-session users: a session's database is reachable only by a user of its own. When the server's
+account may not create users, the session fails (`SharedAccountRefused`): sharing one account would let
+one session's SQL reach another's database. `allow_shared_account=True` is the explicit, logged opt-in.
 
 What differs between the two engines (and so between the gold pass rates): SQLite compares TEXT
 columns as text (`WHERE Goal < 17`), is case-sensitive in `=`, takes "double quotes" as identifiers and
@@ -42,6 +50,7 @@ log = logging.getLogger(__name__)
 RESULT_LIMIT = 800  # AgentBench cuts a result string here and appends "[TRUNCATED]"
 MAX_ROWS = 10_000  # rows fetched for one observation (the text is cut at 800 characters anyway)
 GROUP_CONCAT_MAX = 1024
+# MySQL 8's default sql_mode: AgentBench-FC's mysql:8 container sets none (environment.py, see above)
 MYSQL8_SQL_MODE = ("ONLY_FULL_GROUP_BY,STRICT_TRANS_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,"
                    "ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION")
 
@@ -189,6 +198,16 @@ def _bquote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+def _bquote_fmt(name: str) -> str:
+    """A backquoted name inside a query PyMySQL formats with `%` parameters (executemany formats the
+    whole query, so a `%` in a name, e.g. AgentBench's "Win %" columns, must be doubled)."""
+    return _bquote(name).replace("%", "%%")
+
+
+class SharedAccountRefused(RuntimeError):
+    """No user of its own could be made for a session, and sharing the server's account was not allowed."""
+
+
 # ---------------------------------------------------------------------------------------------- MariaDB
 
 def _pymysql() -> Any:
@@ -239,11 +258,13 @@ class MariaDBDatabase:
     kind = "mariadb"
 
     def __init__(self, server: ServerAddress, tables: list[Table], timeout_s: float = 10.0,
-                 own_user: bool = True) -> None:
+                 own_user: bool = True, allow_shared_account: bool = False, sql_mode: str = MYSQL8_SQL_MODE) -> None:
         self.server = server
+        self.sql_mode = sql_mode
         self.timeout_s = timeout_s
         self.name = f"agentrl_{secrets.token_hex(6)}"
         self.user: str | None = None
+        self.shared_account = not own_user  # True when this session logs in with the server's own account
         self.admin = server.connect()
         self.conn: Any = None
         try:
@@ -251,7 +272,7 @@ class MariaDBDatabase:
                 cur.execute(f"CREATE DATABASE {_bquote(self.name)}")
             user, password = server.user, server.password
             if own_user:
-                user, password = self._make_user()
+                user, password = self._make_user(allow_shared_account)
             self._login = (user, password)
             self.conn = self._connect()
             with self.conn.cursor() as cur:
@@ -260,13 +281,13 @@ class MariaDBDatabase:
                     cur.execute(f"CREATE TABLE IF NOT EXISTS {_bquote(t.name)} ({cols})")
                     if t.rows:
                         marks = ",".join(["%s"] * len(t.columns))
-                        cur.executemany(f"INSERT INTO {_bquote(t.name)} ({','.join(map(_bquote, t.columns))}) "
+                        cur.executemany(f"INSERT INTO {_bquote_fmt(t.name)} ({','.join(map(_bquote_fmt, t.columns))}) "
                                         f"VALUES ({marks})", list(t.rows))
         except BaseException:
             self.close()
             raise
 
-    def _make_user(self) -> tuple[str, str]:
+    def _make_user(self, allow_shared_account: bool) -> tuple[str, str]:
         user, password = self.name, secrets.token_hex(12)
         try:
             with self.admin.cursor() as cur:
@@ -276,15 +297,25 @@ class MariaDBDatabase:
                 for host in ("%", "localhost"):
                     cur.execute(f"GRANT ALL PRIVILEGES ON {_bquote(self.name)}.* TO %s@%s", (user, host))
             return user, password
-        except Exception as e:  # a given server may not let us: share its account (no isolation between sessions)
-            log.warning("cannot create a MariaDB user per session (%s); sessions share %s", e, self.server.user)
+        except Exception as e:  # a given server may not let us: fail, unless sharing was explicitly allowed
+            if not allow_shared_account:
+                log.error("db: cannot create a MariaDB user for session database %s (%s); the session fails "
+                          "(allow a shared account explicitly with the task option mariadb_shared_account)",
+                          self.name, e)
+                raise SharedAccountRefused(f"cannot create a MariaDB user per session ({e}); sharing the "
+                                           f"account {self.server.user!r} is not allowed") from e
+            log.warning("db: cannot create a MariaDB user per session (%s); session database %s shares the "
+                        "account %s, as the task option mariadb_shared_account allows (no isolation between "
+                        "sessions)", e, self.name, self.server.user)
+            self.shared_account = True
             return self.server.user, self.server.password
 
     def _connect(self) -> Any:
         user, password = self._login
         conn = self.server.connect(user, password, self.name, read_timeout=self.timeout_s + 30)
         with conn.cursor() as cur:
-            cur.execute(f"SET SESSION sql_mode = '{MYSQL8_SQL_MODE}', group_concat_max_len = {GROUP_CONCAT_MAX}")
+            cur.execute("SET SESSION sql_mode = %s", (self.sql_mode,))
+            cur.execute(f"SET SESSION group_concat_max_len = {GROUP_CONCAT_MAX}")
             try:  # MariaDB's statement time limit (seconds); MySQL has max_execution_time for SELECTs only
                 cur.execute(f"SET SESSION max_statement_time = {float(self.timeout_s)}")
             except Exception:

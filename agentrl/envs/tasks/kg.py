@@ -26,7 +26,9 @@ Samples are AgentBench's format (`question`, `entities` name→id, `actions`, `a
 reads ours (`data/kg/{train,test}.json`, `source="ours"`) and AgentBench's (`source="agentbench"`:
 `data/knowledgegraph/{kg_rl_all,std,dev}.json` of a checkout given as `agentbench_dir` /
 `AGENTRL_AGENTBENCH_DIR`, or this project's copy of the dev file in `data/agentbench/`); AgentBench's
-files need the SPARQL backend (their entities are Freebase ids). The scripted expert replays a
+files need the SPARQL backend (their entities are Freebase ids). `protocol="faithful"` (the default
+with `source="agentbench"`) runs AgentBench-FC's loop with its prompts read from the checkout
+(`kg_faithful`). The scripted expert replays a
 sample's `actions` one per turn (an entity id of the question called by its name, as the model sees
 it), then answers with the last variable they made.
 """
@@ -35,15 +37,17 @@ from __future__ import annotations
 import copy
 import os
 import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from agentrl.envs.api import Action, StepResult, tool_message
+from agentrl.envs.api import Action, EnvError, StepResult, tool_message
+from agentrl.envs.protocol import resolve_protocol
+from agentrl.envs.tasks.agentbench import Checkout
 from agentrl.envs.tasks.shared import (
     call_message,
     data_root,
-    env_path,
     read_json,
     split_index,
     split_indices,
@@ -346,7 +350,9 @@ class KGEpisode:
 
 
 DEFAULT_FILES = {"train": "kg/train.json", "test": "kg/test.json"}
-AGENTBENCH_FILES = {"train": "kg_rl_all.json", "test": "std.json"}  # configs-kg.yaml: kg-env_train, kg-std
+# AgentBench's own paths (configs/tasks/kg.yaml: kg-env_train, kg-std)
+AGENTBENCH_FILES = {"train": "data/knowledgegraph/kg_rl_all.json", "test": "data/knowledgegraph/std.json",
+                    "dev": "data/knowledgegraph/dev.json"}
 DEV_FILE = "knowledgegraph/dev.json"
 
 
@@ -357,26 +363,31 @@ class KGTask:
         source: "ours" (default: this project's graph and questions, `data/kg/`) or "agentbench"
             (AgentBench's Freebase questions, which need `sparql_url`): train = kg_rl_all.json and
             test = std.json of the checkout, dev = dev.json (from the checkout, else this project's copy
-            in `data/agentbench/knowledgegraph/`).
+            in `data/agentbench/knowledgegraph/`). Each split is read when first used.
         sparql_url: a SPARQL endpoint serving Freebase (default `AGENTRL_KG_SPARQL_URL`), e.g.
             AgentBench's `http://localhost:3001/sparql`.
         agentbench_dir: an AgentBench checkout (default `AGENTRL_AGENTBENCH_DIR`).
         data_dir: this project's data folder (default `data/`).
+        protocol: "faithful" (AgentBench-FC's loop, prompts and one-shot example read from the checkout;
+            the default with source="agentbench" and a checkout; `kg_faithful`) or "strict" (ours, the
+            default otherwise).
     """
 
     name = "kg"
     max_turns = MAX_ROUNDS
 
     def __init__(self, source: str = "ours", sparql_url: str | None = None,
-                 agentbench_dir: str | Path | None = None, data_dir: str | Path | None = None) -> None:
+                 agentbench_dir: str | Path | None = None, data_dir: str | Path | None = None,
+                 protocol: str | None = None) -> None:
         if source not in ("ours", "agentbench"):
             raise ValueError(f"kg: unknown source {source!r} (ours | agentbench)")
         root = Path(data_dir) if data_dir else data_root()
+        checkout = Checkout.find(agentbench_dir)
         self.backend: KGBackend
-        self.samples: dict[str, list[KGSample]] = {}
+        self.files: dict[str, Path] = {}
         if source == "ours":
             self.backend = LocalGraph.load(root / "kg" / "graph.json")
-            self.samples = {split: load_samples(root / file) for split, file in DEFAULT_FILES.items()}
+            self.files = {split: root / file for split, file in DEFAULT_FILES.items()}
         else:
             url = sparql_url or os.environ.get("AGENTRL_KG_SPARQL_URL", "").strip()
             if not url:
@@ -385,23 +396,53 @@ class KGTask:
             from agentrl.envs.tasks.kg_sparql import SparqlBackend
 
             self.backend = SparqlBackend(url)
-            checkout = Path(agentbench_dir) if agentbench_dir else env_path("AGENTRL_AGENTBENCH_DIR")
             if checkout is not None:
-                for split, file in AGENTBENCH_FILES.items():
-                    self.samples[split] = load_samples(checkout / "data" / "knowledgegraph" / file)
-            dev_base = checkout / "data" if checkout else root / "agentbench"
-            self.samples["dev"] = load_samples(dev_base / DEV_FILE)
-        self.sizes = {split: len(s) for split, s in self.samples.items()}
+                self.files = {split: checkout.path(file) for split, file in AGENTBENCH_FILES.items()}
+            else:
+                self.files = {"dev": root / "agentbench" / DEV_FILE}
+        self.samples: dict[str, list[KGSample]] = {}
+        self._lock = threading.Lock()
+        # AgentBench's questions without a checkout (this project's dev copy): nothing to read prompts from
+        self.protocol = resolve_protocol(protocol, source == "agentbench" and checkout is not None, self.name)
+        self.faithful: Any = None  # kg_faithful.FaithfulPrompts in the faithful protocol
+        if self.protocol == "faithful":
+            if checkout is None:
+                raise ValueError("kg: protocol='faithful' reads AgentBench-FC's prompts from a checkout: give "
+                                 "agentbench_dir or AGENTRL_AGENTBENCH_DIR")
+            from agentrl.envs.tasks.kg_faithful import FaithfulPrompts  # it subclasses KGEpisode
+
+            self.faithful = FaithfulPrompts.read(checkout)
+            self.max_turns = self.faithful.max_rounds
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """Sizes of the splits read so far."""
+        return {split: len(s) for split, s in self.samples.items()}
+
+    def split(self, split: str) -> list[KGSample]:
+        """The samples of one split, read from its file on first use."""
+        if split not in self.files:
+            raise EnvError("bad_request", f"kg has no split {split!r} (splits: {', '.join(self.files)})")
+        with self._lock:
+            if split not in self.samples:
+                self.samples[split] = load_samples(self.files[split])
+            return self.samples[split]
 
     def tools(self) -> list[dict[str, Any]]:
-        return copy.deepcopy(TOOLS)
+        return copy.deepcopy(self.faithful.tools if self.faithful else TOOLS)
 
     def indices(self, split: str) -> list[str]:
-        return split_indices(self.name, split, self.sizes)
+        return split_indices(self.name, split, {split: len(self.split(split))})
 
     def start(self, index: str) -> KGEpisode:
-        split, i = split_index(self.name, index, self.sizes)
-        return KGEpisode(self.samples[split][i], self.backend)
+        split = index.rpartition("-")[0]
+        samples = self.split(split) if split in self.files else []
+        _, i = split_index(self.name, index, {split: len(samples)})
+        if self.faithful is not None:
+            from agentrl.envs.tasks.kg_faithful import FaithfulKGEpisode
+
+            return FaithfulKGEpisode(samples[i], self.backend, self.faithful, split in self.faithful.one_shot_splits)
+        return KGEpisode(samples[i], self.backend)
 
 
 def load_samples(path: Path) -> list[KGSample]:

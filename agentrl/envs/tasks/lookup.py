@@ -81,9 +81,10 @@ def make_sample(index: str) -> Sample:
 
 
 class LookupEpisode:
-    def __init__(self, sample: Sample) -> None:
+    def __init__(self, sample: Sample, expert_field: str | None = None) -> None:
         self.sample = sample
-        self.looked_up = False  # whether the target's record has been shown (drives the expert)
+        self.expert_field = expert_field or sample.field  # the field the expert asks for (a wrong one if unskilled)
+        self.looked_up = False  # whether the expert's lookup has been answered (drives the expert)
         self.expert_turn = 0
 
     def initial_messages(self) -> list[dict[str, Any]]:
@@ -107,15 +108,15 @@ class LookupEpisode:
         record = self.sample.catalog.get(name.strip())
         if record is None:
             return f"Error: no item named {name!r}."
-        if name.strip() == self.sample.target and field == self.sample.field:
+        if name.strip() == self.sample.target and field == self.expert_field:
             self.looked_up = True
         return record[field]
 
     def expert_message(self) -> dict[str, Any]:
         if self.looked_up:
-            name, args = "submit_answer", {"answer": self.sample.answer}
+            name, args = "submit_answer", {"answer": self.sample.catalog[self.sample.target][self.expert_field]}
         else:
-            name, args = "lookup", {"name": self.sample.target, "field": self.sample.field}
+            name, args = "lookup", {"name": self.sample.target, "field": self.expert_field}
         call_id = f"call_{self.expert_turn}"
         self.expert_turn += 1
         return {"role": "assistant", "content": "", "tool_calls": [
@@ -126,6 +127,11 @@ class LookupTask:
     name = "lookup"
     max_turns = 4
 
+    def __init__(self, expert_skill: float = 1.0) -> None:
+        if not 0.0 <= float(expert_skill) <= 1.0:
+            raise ValueError(f"lookup: expert_skill must be in [0, 1], got {expert_skill!r}")
+        self.expert_skill = float(expert_skill)
+
     def tools(self) -> list[dict[str, Any]]:
         return copy.deepcopy(TOOLS)  # callers may mutate their copy, never the schemas
 
@@ -135,4 +141,8 @@ class LookupTask:
         return [f"{split}-{i}" for i in range(SPLIT_SIZES[split])]
 
     def start(self, index: str) -> LookupEpisode:
-        return LookupEpisode(make_sample(index))
+        sample = make_sample(index)
+        rng = random.Random(f"lookup-expert:{index}")  # the expert's draws, fixed per sample
+        skilled = rng.random() < self.expert_skill
+        field = sample.field if skilled else rng.choice([f for f in FIELDS if f != sample.field])
+        return LookupEpisode(sample, field)

@@ -5,8 +5,9 @@ the checkout (the tools from `configs/tasks/os.yaml`, the system prompt and the 
 from `src/server/tasks/os_interaction/task.py`, parsed with `ast`, never imported or executed).
 
 `parse_action` reproduces how AgentBench's `OSInteraction._handle_agent_action` reads one assistant
-message: only the first tool call counts; its arguments are parsed as JSON and their *values* taken
-in order, whatever their keys; `finish_action`'s first value (the thought) is the committed answer.
+message (`Session` passes it unchecked under the episode's `CallPolicy`): only the first tool call
+counts; its arguments are parsed as JSON and their *values* taken in order, whatever their keys;
+`finish_action`'s first value (the thought) is the committed answer.
 The observation strings below are AgentBench's protocol text (what its task answers), reproduced so
 that a faithful episode answers the same.
 

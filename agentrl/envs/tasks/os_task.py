@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.envs.api import Action, StepResult, tool_message
+from agentrl.envs.protocol import CallPolicy, resolve_protocol
 from agentrl.envs.sandbox import (
     CommandResult,
     SandboxConfig,
@@ -74,7 +75,6 @@ MAX_ROUNDS = 8
 OUTPUT_LIMIT, OUTPUT_KEEP = 800, 780  # AgentBench's truncation of one command's output
 SCRIPT_TIMEOUT_S = 60.0  # check and example scripts
 INIT_TIMEOUT_S = 300.0  # init scripts: AgentBench sets none, and some of its train samples `sleep 60`
-PROTOCOLS = ("strict", "faithful")
 
 TOOLS: list[dict[str, Any]] = [
     {"type": "function", "function": {
@@ -283,7 +283,10 @@ class OsEpisode:
 
 
 class FaithfulOsEpisode(OsEpisode):
-    """AgentBench-FC's protocol (`os_agentbench`): reads each message raw (`ReadsRawMessages`)."""
+    """AgentBench-FC's protocol (`os_agentbench`): the first call only, its arguments unchecked
+    (`CallPolicy`, applied by `Session`), read here as AgentBench reads them."""
+
+    call_policy = CallPolicy(first_call_only=True, lenient_arguments=True)
 
     def __init__(self, problem: OsProblem, sandbox: SandboxConfig, protocol: ab.Protocol,
                  budget: SessionBudget | None = None) -> None:
@@ -294,27 +297,33 @@ class FaithfulOsEpisode(OsEpisode):
         return [{"role": "system", "content": self.protocol.system_prompt},
                 {"role": "user", "content": self.protocol.user_prompt(self.problem.description)}]
 
-    def raw_step(self, message: dict[str, Any]) -> StepResult:
+    def text_step(self, content: str) -> StepResult:
+        """A message without a tool call: AgentBench's reminder; the round is used."""
         self.steps += 1
-        act = ab.parse_action(message)
-        if act.kind == "none":
-            return StepResult([{"role": "user", "content": ab.NO_CALL}], metrics=self._metrics(0.0))
-        call_id = str(act.call_id) if act.call_id is not None else None
+        return StepResult([{"role": "user", "content": ab.NO_CALL}], metrics=self._metrics(0.0))
+
+    def step(self, action: Action) -> StepResult:
+        self.steps += 1
+        first = action.tool_calls[0]
+        if first.error is not None and "too long" in first.error:  # the worker's bound, not AgentBench's
+            act = ab.RawAction("error", first.id, first.name, text=first.error)
+        else:
+            act = ab.parse_action(action.message)  # the same first call, read from the raw message
+        call_id = first.id
         if act.kind == "error":
-            return StepResult([tool_message(call_id or "", act.name, act.text)], metrics=self._metrics(0.0))
+            return StepResult([tool_message(call_id, act.name, act.text)], metrics=self._metrics(0.0))
         if act.kind == "invalid":
-            return StepResult([tool_message(call_id or "", act.name, ab.INVALID_CALL)], metrics=self._metrics(0.0))
+            return StepResult([tool_message(call_id, act.name, ab.INVALID_CALL)], metrics=self._metrics(0.0))
         ended = self._setup_failed(call_id, act.name)
         if ended is not None:
             return ended
         if act.kind == "crash":  # AgentBench's task raises here: the sample ends as a task error, failed
-            return StepResult([tool_message(call_id or "", act.name, "Error: the call has no arguments.")],
+            return StepResult([tool_message(call_id, act.name, "Error: the call has no arguments.")],
                               done=True, reward=0.0, status=Status.INVALID_ACTION, metrics=self._metrics(0.0))
         if act.kind == "bash":
             # AgentBench runs nothing for a non-string script and shows an empty output.
             output = self.bash(act.content).output if isinstance(act.content, str) else ""
-            return StepResult([tool_message(call_id or "", act.name, ab.observation(output))],
-                              metrics=self._metrics(0.0))
+            return StepResult([tool_message(call_id, act.name, ab.observation(output))], metrics=self._metrics(0.0))
         reward = 1.0 if self.judge_faithful(act.content) else 0.0
         # AgentBench answers a commit with no tool message: the episode ends.
         return StepResult([], done=True, reward=reward, status=Status.COMPLETED, metrics=self._metrics(reward))
@@ -365,9 +374,7 @@ class OsTask:
                  protocol: str | None = None, slots: int | None = None) -> None:
         if source not in ("ours", "agentbench"):
             raise ValueError(f"os: unknown source {source!r} (ours | agentbench)")
-        self.protocol_name = protocol or ("faithful" if source == "agentbench" else "strict")
-        if self.protocol_name not in PROTOCOLS:
-            raise ValueError(f"os: unknown protocol {protocol!r} ({' | '.join(PROTOCOLS)})")
+        self.protocol_name = resolve_protocol(protocol, source == "agentbench", "os")
         root = Path(data_dir) if data_dir else data_root()
         checkout = Path(agentbench_dir) if agentbench_dir else env_path("AGENTRL_AGENTBENCH_DIR")
         self.sandbox = sandbox if isinstance(sandbox, SandboxConfig) else SandboxConfig(**(sandbox or {}))

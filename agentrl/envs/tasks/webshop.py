@@ -28,6 +28,9 @@ bound drawn as WebShop draws it, here from a per-goal seed), in WebShop's order 
 233). Splits: ours test = goals 0..99, train = the rest; WebShop's as AgentBench's configs: test =
 0..199 (webshop-std), train = 1000..11999 (webshop-env_train).
 
+`source="agentbench"` takes the goal ranges from an AgentBench checkout's configs and defaults to
+`protocol="faithful"`: AgentBench-FC's loop and prompt, read from the checkout (`webshop_faithful`).
+
 The scripted expert searches the instruction (without the price clause), pages through the results
 to the goal's product, clicks each goal option, then "Buy Now".
 """
@@ -45,6 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.envs.api import Action, EnvError, StepResult, tool_message
+from agentrl.envs.protocol import resolve_protocol
+from agentrl.envs.tasks.agentbench import Checkout
 from agentrl.envs.tasks.shared import call_message, data_root, read_json
 from agentrl.types import Status
 
@@ -423,9 +428,14 @@ class WebShopTask:
     """The `webshop` task.
 
     Args:
-        source: "ours" (default, `data/webshop/`) or "webshop" (a WebShop checkout's data folder).
-        webshop_dir: that folder (default `AGENTRL_WEBSHOP_DIR`), e.g. `WebShop/data`.
+        source: "ours" (default, `data/webshop/`), "webshop" (a WebShop checkout's data folder), or
+            "agentbench" (that data folder, with the goal ranges of an AgentBench checkout's
+            `configs/tasks/webshop.yaml`: test = webshop-std, train = webshop-env_train).
+        webshop_dir: WebShop's data folder (default `AGENTRL_WEBSHOP_DIR`), e.g. `WebShop/data`.
+        agentbench_dir: an AgentBench checkout (default `AGENTRL_AGENTBENCH_DIR`).
         data_dir: this project's data folder (default `data/`).
+        protocol: "faithful" (AgentBench-FC's loop and prompt read from the checkout, `webshop_faithful`;
+            the default with source="agentbench") or "strict" (ours, the default otherwise).
     """
 
     name = "webshop"
@@ -433,27 +443,41 @@ class WebShopTask:
     blocking = False
 
     def __init__(self, source: str = "ours", webshop_dir: str | Path | None = None,
-                 data_dir: str | Path | None = None) -> None:
+                 agentbench_dir: str | Path | None = None, data_dir: str | Path | None = None,
+                 protocol: str | None = None) -> None:
+        checkout = Checkout.find(agentbench_dir)
+        self.protocol = resolve_protocol(protocol, source == "agentbench", self.name)
+        self.faithful: Any = None  # webshop_faithful.FaithfulPrompts in the faithful protocol
+        if self.protocol == "faithful":
+            if checkout is None:
+                raise ValueError("webshop: protocol='faithful' (the default with source='agentbench') reads "
+                                 "AgentBench-FC's prompt from a checkout: give agentbench_dir or "
+                                 "AGENTRL_AGENTBENCH_DIR")
+            from agentrl.envs.tasks.webshop_faithful import FaithfulPrompts  # it subclasses WebShopEpisode
+
+            self.faithful = FaithfulPrompts.read(checkout)
+            self.max_turns = self.faithful.max_rounds
         if source == "ours":
             self.catalog = load_catalog((Path(data_dir) if data_dir else data_root()) / "webshop")
             n = len(self.catalog.goals)
             self.ranges = {"test": (0, min(100, n)), "train": (min(100, n), n)}
-        elif source == "webshop":
+        elif source in ("webshop", "agentbench"):
             folder = webshop_dir or os.environ.get("AGENTRL_WEBSHOP_DIR", "").strip()
             if not folder:
-                raise ValueError("webshop: source='webshop' needs webshop_dir or AGENTRL_WEBSHOP_DIR")
+                raise ValueError(f"webshop: source={source!r} needs webshop_dir or AGENTRL_WEBSHOP_DIR")
             self.catalog = load_catalog(Path(folder).expanduser())
             # a search scans every product in Python: milliseconds for WebShop's 1k-product files, far
             # longer for its full catalog, so the worker runs this task's calls in threads
             self.blocking = True
             n = len(self.catalog.goals)
-            self.ranges = {"test": (0, min(200, n)), "train": (min(1000, n), min(12000, n))}
+            wanted = self.faithful.ranges if source == "agentbench" else {"test": (0, 200), "train": (1000, 12000)}
+            self.ranges = {split: (min(lo, n), min(hi, n)) for split, (lo, hi) in wanted.items()}
         else:
-            raise ValueError(f"webshop: unknown source {source!r} (ours | webshop)")
+            raise ValueError(f"webshop: unknown source {source!r} (ours | webshop | agentbench)")
         self.sizes = {split: hi - lo for split, (lo, hi) in self.ranges.items()}
 
     def tools(self) -> list[dict[str, Any]]:
-        return copy.deepcopy(TOOLS)
+        return copy.deepcopy(self.faithful.tools if self.faithful else TOOLS)
 
     def indices(self, split: str) -> list[str]:
         """Indices name the goal's position in WebShop's goal order: "test-0" .. and "train-<k>"."""
@@ -467,7 +491,12 @@ class WebShopTask:
         if split in self.ranges and num.isdigit() and num == str(int(num)):
             lo, hi = self.ranges[split]
             if lo <= int(num) < hi:
-                return WebShopEpisode(self.catalog, self.catalog.goals[int(num)])
+                goal = self.catalog.goals[int(num)]
+                if self.faithful is not None:
+                    from agentrl.envs.tasks.webshop_faithful import FaithfulWebShopEpisode
+
+                    return FaithfulWebShopEpisode(self.catalog, goal, self.faithful)
+                return WebShopEpisode(self.catalog, goal)
         raise EnvError("bad_request", f"webshop has no sample {index!r}")
 
 

@@ -1,0 +1,180 @@
+"""Chaos run: a short training run during which env workers are killed by pid at random times, and the
+trainer once (it resumes from its checkpoint); then every trajectory is accounted for.
+
+    python -m jobs.chaos --quick                      # ~3 minutes on 2 cores: 8 RL steps, kills every few seconds
+    python -m jobs.chaos --steps 20 --kill-every 5,15 --seed 3
+    srun -n1 -c2 python -m jobs.chaos --quick         # the same inside one allocation
+
+The run is the smoke preset with two env workers and a checkpoint after every step, started by the local
+launcher, which restarts what dies (env workers up to `cluster.max_restarts` times each, the trainer
+once). Prints and writes runs/bench/chaos.json: kills, sessions the kills hit, rollout retries,
+trajectories produced (in the rollout's HDF5 shards), trained, excluded by reason, `lost_unexplained`
+(produced but neither trained nor counted under a reason: must be 0) and `completed` (the run finished
+its steps). Exits 1 if the run did not complete or lost a trajectory without a reason.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from agentrl.config import dump_config, load_config
+from agentrl.launch.local import LocalLauncher, start_run
+
+EXCLUDED = ("dropped_infra", "dropped_stale", "dropped_uniform", "dropped_consumed")
+
+
+class Killer(threading.Thread):
+    """Kills a random live env worker every `every` seconds (uniform in the range), and the trainer once
+    after its first RL checkpoint, by pid with SIGKILL: no chance to clean up."""
+
+    def __init__(self, launcher: LocalLauncher, every: tuple[float, float], kill_trainer: bool, seed: int,
+                 max_worker_kills: int) -> None:
+        super().__init__(daemon=True)
+        self.launcher, self.every, self.kill_trainer = launcher, every, kill_trainer
+        self.rng = random.Random(seed)
+        self.max_worker_kills = max_worker_kills
+        self.kills: list[dict[str, Any]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        trainer_killed = not self.kill_trainer
+        next_worker = time.monotonic() + self.rng.uniform(*self.every)
+        while not self.stop.wait(0.2):
+            roles = self.launcher.roles
+            if not trainer_killed and "trainer" in roles and _rl_checkpoints(self.launcher.run_dir):
+                trainer_killed = self._kill("trainer")
+            workers = [n for n, r in roles.items() if n.startswith("env_worker-") and r.proc.poll() is None]
+            n_worker_kills = sum(k["role"].startswith("env_worker-") for k in self.kills)
+            if time.monotonic() >= next_worker and workers and n_worker_kills < self.max_worker_kills:
+                self._kill(self.rng.choice(sorted(workers)))
+                next_worker = time.monotonic() + self.rng.uniform(*self.every)
+
+    def _kill(self, name: str) -> bool:
+        proc = self.launcher.roles[name].proc
+        if proc.poll() is not None:
+            return False
+        try:
+            os.kill(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return False
+        self.kills.append({"role": name, "pid": proc.pid, "t": round(time.time(), 2)})
+        print(f"[     chaos] killed {name} (pid {proc.pid})", flush=True)
+        return True
+
+
+def _rl_checkpoints(run_dir: Path) -> list[int]:
+    root = run_dir / "ckpt"
+    steps = [int(m.group(1)) for p in root.glob("step-*") if (m := re.fullmatch(r"step-(\d+)", p.name))]
+    return [s for s in steps if s >= 1]
+
+
+def account(run_dir: Path) -> dict[str, Any]:
+    """Reconcile what the rollout produced (its shards) with what the trainer trained or excluded."""
+    from agentrl.transport.shards import ShardReader
+
+    produced_ids: list[str] = []
+    for path in ShardReader(run_dir / "shards" / "rollout-0").available():
+        from agentrl.transport.shards import read_shard
+
+        produced_ids += [t.traj_id for t in read_shard(path)]
+    trainer = json.loads((run_dir / "report" / "trainer.json").read_text())
+    trained = int(trainer.get("trajectories_trained", 0))
+    excluded = {k.removeprefix("dropped_"): int(trainer.get(k, 0)) for k in EXCLUDED}
+    return {"produced": len(produced_ids), "unique_ids": len(set(produced_ids)), "trained": trained,
+            "excluded": excluded, "lost_unexplained": len(produced_ids) - trained - sum(excluded.values()),
+            "steps_done": trainer.get("steps_done"), "rl_steps": trainer.get("rl_steps")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="8 steps, a kill every 4-10 s (at most 3 workers)")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--kill-every", default="6,15", help="seconds between worker kills, a range lo,hi")
+    ap.add_argument("--max-worker-kills", type=int, default=6)
+    ap.add_argument("--no-trainer-kill", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--run-root", type=Path, default=Path("runs"))
+    ap.add_argument("--out", type=Path, default=Path("runs/bench/chaos.json"))
+    args = ap.parse_args(argv)
+    steps, every, max_kills = (8, (4.0, 10.0), 3) if args.quick else (args.steps, tuple(
+        float(x) for x in args.kill_every.split(",")), args.max_worker_kills)
+    cfg = load_config("smoke", [f"run_root={args.run_root}", "name=chaos", f"trainer.steps={steps}",
+                                "envs.workers=2", "trainer.checkpoint_every=1", "cluster.max_restarts=4",
+                                f"seed={args.seed}"])
+    run_dir = cfg.run_dir.resolve()
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    dump_config(cfg, run_dir / "config.yaml")
+    launcher = LocalLauncher(run_dir)
+    killer = Killer(launcher, every, not args.no_trainer_kill, args.seed, max_kills)  # type: ignore[arg-type]
+    t0 = time.time()
+    failed: str | None = None
+    try:
+        start_run(launcher, cfg.envs.workers, build_model=True)
+        killer.start()
+        failed = launcher.watch(["trainer", "rollout"], cfg.cluster.role_timeout_s,
+                                restartable=("env_worker-", "trainer"), max_restarts=cfg.cluster.max_restarts)
+    finally:
+        killer.stop.set()
+        status = _controller_status(run_dir)
+        launcher.stop_all()
+    completed = failed is None and (run_dir / "report" / "summary.json").exists()
+    result: dict[str, Any] = {"completed": completed, "failed_role": failed, "wall_s": round(time.time() - t0, 1),
+                              "steps": steps, "kills": killer.kills,
+                              "restarts": {n: r.restarts for n, r in launcher.roles.items() if r.restarts}}
+    result["controller_errors"] = status.get("errors_by_class", {})
+    result["sessions_hit"] = sum(v for k, v in result["controller_errors"].items() if k.startswith("worker_"))
+    result["retries"] = _retries(run_dir)
+    if (run_dir / "report" / "trainer.json").exists():
+        result.update(account(run_dir))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+    if failed:
+        print(launcher.failure_report(failed), file=sys.stderr)
+    ok = completed and result.get("lost_unexplained") == 0
+    print(f"chaos: {'completed, nothing lost' if ok else 'FAILED'}; wrote {args.out}")
+    return 0 if ok else 1
+
+
+def _controller_status(run_dir: Path) -> dict[str, Any]:
+    """The controller's /status (error counts by class), read before the roles are stopped."""
+    import urllib.request
+
+    from agentrl.auth import HEADER, SCHEME, run_secret
+
+    try:
+        url = json.loads((run_dir / "rendezvous.json").read_text())["controller_url"]
+        req = urllib.request.Request(f"{url}/status", headers={HEADER: SCHEME + run_secret(run_dir)})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return dict(json.loads(r.read()))
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def _retries(run_dir: Path) -> int:
+    """Episodes the rollout tried again after an env failure (its env/retries metric, summed)."""
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except ImportError:
+        return -1
+    acc = EventAccumulator(str(run_dir / "tb"))
+    acc.Reload()
+    if "env/retries" not in acc.Tags().get("scalars", []):
+        return 0
+    return int(sum(e.value for e in acc.Scalars("env/retries")))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
