@@ -6,8 +6,8 @@ processes — warm start, then RL, with held-out success reported before and aft
     python -m jobs.train --preset smoke --name mytest           # seconds-scale run used by the tests
 
 Runs go to runs/<name>/ (config.yaml, rendezvous.json, logs/, tb/, shards/, weights/, report/). Under
-Slurm the same role entry points run as srun steps of one heterogeneous job (the Slurm launcher is its
-own issue); through submitit the launcher's roles become submitit jobs.
+Slurm the same role entry points run as srun steps of one heterogeneous job: `python -m jobs.launch
+--preset P cluster.launcher=slurm` submits it through submitit, `--render-sbatch` prints it (docs/slurm.md).
 """
 from __future__ import annotations
 
@@ -47,6 +47,10 @@ def main() -> int:
         cfg = load_config(args.preset, overrides)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
+        return 2
+    if cfg.cluster.launcher != "local":
+        print(f"cluster.launcher={cfg.cluster.launcher}: jobs.train runs the roles on this machine; submit to "
+              f"Slurm with `python -m jobs.launch --preset {args.preset} cluster.launcher=slurm`", file=sys.stderr)
         return 2
 
     run_dir = cfg.run_dir.resolve()

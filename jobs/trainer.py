@@ -17,6 +17,8 @@ import logging
 from pathlib import Path
 
 from agentrl.config import RunConfig, load_config
+from agentrl.launch import slurm_env
+from agentrl.launch.preempt import Preemption
 from agentrl.monitor.tensorboard import make_monitor
 from agentrl.trainer import role
 from agentrl.trainer.parallel import Parallel, close_distributed, dist_env, init_distributed
@@ -51,11 +53,17 @@ def main(argv: list[str] | None = None) -> None:
     env = dist_env()
     par = Parallel(cfg.trainer.parallel, env, init_distributed(env), cfg.trainer.mixed_precision)
     monitor = make_monitor(args.run_dir, "trainer", cfg.monitor.tensorboard, rank=par.rank)
+    # Under Slurm the job's warning signal (USR1) and SIGTERM mean: finish the step, checkpoint, requeue.
+    # Outside Slurm a SIGTERM keeps its plain meaning (the local launcher stops or restarts the role).
+    preemption = Preemption().install() if slurm_env.job_id() else None
     try:
-        role.run(args.run_dir, model_dir, schedule, hyper, cfg.trainer.threads, monitor, par)
+        role.run(args.run_dir, model_dir, schedule, hyper, cfg.trainer.threads, monitor, par,
+                 should_stop=(lambda: preemption.requested) if preemption else None)
     finally:
         monitor.close()
         close_distributed()
+    if preemption is not None and preemption.requested:
+        preemption.exit_for_requeue()
 
 
 if __name__ == "__main__":
