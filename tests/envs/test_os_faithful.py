@@ -11,10 +11,10 @@ from os_fixtures import SYSTEM, agentbench_checkout
 from sandbox_helpers import require_sandbox
 
 from agentrl.envs.api import Session
+from agentrl.envs.expert import play
 from agentrl.envs.tasks import os_agentbench as ab
 from agentrl.envs.tasks.os_task import FaithfulOsEpisode, OsTask, parse_problem
 from agentrl.types import Status
-from jobs.expert_report import play
 
 
 @pytest.fixture(scope="module")
