@@ -165,22 +165,31 @@ class Driver:
                 env = dict(self.cfg["check_env"])
                 # AgentBench's container always holds its interactive `bash`; graders that count
                 # processes (`ps -ef | grep bash`) expect it, so an idle one stands in meanwhile.
-                shell = subprocess.Popen(["bash"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.DEVNULL, env=env, cwd=self.cfg.get("home", "/root"),
-                                         start_new_session=True, close_fds=True)
+                try:
+                    shell = subprocess.Popen(["bash"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                             stderr=subprocess.DEVNULL, env=env, cwd=self.cfg.get("home", "/root"),
+                                             start_new_session=True, close_fds=True)
+                except OSError:  # the sandbox's process limit is full: the grader's own spawn will say so
+                    shell = None
                 try:
                     self.send(self.spawn(req["argv"], env, req["timeout"], bool(req.get("stderr")),
-                                         bool(req.get("freeze")), keep=shell.pid))
+                                         bool(req.get("freeze")), keep=shell and shell.pid))
                 finally:
-                    shell.kill()
-                    shell.stdin.close()
-                    shell.returncode = -9  # reaped here, or already by reap()
-                    try:
-                        os.waitpid(shell.pid, 0)
-                    except ChildProcessError:
-                        pass
+                    if shell is not None:
+                        self.end(shell)
             else:
                 self.send({"error": f"unknown op {req.get('op')!r}"})
+
+    @staticmethod
+    def end(shell):
+        """Kill and reap a process this driver started."""
+        shell.kill()
+        shell.stdin.close()
+        shell.returncode = -9  # reaped here, or already by reap()
+        try:
+            os.waitpid(shell.pid, 0)
+        except ChildProcessError:
+            pass
 
     def spawn(self, argv, env, timeout, stderr, freeze, script=None, keep=None):
         stopped = self.freeze(keep) if freeze else []
