@@ -93,10 +93,13 @@ def test_a_grader_runs_while_the_agents_processes_are_stopped(task: OsTask) -> N
 
 def test_a_fork_bomb_before_the_answer_fails_the_check_not_the_environment(task: OsTask) -> None:
     # The bomb fills the sandbox's own process table (an unprivileged uid under RLIMIT_NPROC, safe on a
-    # shared machine); the grader cannot start, as in a container whose pids limit is reached: reward 0,
-    # an ordinary ending, not an env_error the policy could use to escape a bad verdict.
+    # shared machine); whether a grader then finds a free slot is a race, as in a container whose pids
+    # limit is reached. Either way the episode ends as an ordinary verdict, never as an env_error the
+    # policy could use to escape a bad one, and a wrong answer never passes.
     small = OsTask(sandbox={"backend": "bwrap", "command_timeout_s": 5.0, "nproc": 24})
     right = expected_count(small, "train-0")
     bomb = "( :(){ :|:& };: ) >/dev/null 2>&1 & sleep 1; echo lit"
-    assert attack_then_answer(small, "train-0", bomb, right) == (0.0, Status.COMPLETED)
+    assert attack_then_answer(small, "train-0", bomb, "999") == (0.0, Status.COMPLETED)
+    reward, status = attack_then_answer(small, "train-0", bomb, right)
+    assert status == Status.COMPLETED and reward in (0.0, 1.0)
     assert small.budget.live == 0
