@@ -509,7 +509,7 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         _check(isinstance(value, dict), path, f"expected a mapping, got {type(value).__name__}")
         return _build(tp, value, path)
     if tp is Any:
-        return value
+        return value.parsed if isinstance(value, Scalar) else value
     if origin is dict:
         _check(isinstance(value, dict), path, f"expected a mapping, got {value!r}")
         key_tp, value_tp = typing.get_args(tp)
@@ -518,6 +518,8 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         _check(isinstance(value, (list, tuple)), path, f"expected a list, got {value!r}")
         (item,) = {a for a in typing.get_args(tp) if a is not Ellipsis}
         return tuple(_coerce(v, item, f"{path}[{i}]") for i, v in enumerate(value))
+    if isinstance(value, Scalar):  # a command-line value: the text for strings, the number for numbers
+        value = str(value) if tp is str else value.parsed
     if tp is bool:
         _check(isinstance(value, bool), path, f"expected true/false, got {value!r}")
         return value
@@ -525,12 +527,14 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         _check(isinstance(value, int) and not isinstance(value, bool), path, f"expected an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str) and _looks_numeric(value) and value.strip() == value:
+            value = float(value)  # YAML 1.1 reads 1e-5 (no dot) as a string
         _check(isinstance(value, (int, float)) and not isinstance(value, bool), path,
                f"expected a number, got {value!r}")
         return float(value)
     if tp is str:
         _check(isinstance(value, str), path, f"expected a string, got {value!r}")
-        return value
+        return str(value)
     if isinstance(tp, types.UnionType):  # pragma: no cover - no unions in the tree yet
         raise ConfigError(f"{path}: unions are not supported")
     raise ConfigError(f"{path}: unsupported type {tp}")
@@ -555,15 +559,29 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     node[keys[-1]] = value
 
 
+class Scalar(str):
+    """A command-line value as typed, with what YAML reads it as (`parsed`): a string field gets the text
+    ("3.10" stays "3.10"), a number field gets the number ("1e-5", which YAML 1.1 leaves a string, too)."""
+
+    parsed: Any
+
+    def __new__(cls, text: str, parsed: Any) -> Scalar:
+        obj = super().__new__(cls, text)
+        obj.parsed = parsed
+        return obj
+
+
 def parse_override(text: str) -> tuple[str, Any]:
-    """`trainer.lr=1e-5` → ("trainer.lr", 1e-5); the value is read as a YAML scalar or list."""
+    """`trainer.lr=1e-5` → ("trainer.lr", 1e-5); the value is read as a YAML scalar or list, and a scalar
+    that reads as a number keeps its text for string fields (see `Scalar`)."""
     if "=" not in text:
         raise ConfigError(f"{text}: override must look like section.field=value")
     key, raw = text.split("=", 1)
     key = key.strip().lstrip("-")
     value = yaml.safe_load(raw) if raw.strip() else ""
-    if isinstance(value, str) and _looks_numeric(value):  # YAML 1.1 reads "1e-5" as a string
-        value = float(value)
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if number or isinstance(value, str) and _looks_numeric(value):
+        value = Scalar(raw.strip(), value)
     return key, value
 
 
@@ -576,19 +594,9 @@ def _looks_numeric(s: str) -> bool:
 
 
 def config_from_dict(data: dict[str, Any]) -> RunConfig:
-    cfg = _build(RunConfig, _numbers(data), "")
+    cfg = _build(RunConfig, data, "")
     cfg.validate()
     return cfg
-
-
-def _numbers(node: Any) -> Any:
-    if isinstance(node, dict):
-        return {k: _numbers(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_numbers(v) for v in node]
-    if isinstance(node, str) and _looks_numeric(node) and any(c in node for c in "eE.") and " " not in node:
-        return float(node)
-    return node
 
 
 def load_config(preset: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:

@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                               "restarts": {n: r.restarts for n, r in launcher.roles.items() if r.restarts}}
     result["controller_errors"] = status.get("errors_by_class", {})
     result["sessions_hit"] = sum(killer.sessions_at_kill)  # live sessions on the workers when they were killed
-    result["retries"] = _retries(run_dir)
+    result["retries"] = _retries(run_dir)  # RL-step episodes the rollout tried again (evaluations not counted)
     if (run_dir / "report" / "trainer.json").exists():
         result.update(account(run_dir))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentrl.config import parse_override
+from agentrl.config import Scalar, parse_override
 from agentrl.envs.api import EnvError, Task
 from agentrl.envs.expert import play
 from agentrl.envs.tasks import get_task
@@ -81,6 +81,7 @@ def task_options(items: list[str]) -> dict[str, dict[str, Any]]:
     options: dict[str, dict[str, Any]] = {}
     for item in items:
         key, value = parse_override(item)
+        value = value.parsed if isinstance(value, Scalar) else value  # a task option: what YAML reads
         parts = key.split(".")
         if len(parts) < 2:
             raise SystemExit(f"--option {item!r}: write it as task.option=value")

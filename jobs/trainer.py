@@ -28,8 +28,7 @@ from agentrl.trainer.step import RLHyper
 def plan(cfg: RunConfig) -> tuple[role.Schedule, RLHyper]:
     """The trainer's slices of the run config: its schedule and the update's hyper-parameters."""
     t, a = cfg.trainer, cfg.algo
-    hyper = RLHyper(a.adv_estimator, a.task_norm, a.eps_low, a.eps_high, a.dual_clip, a.kl_coef, a.kl_estimator,
-                    a.entropy_coef, a.eps, cfg.rollout.temperature, t.grad_clip, t.micro_batch_tokens, t.packing)
+    hyper = RLHyper.from_config(a, t, cfg.rollout.temperature)
     schedule = role.Schedule(
         steps=t.steps, sft_steps=t.sft_steps, sft_batch=t.sft_batch, sft_lr=t.sft_lr, sft_all_tokens=t.sft_all_tokens,
         lr=t.lr, weight_decay=t.weight_decay, max_staleness=a.max_staleness, drop_uniform_groups=a.drop_uniform_groups,
