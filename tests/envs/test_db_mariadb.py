@@ -20,6 +20,7 @@ from agentrl.envs.tasks.db import DbTask
 from agentrl.envs.tasks.db_backends import MYSQL8_SQL_MODE, MariaDBServer, find_mariadbd, rows_hash
 from jobs.agentbench_check import main as check_main
 
+
 @pytest.fixture(scope="module", autouse=True)
 def mariadbd_installed() -> None:
     if find_mariadbd() is None:  # skipped with the reason here; a failure in CI, which installs it
