@@ -77,3 +77,26 @@ def test_session_budget() -> None:
     budget.release()
     budget.acquire()
     assert budget.live == 2
+
+
+def test_a_worker_refuses_more_sandbox_slots_than_the_hosts_pids_allow() -> None:
+    """start_worker runs the task's own budget check before serving: no half-started worker."""
+    import asyncio
+
+    from agentrl.config import ControllerConfig, EnvsConfig
+    from agentrl.envs.worker import start_worker
+
+    class Budgeted:  # the os task's check_slots contract, without a sandbox: 10 slots at most
+        name, max_turns = "budgeted", 1
+
+        def check_slots(self, slots: int) -> None:
+            if slots > 10:
+                raise ValueError(f"{slots} sandbox slots exceed this host's budget of 10")
+
+    async def go(slots: int) -> None:
+        running = await start_worker(EnvsConfig(tasks=("budgeted",), slots=slots), ControllerConfig(),
+                                     "http://127.0.0.1:9", "w", tasks={"budgeted": Budgeted()})  # type: ignore[dict-item]
+        await running.stop()
+
+    with pytest.raises(ValueError, match="budget of 10"):
+        asyncio.run(go(11))
