@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 from agentbench_checkout import build_checkout
-from conftest import missing_system_tool
 from env_helpers import call, expert_reward
+from system_tools import missing_system_tool
 
 from agentrl.envs.api import EnvError, Session
 from agentrl.envs.tasks.db import DbTask
