@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.envs.api import EnvError, Session, Task
+from agentrl.envs.expert import play
 from agentrl.envs.tasks import get_task
 from agentrl.envs.tasks.db import MODIFY, DbSample, DbTask, answers_match
 from agentrl.envs.tasks.shared import call_message
 from agentrl.types import Status
-from jobs.expert_report import play
 
 log = logging.getLogger("agentrl.jobs.agentbench_check")
 

@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.latency}s sigma {args.sigma}", flush=True)
     sync = run_schedule(root, "sync", common)
     print(f"sync done in {sync['wall_s']:.0f}s", flush=True)
-    asyn = run_schedule(root, "async", common + ["cluster.schedule=async", f"rollout.ranks={args.ranks}",
+    asyn = run_schedule(root, "async", common + ["cluster.schedule=async", f"cluster.rollout.ranks={args.ranks}",
                                                  f"algo.max_staleness={args.staleness}"])
     print(f"async done in {asyn['wall_s']:.0f}s", flush=True)
     sync_tps, sync_e2e = throughput(sync, per_step)

@@ -1,7 +1,7 @@
 """Chaos run: a short training run during which env workers are killed by pid at random times, and the
 trainer once (it resumes from its checkpoint); then every trajectory is accounted for.
 
-    python -m jobs.chaos --quick                      # ~3 minutes on 2 cores: 8 RL steps, kills every few seconds
+    python -m jobs.chaos --quick                      # ~2 minutes on 2 cores: 8 RL steps, kills every few seconds
     python -m jobs.chaos --steps 20 --kill-every 5,15 --seed 3
     srun -n1 -c2 python -m jobs.chaos --quick         # the same inside one allocation
 
@@ -44,22 +44,47 @@ class Killer(threading.Thread):
         self.rng = random.Random(seed)
         self.max_worker_kills = max_worker_kills
         self.kills: list[dict[str, Any]] = []
+        self.sessions_at_kill: list[int] = []
         self.stop = threading.Event()
 
     def run(self) -> None:
         trainer_killed = not self.kill_trainer
+        # kills start when the policy's episodes do (weights v0 published: evaluation, then RL steps), so that
+        # they hit live sessions rather than a warm start that needs no env
+        while not self.stop.wait(0.2) and not (self.launcher.run_dir / "weights" / "v0").exists():
+            pass
         next_worker = time.monotonic() + self.rng.uniform(*self.every)
         while not self.stop.wait(0.2):
             roles = self.launcher.roles
             if not trainer_killed and "trainer" in roles and _rl_checkpoints(self.launcher.run_dir):
                 trainer_killed = self._kill("trainer")
-            workers = [n for n, r in roles.items() if n.startswith("env_worker-") and r.proc.poll() is None]
             n_worker_kills = sum(k["role"].startswith("env_worker-") for k in self.kills)
-            if time.monotonic() >= next_worker and workers and n_worker_kills < self.max_worker_kills:
-                self._kill(self.rng.choice(sorted(workers)))
-                next_worker = time.monotonic() + self.rng.uniform(*self.every)
+            if time.monotonic() >= next_worker and n_worker_kills < self.max_worker_kills:
+                busy = self._busy_workers()  # kill one that holds live sessions: the point is to hit episodes
+                if busy:
+                    self._kill(self.rng.choice(busy))
+                    next_worker = time.monotonic() + self.rng.uniform(*self.every)
+
+    def _sessions_of(self, role: str) -> int:
+        for w in _controller_status(self.launcher.run_dir).get("workers", []):
+            if "env_" + str(w.get("worker_id", "")) == role:
+                return int(w.get("active", 0))
+        return 0
+
+    def _busy_workers(self) -> list[str]:
+        """Roles of live env workers that hold sessions now (from the controller's /status)."""
+        status = _controller_status(self.launcher.run_dir)
+        names = []
+        for w in status.get("workers", []):
+            role = "env_" + str(w.get("worker_id", ""))
+            r = self.launcher.roles.get(role)
+            if w.get("alive") and w.get("active", 0) > 0 and r is not None and r.proc.poll() is None:
+                names.append(role)
+        return sorted(names)
 
     def _kill(self, name: str) -> bool:
+        if name.startswith("env_worker-"):
+            self.sessions_at_kill.append(self._sessions_of(name))
         proc = self.launcher.roles[name].proc
         if proc.poll() is not None:
             return False
@@ -97,20 +122,20 @@ def account(run_dir: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="8 steps, a kill every 4-10 s (at most 3 workers)")
+    ap.add_argument("--quick", action="store_true", help="8 steps, a kill every 2-6 s (at most 3 workers)")
     ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--kill-every", default="6,15", help="seconds between worker kills, a range lo,hi")
+    ap.add_argument("--kill-every", default="3,10", help="seconds between worker kills, a range lo,hi")
     ap.add_argument("--max-worker-kills", type=int, default=6)
     ap.add_argument("--no-trainer-kill", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--run-root", type=Path, default=Path("runs"))
     ap.add_argument("--out", type=Path, default=Path("runs/bench/chaos.json"))
     args = ap.parse_args(argv)
-    steps, every, max_kills = (8, (4.0, 10.0), 3) if args.quick else (args.steps, tuple(
+    steps, every, max_kills = (8, (2.0, 6.0), 3) if args.quick else (args.steps, tuple(
         float(x) for x in args.kill_every.split(",")), args.max_worker_kills)
     cfg = load_config("smoke", [f"run_root={args.run_root}", "name=chaos", f"trainer.steps={steps}",
-                                "envs.workers=2", "trainer.checkpoint_every=1", "cluster.max_restarts=4",
-                                f"seed={args.seed}"])
+                                "envs.workers=2", "rollout.prompts_per_step=8", "trainer.checkpoint_every=1",
+                                "cluster.max_restarts=4", f"seed={args.seed}"])
     run_dir = cfg.run_dir.resolve()
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -134,8 +159,8 @@ def main(argv: list[str] | None = None) -> int:
                               "steps": steps, "kills": killer.kills,
                               "restarts": {n: r.restarts for n, r in launcher.roles.items() if r.restarts}}
     result["controller_errors"] = status.get("errors_by_class", {})
-    result["sessions_hit"] = sum(v for k, v in result["controller_errors"].items() if k.startswith("worker_"))
-    result["retries"] = _retries(run_dir)
+    result["sessions_hit"] = sum(killer.sessions_at_kill)  # live sessions on the workers when they were killed
+    result["retries"] = _retries(run_dir)  # RL-step episodes the rollout tried again (evaluations not counted)
     if (run_dir / "report" / "trainer.json").exists():
         result.update(account(run_dir))
     args.out.parent.mkdir(parents=True, exist_ok=True)

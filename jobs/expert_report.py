@@ -23,8 +23,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentrl.config import parse_override
-from agentrl.envs.api import EnvError, Session, Task
+from agentrl.config import Scalar, parse_override
+from agentrl.envs.api import EnvError, Task
+from agentrl.envs.expert import play
 from agentrl.envs.tasks import get_task
 from agentrl.types import Status
 
@@ -48,26 +49,6 @@ class SplitReport:
     @property
     def success(self) -> float:
         return self.solved / self.episodes if self.episodes else math.nan
-
-
-def play(task: Task, index: str, max_turns: int | None = None) -> tuple[float, Status, int]:
-    """One expert episode: (reward, status, turns). Start failures come back as env_error."""
-    try:
-        session = Session(task, index)
-    except EnvError as e:
-        log.warning("%s %s did not start: %s", task.name, index, e.message)
-        return 0.0, Status.ENV_ERROR, 0
-    try:
-        for _ in range(max_turns or task.max_turns):
-            result = session.interact(session.expert_message())
-            if result.done:
-                return result.reward, result.status, session.turns
-        return 0.0, Status.TURN_LIMIT, session.turns
-    except EnvError as e:
-        log.warning("%s %s failed: %s", task.name, index, e.message)
-        return 0.0, Status.ENV_ERROR, session.turns
-    finally:
-        session.close()
 
 
 def report_split(task: Task, split: str, limit: int | None = None, workers: int = 4) -> SplitReport:
@@ -100,6 +81,7 @@ def task_options(items: list[str]) -> dict[str, dict[str, Any]]:
     options: dict[str, dict[str, Any]] = {}
     for item in items:
         key, value = parse_override(item)
+        value = value.parsed if isinstance(value, Scalar) else value  # a task option: what YAML reads
         parts = key.split(".")
         if len(parts) < 2:
             raise SystemExit(f"--option {item!r}: write it as task.option=value")

@@ -1,7 +1,7 @@
 """A rollout rank on the asynchronous schedule: episodes never wait for the trainer (except at the staleness
 bound), trajectories go to shards/rollout-<rank>/ and over MPI, weights are swapped in flight.
 
-    python -m jobs.train --preset demo cluster.schedule=async rollout.ranks=2    # starts the MPI world for you
+    python -m jobs.train --preset demo cluster.schedule=async cluster.rollout.ranks=2    # starts the MPI world for you
     mpiexec -n 1 python -m mpi4py -m jobs.trainer_async --run-dir R : \\
             -n 2 -env OMP_NUM_THREADS 2 python -m mpi4py -m jobs.rollout_async --run-dir R
     srun --mpi=pmi2 --het-group=0 python -m mpi4py -m jobs.trainer_async --run-dir R : \\
@@ -41,15 +41,15 @@ async def amain(run_dir: Path, rank: int) -> dict:
     from agentrl.rollout import async_role
     from agentrl.rollout.async_weights import BroadcastWeights, DirWeights
     from agentrl.rollout.env_latency import maybe_slow
+    from agentrl.rollout.from_config import engine_factory, make_plan
     from agentrl.transport.mpi_channel import RolloutChannel
-    from jobs.rollout import engine_factory, make_plan
 
     cfg = load_config(str(run_dir / "config.yaml"))
     r, tr = cfg.rollout, cfg.transport
     model_dir = Path(cfg.model.path) if cfg.model.path else run_dir / "model"
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     plan = make_plan(cfg)
-    ap = async_role.AsyncPlan(rank, r.ranks, cfg.algo.max_staleness, tr.inflight)
+    ap = async_role.AsyncPlan(rank, cfg.cluster.rollout.ranks, cfg.algo.max_staleness, tr.inflight)
     timeout = cfg.cluster.role_timeout_s
 
     def channel() -> RolloutChannel:
@@ -57,7 +57,7 @@ async def amain(run_dir: Path, rank: int) -> dict:
 
     def weights(ch: RolloutChannel):
         if tr.weights == "broadcast":
-            return BroadcastWeights(run_dir, rank, r.ranks, lambda: rendezvous.read(run_dir), timeout)
+            return BroadcastWeights(run_dir, rank, cfg.cluster.rollout.ranks, lambda: rendezvous.read(run_dir), timeout)
         return DirWeights(run_dir, tr.poll_s)
 
     url = rendezvous.wait_for(run_dir, "controller_url", timeout_s=120)

@@ -4,11 +4,11 @@ processes — warm start, then RL, with held-out success reported before and aft
     python -m jobs.train --preset demo                         # the local demo (CPU, minutes)
     python -m jobs.train --preset demo trainer.steps=5 rollout.eval_samples=32
     python -m jobs.train --preset smoke --name mytest           # seconds-scale run used by the tests
-    python -m jobs.train --preset smoke cluster.schedule=async rollout.ranks=2   # the asynchronous pipeline
+    python -m jobs.train --preset smoke cluster.schedule=async cluster.rollout.ranks=2   # the asynchronous pipeline
 
 Runs go to runs/<name>/ (config.yaml, rendezvous.json, logs/, tb/, shards/, weights/, report/). Under
-Slurm the same role entry points run as srun steps of one heterogeneous job (the Slurm launcher is its
-own issue); through submitit the launcher's roles become submitit jobs.
+Slurm the same role entry points run as srun steps of one heterogeneous job: `python -m jobs.launch
+--preset P cluster.launcher=slurm` submits it through submitit, `--render-sbatch` prints it (docs/slurm.md).
 """
 from __future__ import annotations
 
@@ -49,6 +49,10 @@ def main() -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    if cfg.cluster.launcher != "local":
+        print(f"cluster.launcher={cfg.cluster.launcher}: jobs.train runs the roles on this machine; submit to "
+              f"Slurm with `python -m jobs.launch --preset {args.preset} cluster.launcher=slurm`", file=sys.stderr)
+        return 2
 
     run_dir = cfg.run_dir.resolve()
     if (run_dir / "config.yaml").exists():
@@ -64,7 +68,7 @@ def main() -> int:
     timeout = cfg.cluster.role_timeout_s
     try:
         if cfg.cluster.schedule == "async":  # trainer + rollout ranks as one MPI world (docs/pipeline.md)
-            start_async_run(launcher, cfg.envs.workers, not cfg.model.path, cfg.rollout.ranks,
+            start_async_run(launcher, cfg.envs.workers, not cfg.model.path, cfg.cluster.rollout.ranks,
                             cfg.cluster.engine_threads, echo=echo)
             ends = [PIPELINE]
         else:

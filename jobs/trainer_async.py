@@ -30,8 +30,8 @@ def main(argv: list[str] | None = None) -> None:
     from agentrl.monitor.tensorboard import make_monitor
     from agentrl.rollout.async_weights import STORE_KEY
     from agentrl.trainer import async_role
+    from agentrl.trainer.from_config import plan
     from agentrl.transport.mpi_channel import TrainerChannel
-    from jobs.trainer import plan
 
     run_dir: Path = args.run_dir
     cfg = load_config(str(run_dir / "config.yaml"))
@@ -46,14 +46,14 @@ def main(argv: list[str] | None = None) -> None:
     timeout = cfg.cluster.role_timeout_s
 
     def channel(version: int) -> TrainerChannel:
-        return TrainerChannel.world(r.ranks, version=version, timeout_s=timeout)
+        return TrainerChannel.world(cfg.cluster.rollout.ranks, version=version, timeout_s=timeout)
 
     def broadcast():
         from agentrl.transport.broadcast import WeightBroadcast, open_store
 
-        store = open_store("127.0.0.1", 0, 0, r.ranks + 1, timeout)
+        store = open_store("127.0.0.1", 0, 0, cfg.cluster.rollout.ranks + 1, timeout)
         rendezvous.publish(run_dir, **{STORE_KEY: {"host": "127.0.0.1", "port": store.port}})
-        return WeightBroadcast(store, 0, r.ranks + 1, timeout_s=timeout)
+        return WeightBroadcast(store, 0, cfg.cluster.rollout.ranks + 1, timeout_s=timeout)
 
     monitor = make_monitor(run_dir, "trainer", cfg.monitor.tensorboard)
     try:

@@ -1,17 +1,7 @@
 """Shared fixtures: a tokenizer built offline from the lookup task's own text."""
 from __future__ import annotations
 
-import os
-
 import pytest
-
-
-def missing_system_tool(reason: str) -> None:
-    """Skip a test that needs a system package this machine lacks (bubblewrap, MariaDB), with the reason;
-    in CI (CI=true), where .ci/run installs them, the same absence fails the test."""
-    if os.environ.get("CI"):
-        pytest.fail(f"CI machine: {reason}")
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")

@@ -68,3 +68,38 @@ def test_fields_that_only_make_sense_together(overrides: list[str], field: str) 
     with pytest.raises(ConfigError) as e:
         load_config("demo", overrides)
     assert str(e.value).startswith(field), str(e.value)
+
+
+def test_numbers_typed_on_the_command_line_stay_text_in_string_fields() -> None:
+    cfg = load_config("demo", ["model.path=3.10", "trainer.lr=1e-5", "trainer.sft_target=1",
+                               "envs.task_options.lookup.expert_skill=0.25"])
+    assert cfg.model.path == "3.10" and type(cfg.model.path) is str  # not 3.1
+    assert cfg.trainer.lr == 1e-5 and isinstance(cfg.trainer.lr, float)
+    assert cfg.trainer.sft_target == 1.0
+    assert cfg.envs.task_options["lookup"]["expert_skill"] == 0.25  # a number for the task, not the text
+    with pytest.raises(ConfigError, match="trainer.steps: expected an integer"):
+        load_config("demo", ["trainer.steps=1.5"])
+
+
+def test_a_yaml_file_string_that_looks_like_a_number_stays_a_string(tmp_path: Path) -> None:
+    (tmp_path / "p.yaml").write_text('name: "2.50"\ntrainer:\n  lr: 1e-5\n')
+    cfg = load_config(str(tmp_path / "p.yaml"))
+    assert cfg.name == "2.50" and cfg.trainer.lr == 1e-5
+    dump_config(cfg, tmp_path / "config.yaml")
+    assert load_config(str(tmp_path / "config.yaml")) == cfg
+
+
+def test_rl_hyper_takes_every_shared_field_by_name() -> None:
+    import dataclasses
+
+    from jobs.trainer import plan
+
+    cfg = load_config("demo", ["algo.eps_high=0.28", "algo.kl_estimator=k2", "trainer.grad_clip=0.5",
+                               "trainer.micro_batch_tokens=1234", "trainer.packing=false", "rollout.temperature=0.8"])
+    _, h = plan(cfg)
+    assert (h.eps_high, h.kl_estimator, h.grad_clip, h.micro_batch_tokens, h.packing, h.temperature) == \
+        (0.28, "k2", 0.5, 1234, False, 0.8)
+    for f in dataclasses.fields(h):  # every field comes from the config, none is left at a default by accident
+        if f.name != "temperature":
+            src = cfg.algo if hasattr(cfg.algo, f.name) else cfg.trainer
+            assert getattr(h, f.name) == getattr(src, f.name), f.name

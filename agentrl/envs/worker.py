@@ -489,6 +489,10 @@ async def start_worker(envs: EnvsConfig, controller: ControllerConfig, controlle
 
         built = [get_task(name, **envs.task_options.get(name, {})) for name in envs.tasks]
         tasks = {t.name: t for t in built}
+    for task in tasks.values():  # a sandboxing task checks the host can hold `slots` sessions (PIDs), or refuses
+        check = getattr(task, "check_slots", None)
+        if callable(check):
+            check(envs.slots)
     # The controller expires idle sessions and cancels them here; the worker asks about its own quiet
     # ones (later by a margin, so the two rarely cross) only to free slots the controller forgot.
     worker = EnvWorker(tasks, envs.slots, worker_id,

@@ -1,4 +1,4 @@
-"""The rollout role on the asynchronous schedule (design §6, docs/pipeline.md): one of `rollout.ranks` MPI
+"""The rollout role on the asynchronous schedule (design §6, docs/pipeline.md): one of `cluster.rollout.ranks` MPI
 ranks that keep `concurrency` episodes running and never wait for the trainer, except at the staleness bound.
 
     rank 0: expert demonstrations → shards/expert-0 (the warm start); evaluation of v0 and of the final weights
@@ -77,8 +77,9 @@ class Pipeline:
         self.rng = random.Random(plan.seed * 1000 + ap.rank)
         self.per_step = ap.groups_per_step(plan)
         if self.per_step < 1:  # it would never start an episode
-            raise ValueError(f"rollout.ranks={ap.ranks} exceeds the {plan.prompts_per_step * len(plan.tasks)} groups "
-                             f"of a step (prompts_per_step x tasks): rank {ap.rank} would have nothing to do")
+            total = plan.prompts_per_step * len(plan.tasks)
+            raise ValueError(f"cluster.rollout.ranks={ap.ranks} exceeds the {total} groups of a step"
+                             f" (prompts_per_step x tasks): rank {ap.rank} would have nothing to do")
         self.running: dict[asyncio.Task[Trajectory], tuple[str, str, str]] = {}
         self.finished: list[Trajectory] = []
         self.window: list[Trajectory] = []

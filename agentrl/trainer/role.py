@@ -13,6 +13,7 @@ import json
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -168,7 +169,7 @@ def reference_model(run_dir: Path, model_dir: Path, threads: int, par: Parallel,
 
 
 def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, threads: int, monitor,
-        par: Parallel | None = None) -> TrainerState:
+        par: Parallel | None = None, should_stop: Callable[[], bool] | None = None) -> TrainerState:
     """Warm start (unless resuming), then RL steps s.steps; resumes from the newest ckpt/step-<N> if any.
 
     Every trainer rank runs this with the same arguments; `par` is the data-parallel layout.
@@ -241,7 +242,8 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, threads: int, m
         if par.is_main:  # before the weights: a rollout that sees v<N> finds the report of step N
             write_report(run_dir, state, s.steps)
         publish_weights(run_dir, state.policy_version, model, par)
-        if s.checkpoint_every and (state.step % s.checkpoint_every == 0 or state.step == s.steps):
+        stop = bool(par.broadcast_object(should_stop is not None and should_stop()))  # rank 0's signal counts
+        if stop or s.checkpoint_every and (state.step % s.checkpoint_every == 0 or state.step == s.steps):
             checkpoint.save(run_dir, state, model, opt, sched, par, s.keep_checkpoints)
         dt = time.perf_counter() - t0
         metrics = {f"train/{k}": v for k, v in stats.items()}
@@ -253,6 +255,10 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, threads: int, m
         log.info("step %d/%d trained on %d of %d (%d in uniform groups) loss %.8f approx_kl %.4f grad_norm %.3f "
                  "(%.1fs)", step + 1, s.steps, len(usable), len(trajs), counts["dropped_uniform"],
                  stats.get("loss", 0.0), stats.get("approx_kl", 0.0), stats.get("grad_norm", 0.0), dt)
+        if stop:
+            log.info("preempted: checkpointed step %d (policy v%d, %d trajectories consumed); leaving for a requeue",
+                     state.step, state.policy_version, len(state.consumed))
+            break
     return state
 
 

@@ -7,6 +7,7 @@ turns the ranks' gradient average into a sum.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from agentrl.algorithms.kl import KL_ESTIMATORS
 from agentrl.algorithms.offpolicy import decoupled_ppo_loss, tis_ppo_loss
 from agentrl.algorithms.ppo import ppo_loss
 from agentrl.algorithms.task_norm import task_normalize
+from agentrl.config import AlgoConfig, TrainerConfig
 from agentrl.trainer.batch import (
     MicroBatch,
     TrainBatch,
@@ -29,28 +31,39 @@ from agentrl.trainer.batch import (
 from agentrl.trainer.logprobs import entropy_from_log_probs, token_logprobs
 from agentrl.trainer.parallel import Parallel
 
+_ALGO, _TRAINER = AlgoConfig(), TrainerConfig()  # the one definition of each default (agentrl/config.py)
+
 
 @dataclass(frozen=True)
 class RLHyper:
-    """The slice of the algorithm and trainer config that one update needs."""
+    """The slice of the algorithm and trainer config that one update needs (defaults: the config's)."""
 
-    adv_estimator: str = "grpo"
-    task_norm: bool = True
-    eps_low: float = 0.2
-    eps_high: float = 0.2
-    dual_clip: float = 3.0
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"
-    entropy_coef: float = 0.0
-    eps: float = 1e-6
+    adv_estimator: str = _ALGO.adv_estimator
+    task_norm: bool = _ALGO.task_norm
+    eps_low: float = _ALGO.eps_low
+    eps_high: float = _ALGO.eps_high
+    dual_clip: float = _ALGO.dual_clip
+    kl_coef: float = _ALGO.kl_coef
+    kl_estimator: str = _ALGO.kl_estimator
+    entropy_coef: float = _ALGO.entropy_coef
+    eps: float = _ALGO.eps
     temperature: float = 1.0
-    grad_clip: float = 1.0
-    micro_batch_tokens: int = 8192
-    packing: bool = True
-    offpolicy: str = "behaviour"
+    grad_clip: float = _TRAINER.grad_clip
+    micro_batch_tokens: int = _TRAINER.micro_batch_tokens
+    packing: bool = _TRAINER.packing
+    offpolicy: str = _ALGO.offpolicy
     """A key of `PG_LOSSES`: how the policy-gradient term corrects for the sampling policy."""
-    is_weight: str = "truncate"
-    is_cap: float = 2.0
+    is_weight: str = _ALGO.is_weight
+    is_cap: float = _ALGO.is_cap
+
+    @classmethod
+    def from_config(cls, algo: AlgoConfig, trainer: TrainerConfig, temperature: float) -> RLHyper:
+        """By name from the run config: `algo`'s loss settings, `trainer`'s step settings, the sampler's
+        temperature (the trainer's log-probs divide the logits by it, as the engine did)."""
+        shared = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: getattr(algo, k) for k in shared if hasattr(algo, k)}
+        kwargs.update({k: getattr(trainer, k) for k in shared if hasattr(trainer, k)})
+        return cls(**kwargs, temperature=temperature)
 
 
 def advantages(batch: TrainBatch, h: RLHyper) -> torch.Tensor:

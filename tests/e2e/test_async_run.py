@@ -30,7 +30,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("runs")
     proc = subprocess.run(
         [sys.executable, "-m", "jobs.train", "--preset", "smoke", f"run_root={root}", "cluster.schedule=async",
-         f"rollout.ranks={RANKS}", f"algo.max_staleness={STALENESS}", f"trainer.steps={STEPS}",
+         f"cluster.rollout.ranks={RANKS}", f"algo.max_staleness={STALENESS}", f"trainer.steps={STEPS}",
          "rollout.env_latency_s=0.3", "rollout.eval_sampled=0", "cluster.role_timeout_s=400"],
         cwd=ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

@@ -9,7 +9,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from conftest import missing_system_tool
+from system_tools import missing_system_tool
 
 from agentrl.envs.api import Action, EnvError, Session, StepResult, ToolBox, tool_message
 from agentrl.envs.contract import ContractError, check_task

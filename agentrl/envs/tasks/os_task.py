@@ -1,62 +1,81 @@
 """`os`: AgentBench-FC's operating-system task: bash in a per-session sandbox, then an answer or a check.
 
 Tools, schemas and the round limit are AgentBench-FC's (`bash_action`, `answer_action`,
-`finish_action`; 8 rounds). Each session gets its own sandboxed shell (`agentrl.envs.sandbox.Shell`),
-kept across rounds like AgentBench's container shell. A sample runs as AgentBench's file describes it:
-its `create.init` scripts run first, each as an independent program in the sandbox; its `start` script
-then runs in the interactive shell (so background jobs it starts stay alive); the agent's commands run
-in that same shell. Evaluation is AgentBench's: `match` compares the stripped answer with the expected
-string (or searches a `regex`); `check` runs its scripts in order as independent programs with the
-answer and then each earlier script's output as arguments, a `null` script standing for the sample's
-`example` (so the reference answer is computed in the agent's own sandbox), and passes when every
-script exits 0.
+`finish_action`; 8 rounds). Each session gets its own sandbox (`agentrl.envs.sandbox.Shell`) on its own
+root file system, with a shell whose working directory, variables and background jobs carry over
+between rounds, like AgentBench's container shell, starting in /root. A sample runs as AgentBench's
+file describes it: its `create.init` scripts run first, each as an independent program; if one fails
+the sample ends at the agent's first action with reward 0 (AgentBench stops such a sample before the
+agent acts); its `start` script then runs in the shell (background jobs it starts stay alive, their
+output goes nowhere). Evaluation is AgentBench's: `match` compares the stripped answer with the
+expected string (or searches a `regex`); `check` runs its scripts in order as independent programs
+with the answer and then each earlier script's stdout as arguments, a `null` script standing for the
+sample's `example` (so the reference answer is computed in the agent's own sandbox), and passes when
+every script exits 0.
 
-Where it differs from AgentBench, and why:
-  * Observations: output longer than 800 characters is cut to its first 780 with a note, as
-    AgentBench does; a command that runs past `command_timeout_s` (default 10 s) is stopped by
-    restarting the sandbox's shell (files are kept; the `start` script runs again so its background
-    jobs come back) instead of being left running while the next command is typed into it.
-  * An `init` script that fails does not abort the sample (older AgentBench did not either); the failure
-    is in the episode's metrics as `init_failed`. Under bubblewrap only uid 0 exists, so init steps that
-    `chown` to another user fail there.
-  * `create.image` names a Docker image; all samples here share the sandbox image.
-  * `finish_action` commits no answer: a `match` fails, a `check` gets "" as the answer.
+Graders the policy cannot touch: every check and example script runs as a separate process started
+by the sandbox's driver (its end and exit status come from the driver, never from parsing output), in
+/root with a fixed environment, python scripts by the image's read-only `/usr/bin/python3 -I -S`,
+bash scripts with the read-only system directories first on PATH, stdout only, and every process the
+agent left running stopped (SIGSTOP) while a grader runs.
 
-Reward: 1.0 if the evaluation passes, else 0.0; status "completed"; metrics {"success": reward}.
+Two protocols (task option `protocol`):
+  * "strict" (default with `source="ours"`): this project's prompt; every tool call of a message runs
+    in order until one ends the episode; calls are checked against the schemas by the shared layer
+    (malformed ones get an "Error: ..." observation); `finish_action` commits no answer (a `match`
+    fails, a `check` gets "" as the answer); observations are the raw output (800/780 truncation).
+  * "faithful" (default with `source="agentbench"`): AgentBench-FC's own protocol, with the tools and
+    prompts read from the checkout (`agentrl.envs.tasks.os_agentbench`): the first tool call only, its
+    argument values whatever their keys, `finish_action`'s thought as the answer, AgentBench's
+    observation texts. docs/tasks.md lists every difference that remains.
+
+Reward: 1.0 if the evaluation passes, else 0.0; status "completed"; metrics {"success", "setup_failed"}.
 Splits: with `source="ours"` (default) train/test are this project's generated samples
 (`data/os/{train,test}.json`, made by `agentrl.envs.tasks.os_data`); with `source="agentbench"` they
-are AgentBench's own (`data/os_interaction/train_0317/training.json` and `data/os_interaction/data/*/`
-of the checkout in `agentbench_dir` / `AGENTRL_AGENTBENCH_DIR`). "dev" is AgentBench's dev subset
-(26 samples), from the checkout or from this project's copy in `data/agentbench/os_interaction/`.
+are AgentBench's own, read from the checkout in `agentbench_dir` / `AGENTRL_AGENTBENCH_DIR` in its own
+layout (a split whose files are missing is left out). "dev" is AgentBench's dev subset (26 samples),
+from the checkout or from this project's copy in `data/agentbench/os_interaction/`.
 
-The scripted expert runs the sample's example script (if it has one), then answers: the expected
-string for a `match`, the example's output for an answer `check`, or `finish_action` for a check of
-the machine's state. Because the tasks block (sandbox processes), `blocking = True`.
+The scripted expert runs the sample's example script (if it has one; stderr dropped, as a grader sees
+it), then answers: the expected string for a `match`, the example's output for an answer `check` or
+for a state check whose example printed something, else `finish_action`. Because the tasks block
+(sandbox processes), `blocking = True`.
 """
 from __future__ import annotations
 
 import copy
 import glob
-import json
 import logging
 import re
-import shlex
-from dataclasses import dataclass, field
+import threading
 from pathlib import Path
 from typing import Any
 
 from agentrl.envs.api import Action, StepResult, tool_message
-from agentrl.envs.sandbox import CommandResult, SandboxConfig, Shell, select_backend
+from agentrl.envs.protocol import CallPolicy, resolve_protocol
+from agentrl.envs.sandbox import (
+    CommandResult,
+    SandboxConfig,
+    Shell,
+    check_image,
+    check_slots,
+    select_backend,
+    session_budget,
+)
+from agentrl.envs.tasks import os_agentbench as ab
+from agentrl.envs.tasks.os_problems import OsProblem, load_problems, parse_problem, script_argv, shell_command
 from agentrl.envs.tasks.shared import call_message, data_root, env_path, split_index, split_indices
 from agentrl.types import Status
+
+__all__ = ["OsTask", "OsEpisode", "FaithfulOsEpisode", "format_output", "parse_problem", "script_argv"]
 
 log = logging.getLogger(__name__)
 
 MAX_ROUNDS = 8
 OUTPUT_LIMIT, OUTPUT_KEEP = 800, 780  # AgentBench's truncation of one command's output
-SCRIPT_TIMEOUT_S = 60.0  # init and check scripts
+SCRIPT_TIMEOUT_S = 60.0  # check and example scripts
+INIT_TIMEOUT_S = 300.0  # init scripts: AgentBench sets none, and some of its train samples `sleep 60`
 
-# AgentBench-FC's tool schemas (configs/tasks/os.yaml), unchanged.
 TOOLS: list[dict[str, Any]] = [
     {"type": "function", "function": {
         "name": "bash_action",
@@ -88,136 +107,56 @@ SYSTEM_PROMPT = (
     "- finish_action says that the operation you were asked to do is done.\n"
     "Call exactly one tool in each turn.")
 
-Script = tuple[str, str]  # (language, code)
-
-
-@dataclass
-class OsProblem:
-    """One sample in AgentBench's os_interaction format, with its scripts loaded."""
-
-    description: str
-    init: list[Script] = field(default_factory=list)
-    start: Script | None = None
-    match: dict[str, Any] | None = None
-    check: list[Script | None] | None = None
-    example: Script | None = None
-    """The reference solution: `evaluation.example` (used by a `check`), else a top-level `example`."""
-    labels: list[str] = field(default_factory=list)
-
-
-def _script(obj: Any, script_dir: Path | None) -> Script | None:
-    """AgentBench's script object: a bash string, or {language?, code | file}; None stays None."""
-    if obj is None:
-        return None
-    if isinstance(obj, str):
-        return ("bash", obj)
-    if not isinstance(obj, dict):
-        raise ValueError(f"a script must be a string or an object, got {type(obj).__name__}")
-    language = str(obj.get("language", "bash"))
-    if "file" in obj:
-        if script_dir is None:
-            raise ValueError(f"script file {obj['file']!r} given but no script directory")
-        return (language, (script_dir / str(obj["file"])).read_text(encoding="utf-8"))
-    if "code" in obj:
-        return (language, str(obj["code"]))
-    raise ValueError("a script object needs 'code' or 'file'")
-
-
-def parse_problem(item: dict[str, Any], script_dir: Path | None) -> OsProblem:
-    """One item of an AgentBench os_interaction file, read by the same rules as AgentBench's loader."""
-    problem = OsProblem(description=str(item["description"]), labels=list(item.get("labels") or []))
-    create = item.get("create")
-    if isinstance(create, dict) and "init" in create:  # a non-object `create` (seen in dev.json) has no init
-        init = create["init"]
-        scripts = init if isinstance(init, list) else [init]
-        problem.init = [s for s in (_script(x, script_dir) for x in scripts) if s is not None]
-    if "start" in item:
-        problem.start = _script(item["start"], script_dir)
-    evaluation = item["evaluation"]
-    if "match" in evaluation:
-        match = evaluation["match"]
-        problem.match = {"answer": match, "strip": True} if isinstance(match, str) else dict(match)
-    elif "check" in evaluation:
-        check = evaluation["check"]
-        problem.check = [_script(x, script_dir) for x in (check if isinstance(check, list) else [check])]
-    else:
-        raise ValueError("the evaluation needs 'match' or 'check'")
-    if "example" in evaluation:
-        problem.example = _script(evaluation["example"], script_dir)
-    elif "example" in item:
-        problem.example = _script(item["example"], script_dir)
-    return problem
-
-
-def load_problems(path: Path, script_dir: Path | None) -> list[OsProblem]:
-    """All samples of one AgentBench os file (.json: a list or one object; .jsonl: one per line)."""
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".jsonl":
-        items = [json.loads(line) for line in text.splitlines() if line.strip()]
-    else:
-        raw = json.loads(text)
-        items = raw if isinstance(raw, list) else [raw]
-    problems = []
-    for n, item in enumerate(items):
-        try:
-            problems.append(parse_problem(item, script_dir))
-        except (KeyError, TypeError, ValueError, OSError) as e:
-            raise ValueError(f"{path} item {n}: not in AgentBench's os format ({type(e).__name__}: {e})") from e
-    return problems
-
-
-def script_argv(script: Script, params: list[str]) -> list[str]:
-    """The program that runs a script in the sandbox, AgentBench's way (bash gets `--` before params)."""
-    language, code = script
-    if language == "bash":
-        return ["bash", "-c", code, *(["--", *params] if params else [])]
-    if language == "python":
-        return ["python3", "-c", code, *params]
-    if language in ("c", "c++"):
-        compiler = "gcc" if language == "c" else "g++"
-        src = "/tmp/agentrl_main.src"
-        build = f'printf %s "$1" > {src} && {compiler} -x {language} -o /tmp/a.out {src}'
-        return ["bash", "-c", f'{build} && shift && exec /tmp/a.out "$@"', "--", code, *params]
-    raise ValueError(f"unsupported script language {language!r}")
-
-
-def shell_command(script: Script) -> str:
-    """A script as one command for the interactive shell (the expert's bash_action)."""
-    language, code = script
-    if language == "bash":
-        return code
-    return shlex.join(script_argv(script, []))
-
 
 def format_output(result: CommandResult, timeout_s: float) -> str:
-    """The observation for one bash_action."""
+    """The strict protocol's observation for one bash_action."""
     text = result.output
     if len(text) > OUTPUT_LIMIT:
         text = text[:OUTPUT_KEEP] + f"\n[truncated: the output has {len(result.output)} characters]"
     elif result.truncated:
         text += "\n[truncated]"
     if result.timed_out:
-        note = (f"Error: the script did not finish within {timeout_s:g} s and was stopped. The shell was restarted: "
-                "files are kept, the working directory, variables and background jobs are not.")
-        return f"{text}\n{note}" if text else note
-    if result.restarted:
-        note = "The shell exited and was restarted."
+        note = (f"Error: the script did not finish within {timeout_s:g} s and was stopped, with the processes "
+                "it started. Files, the working directory and variables set before are kept.")
         return f"{text}\n{note}" if text else note
     return text if text else "(no output)"
 
 
-class OsEpisode:
-    """One sample in its own sandbox. `close()` ends the sandbox; the Session calls it when done."""
+class SessionBudget:
+    """Live sandboxes of one task, at most `limit` (the host's PID budget over per-session nproc)."""
 
-    def __init__(self, problem: OsProblem, sandbox: SandboxConfig) -> None:
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.live = 0
+        self._lock = threading.Lock()
+
+    def acquire(self) -> None:
+        with self._lock:
+            if self.live >= self.limit:
+                raise RuntimeError(f"os: {self.live} sandboxes are live, the host's process budget allows "
+                                   f"{self.limit} (sandbox.pid_fraction of pid_max over sandbox.nproc)")
+            self.live += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self.live -= 1
+
+
+class OsEpisode:
+    """One sample in its own sandbox (strict protocol). `close()` ends the sandbox; the Session calls it."""
+
+    def __init__(self, problem: OsProblem, sandbox: SandboxConfig, budget: SessionBudget | None = None) -> None:
         self.problem = problem
         self.cfg = sandbox
+        self.budget = budget
         self._shell: Shell | None = None
         self.closed = False
-        self.init_failed = 0
+        self.setup_error: str | None = None
         self.last_output = ""
         self.steps = 0  # steps taken so far: the expert's call ids
-        self.example = shell_command(problem.example) if problem.example else None
+        # The expert runs the example as a grader does: its stdout is the reference answer, its stderr
+        # (e.g. `find /` over /proc) is not.
+        self.example = f"{{ {shell_command(problem.example)}\n}} 2>/dev/null" if problem.example else None
         self.ran_example = False  # whether the example script has run in the shell (drives the expert)
 
     @property
@@ -226,39 +165,60 @@ class OsEpisode:
         if self._shell is None:
             if self.closed:
                 raise RuntimeError("the episode is closed")
-            start = [shell_command(self.problem.start)] if self.problem.start else []
-            shell = Shell(self.cfg, on_restart=start)
+            if self.budget is not None:
+                self.budget.acquire()
             try:
-                for script in self.problem.init:
-                    r = shell.run_independent(script_argv(script, []), timeout=SCRIPT_TIMEOUT_S)
-                    if r.exit_code != 0:
-                        self.init_failed += 1
-                        log.warning("os init script failed (exit %s): %s", r.exit_code, r.output[-300:])
-                if start:
-                    shell.run(start[0])
+                shell = Shell(self.cfg)
             except BaseException:
-                shell.close()
+                if self.budget is not None:
+                    self.budget.release()
                 raise
             self._shell = shell
+            for n, script in enumerate(self.problem.init):
+                r = shell.run_independent(script_argv(script, []), timeout=INIT_TIMEOUT_S, stderr=True)
+                if r.exit_code != 0:
+                    self.setup_error = (f"init script {n + 1} of {len(self.problem.init)} failed (exit "
+                                        f"{r.exit_code}): {r.output.strip()[-300:]}")
+                    log.warning("os sample setup failed: %s", self.setup_error)
+                    return shell
+            if self.problem.start:  # AgentBench runs it in the shell and ignores its exit status
+                shell.run(shell_command(self.problem.start), timeout=SCRIPT_TIMEOUT_S)
         return self._shell
 
     def initial_messages(self) -> list[dict[str, Any]]:
         return [{"role": "system", "content": SYSTEM_PROMPT},
                 {"role": "user", "content": f"My problem is:\n\n{self.problem.description}"}]
 
+    def _setup_failed(self, call_id: str | None, name: str) -> StepResult | None:
+        """The ending of a sample whose setup failed (checked at the agent's first action)."""
+        _ = self.shell
+        if self.setup_error is None:
+            return None
+        text = f"The task could not be set up ({self.setup_error}); the sample ends."
+        message = tool_message(call_id, name, text) if call_id else {"role": "user", "content": text}
+        return StepResult(messages=[message], done=True, reward=0.0, status=Status.COMPLETED,
+                          metrics=self._metrics(0.0))
+
+    def bash(self, script: str) -> CommandResult:
+        result = self.shell.run(script)
+        self.last_output = result.output
+        self.ran_example = self.ran_example or script == self.example
+        return result
+
     def step(self, action: Action) -> StepResult:
         self.steps += 1
+        first = action.tool_calls[0]
+        ended = self._setup_failed(first.id, first.name)
+        if ended is not None:
+            return ended
         messages: list[dict[str, Any]] = []
         for call in action.tool_calls:
             if call.name == "bash_action":
-                result = self.shell.run(call.arguments["script"])
-                self.last_output = result.output
-                self.ran_example = self.ran_example or call.arguments["script"] == self.example
+                result = self.bash(call.arguments["script"])
                 messages.append(tool_message(call.id, call.name, format_output(result, self.cfg.command_timeout_s)))
                 continue
             answer = call.arguments["answer"] if call.name == "answer_action" else None
-            passed = self.judge(answer)
-            reward = 1.0 if passed else 0.0
+            reward = 1.0 if self.judge(answer) else 0.0
             messages.append(tool_message(call.id, call.name, "Your answer has been recorded." if answer is not None
                                          else "The task has been marked as finished."))
             return StepResult(messages=messages, done=True, reward=reward, status=Status.COMPLETED,
@@ -266,28 +226,34 @@ class OsEpisode:
         return StepResult(messages=messages, metrics=self._metrics(0.0))
 
     def _metrics(self, success: float) -> dict[str, float]:
-        return {"success": success, "init_failed": float(self.init_failed)}
+        return {"success": success, "setup_failed": float(self.setup_error is not None)}
 
     def judge(self, answer: str | None) -> bool:
-        """AgentBench's evaluation of a committed answer (None: finish_action, no answer)."""
+        """Strict evaluation of a committed answer (None: finish_action, no answer)."""
         p = self.problem
         if p.match is not None:
             if answer is None:
                 return False
-            if p.match.get("strip"):
-                answer = answer.strip()
-            if "answer" in p.match:
-                return answer == p.match["answer"]
-            if "regex" in p.match:
-                return re.search(str(p.match["regex"]), answer) is not None
-            return False
-        params = ["" if answer is None else answer]
+            return self._match(answer.strip() if p.match.get("strip") else answer)
+        return self._check(["" if answer is None else answer])
+
+    def _match(self, answer: str) -> bool:
+        assert self.problem.match is not None
+        if "answer" in self.problem.match:
+            return answer == self.problem.match["answer"]
+        if "regex" in self.problem.match:
+            return re.search(str(self.problem.match["regex"]), answer) is not None
+        return False
+
+    def _check(self, params: list[str]) -> bool:
+        """AgentBench's check scripts, each a grader process the agent's processes cannot touch."""
+        p = self.problem
         for script in p.check or []:
             if script is None:
                 script = p.example
             if script is None:  # a `null` check with no example: nothing to compare against
                 return False
-            r = self.shell.run_independent(script_argv(script, params), timeout=SCRIPT_TIMEOUT_S)
+            r = self.shell.run_independent(script_argv(script, params), timeout=SCRIPT_TIMEOUT_S, freeze=True)
             if r.exit_code != 0:
                 return False
             params.append(r.output)
@@ -302,18 +268,85 @@ class OsEpisode:
             return call_message([("answer_action", {"answer": str(p.match["answer"])})], turn)
         if p.match is not None or (p.check and None in p.check):
             return call_message([("answer_action", {"answer": self.last_output.strip()})], turn)
+        if self.ran_example and self.last_output.strip():  # an operation whose check also reads an answer
+            return call_message([("answer_action", {"answer": self.last_output.strip()})], turn)
         return call_message([("finish_action", {"thought": "The operation is done."})], turn)
 
     def close(self) -> None:
+        if self.closed:
+            return
         self.closed = True
         if self._shell is not None:
             self._shell.close()
+            if self.budget is not None:
+                self.budget.release()
+
+
+class FaithfulOsEpisode(OsEpisode):
+    """AgentBench-FC's protocol (`os_agentbench`): the first call only, its arguments unchecked
+    (`CallPolicy`, applied by `Session`), read here as AgentBench reads them."""
+
+    call_policy = CallPolicy(first_call_only=True, lenient_arguments=True)
+
+    def __init__(self, problem: OsProblem, sandbox: SandboxConfig, protocol: ab.Protocol,
+                 budget: SessionBudget | None = None) -> None:
+        super().__init__(problem, sandbox, budget)
+        self.protocol = protocol
+
+    def initial_messages(self) -> list[dict[str, Any]]:
+        return [{"role": "system", "content": self.protocol.system_prompt},
+                {"role": "user", "content": self.protocol.user_prompt(self.problem.description)}]
+
+    def text_step(self, content: str) -> StepResult:
+        """A message without a tool call: AgentBench's reminder; the round is used."""
+        self.steps += 1
+        return StepResult([{"role": "user", "content": ab.NO_CALL}], metrics=self._metrics(0.0))
+
+    def step(self, action: Action) -> StepResult:
+        self.steps += 1
+        first = action.tool_calls[0]
+        if first.error is not None and "too long" in first.error:  # the worker's bound, not AgentBench's
+            act = ab.RawAction("error", first.id, first.name, text=first.error)
+        else:
+            act = ab.parse_action(action.message)  # the same first call, read from the raw message
+        call_id = first.id
+        if act.kind == "error":
+            return StepResult([tool_message(call_id, act.name, act.text)], metrics=self._metrics(0.0))
+        if act.kind == "invalid":
+            return StepResult([tool_message(call_id, act.name, ab.INVALID_CALL)], metrics=self._metrics(0.0))
+        ended = self._setup_failed(call_id, act.name)
+        if ended is not None:
+            return ended
+        if act.kind == "crash":  # AgentBench's task raises here: the sample ends as a task error, failed
+            return StepResult([tool_message(call_id, act.name, "Error: the call has no arguments.")],
+                              done=True, reward=0.0, status=Status.INVALID_ACTION, metrics=self._metrics(0.0))
+        if act.kind == "bash":
+            # AgentBench runs nothing for a non-string script and shows an empty output.
+            output = self.bash(act.content).output if isinstance(act.content, str) else ""
+            return StepResult([tool_message(call_id, act.name, ab.observation(output))], metrics=self._metrics(0.0))
+        reward = 1.0 if self.judge_faithful(act.content) else 0.0
+        # AgentBench answers a commit with no tool message: the episode ends.
+        return StepResult([], done=True, reward=reward, status=Status.COMPLETED, metrics=self._metrics(reward))
+
+    def judge_faithful(self, answer: Any) -> bool:
+        """AgentBench's `_evaluate_answer`: strip only strings; a check gets `str(answer)` ("None" too)."""
+        p = self.problem
+        if p.match is not None:
+            if isinstance(answer, str) and p.match.get("strip"):
+                answer = answer.strip()
+            if "regex" in p.match and not isinstance(answer, str):
+                return False  # AgentBench's re.search raises: a task error, not a pass
+            return self._match(answer) if isinstance(answer, str) else False
+        return self._check([str(answer)])
 
 
 DEFAULT_FILES = {"train": "os/train.json", "test": "os/test.json"}
-DEV_FILE = ("os_interaction/dev.json", "os_interaction/scripts/dev")  # also the layout of data/agentbench/
-AGENTBENCH_TEST = [(f"data/os_interaction/data/{n}/*.json", f"data/os_interaction/scripts/{n}") for n in range(1, 8)]
-AGENTBENCH_TRAIN = [("data/os_interaction/train_0317/training.json", "data/os_interaction/scripts/7")]
+OUR_DEV = ("agentbench/os_interaction/dev.json", "agentbench/os_interaction/scripts/dev")  # under data/
+AGENTBENCH_DEV = ("data/os_interaction/data/dev.json", "data/os_interaction/scripts/dev")  # in a checkout
+AGENTBENCH_SPLITS = {
+    "train": [("data/os_interaction/train_0317/training.json", "data/os_interaction/scripts/7")],
+    "test": [(f"data/os_interaction/data/{n}/*.json", f"data/os_interaction/scripts/{n}") for n in range(1, 8)],
+}
 
 
 class OsTask:
@@ -326,6 +359,10 @@ class OsTask:
             it, else from this project's copy in `data/agentbench/`.
         data_dir: this project's data folder (default `data/`).
         sandbox: a `SandboxConfig` or a mapping of its fields (backend, image, command_timeout_s, ...).
+            `image` is the root file system (default `~/.cache/agentrl/rootfs/os-bookworm`, for root
+            `/var/cache/agentrl/rootfs/os-bookworm`; `python -m jobs.make_rootfs` builds it).
+        protocol: "strict" or "faithful" (default: faithful with source="agentbench", else strict).
+        slots: sessions the serving worker may hold; checked against the host's PID budget now.
     """
 
     name = "os"
@@ -333,35 +370,57 @@ class OsTask:
     blocking = True
 
     def __init__(self, source: str = "ours", agentbench_dir: str | Path | None = None,
-                 data_dir: str | Path | None = None, sandbox: SandboxConfig | dict[str, Any] | None = None) -> None:
+                 data_dir: str | Path | None = None, sandbox: SandboxConfig | dict[str, Any] | None = None,
+                 protocol: str | None = None, slots: int | None = None) -> None:
         if source not in ("ours", "agentbench"):
             raise ValueError(f"os: unknown source {source!r} (ours | agentbench)")
+        self.protocol_name = resolve_protocol(protocol, source == "agentbench", "os")
         root = Path(data_dir) if data_dir else data_root()
         checkout = Path(agentbench_dir) if agentbench_dir else env_path("AGENTRL_AGENTBENCH_DIR")
         self.sandbox = sandbox if isinstance(sandbox, SandboxConfig) else SandboxConfig(**(sandbox or {}))
         self.backend = select_backend(self.sandbox.backend, self.sandbox.isolation)  # a missing sandbox fails here
+        check_image(self.sandbox, self.backend)  # and so does a missing root file system
+        self.budget = SessionBudget(session_budget(self.sandbox))
+        if slots is not None:
+            self.check_slots(slots)
+        if (source == "agentbench" or self.protocol_name == "faithful") and checkout is None:
+            raise ValueError(f"os: source={source!r} with protocol={self.protocol_name!r} needs agentbench_dir "
+                             f"or AGENTRL_AGENTBENCH_DIR (an AgentBench checkout)")
+        self.protocol = ab.load_protocol(checkout) if self.protocol_name == "faithful" and checkout else None
         self.problems: dict[str, list[OsProblem]] = {}
         if source == "ours":
             for split, file in DEFAULT_FILES.items():
                 self.problems[split] = load_problems(root / file, None)
         else:
-            if checkout is None:
-                raise ValueError("os: source='agentbench' needs agentbench_dir or AGENTRL_AGENTBENCH_DIR")
-            self.problems["train"] = _load_globs(checkout, AGENTBENCH_TRAIN)
-            self.problems["test"] = _load_globs(checkout, AGENTBENCH_TEST)
-        dev_base = checkout / "data" if checkout else root / "agentbench"
-        self.problems["dev"] = load_problems(dev_base / DEV_FILE[0], dev_base / DEV_FILE[1])
+            assert checkout is not None
+            for split, patterns in AGENTBENCH_SPLITS.items():
+                found = _load_globs(checkout, patterns)
+                if found:  # a split whose files are missing is left out, the others still load
+                    self.problems[split] = found
+            if not self.problems:
+                raise FileNotFoundError(f"os: {checkout} holds none of AgentBench's os files "
+                                        f"({[p for ps in AGENTBENCH_SPLITS.values() for p, _ in ps]})")
+        dev = (checkout / AGENTBENCH_DEV[0], checkout / AGENTBENCH_DEV[1]) if checkout else None
+        if dev is None or not dev[0].is_file():
+            dev = (root / OUR_DEV[0], root / OUR_DEV[1])
+        self.problems["dev"] = load_problems(*dev)
         self.sizes = {split: len(p) for split, p in self.problems.items()}
 
+    def check_slots(self, slots: int) -> None:
+        """Fail (ValueError) when `slots` sandboxes could exhaust the host's PIDs (a worker's start check)."""
+        check_slots(self.sandbox, slots)
+
     def tools(self) -> list[dict[str, Any]]:
-        return copy.deepcopy(TOOLS)
+        return copy.deepcopy(self.protocol.tools if self.protocol else TOOLS)
 
     def indices(self, split: str) -> list[str]:
         return split_indices(self.name, split, self.sizes)
 
     def start(self, index: str) -> OsEpisode:
         split, i = split_index(self.name, index, self.sizes)
-        return OsEpisode(self.problems[split][i], self.sandbox)
+        if self.protocol is not None:
+            return FaithfulOsEpisode(self.problems[split][i], self.sandbox, self.protocol, self.budget)
+        return OsEpisode(self.problems[split][i], self.sandbox, self.budget)
 
 
 def _load_globs(checkout: Path, patterns: list[tuple[str, str]]) -> list[OsProblem]:
@@ -369,6 +428,4 @@ def _load_globs(checkout: Path, patterns: list[tuple[str, str]]) -> list[OsProbl
     for pattern, scripts in patterns:
         for file in sorted(glob.glob(str(checkout / pattern))):
             problems += load_problems(Path(file), checkout / scripts)
-    if not problems:
-        raise FileNotFoundError(f"os: no AgentBench files matching {[p for p, _ in patterns]} in {checkout}")
     return problems

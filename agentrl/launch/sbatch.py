@@ -1,0 +1,231 @@
+"""Render a run's `topology.Plan` as sbatch scripts a person can read and submit by hand.
+
+* `render_hetjob`: one heterogeneous job, one `#SBATCH hetjob` block per group, one
+  `srun --mpi=pmi2 --het-group=N` step per role.
+* `render_per_role`: for sites that forbid hetjobs, one bash file that submits one job per role (env →
+  trainer → rollout), each started after the one before it with `--dependency=after:`.
+
+Both write logs where Slurm can (the submit directory, `%x-%j.out`; each role's under the run dir,
+which the script creates), and both pass the job's preemption warning (USR1) to the trainer and
+requeue. What they render is golden-tested (tests/launch/golden/). Standard library only.
+"""
+from __future__ import annotations
+
+import shlex
+
+from agentrl.launch.apptainer import worker_command
+from agentrl.launch.topology import ENV, GROUP_NAMES, ROLLOUT, TRAINER, Plan, Step
+
+_WAIT_STEP = r"""# wait for a step; a trapped signal interrupts `wait`, so wait again while the step lives
+wait_step() {
+  local rc
+  while :; do
+    wait "$1"; rc=$?
+    if [ "$rc" -gt 128 ] && kill -0 "$1" 2>/dev/null; then continue; fi
+    return "$rc"
+  done
+}"""
+_TRAP_USR1 = r"""# USR1 (sbatch --signal=B:USR1@<s>, or `scancel --batch --signal=USR1`):
+# the trainer checkpoints, then the job requeues
+preempted=0
+on_usr1() {
+  preempted=1
+  echo "agentrl: USR1, asking the trainer to checkpoint"
+  kill -USR1 "$TRAINER" 2>/dev/null || true
+}
+trap on_usr1 USR1"""
+
+
+def _q(arg: str) -> str:
+    """Shell-quote, but leave "$VAR" references expandable (only our own arguments hold a `$`)."""
+    if "$" in arg:
+        return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return shlex.quote(arg)
+
+
+def _join(argv: list[str]) -> str:
+    return " ".join(_q(a) for a in argv)
+
+
+def role_argv(step: Step, python: str, run_dir: str, image: str = "", data_dir: str = "data",
+              binds: tuple[str, ...] = (), het: bool = True) -> list[str]:
+    """The command a role's srun step runs (after srun's own options)."""
+    inner_py = "python" if image and step.role == "env_worker" else python  # the image's own Python is on PATH
+    group = ["--het-group", str(step.group)] if het else []
+    argv = [inner_py, "-m", "agentrl.launch.slurm_env", *group, "--",
+            inner_py, "-m", step.module, "--run-dir", run_dir, *step.args]
+    if image and step.role == "env_worker":
+        return worker_command(image, run_dir, data_dir, argv, binds)
+    return argv
+
+
+def srun_argv(step: Step, het: bool, run_dir: str = "$RUN_DIR") -> list[str]:
+    argv = ["srun", "--mpi=pmi2"]
+    if het:
+        argv.append(f"--het-group={step.group}")
+    # --exact: a step gets only the CPUs it asks for (without it the first step on a node takes the node's
+    # whole allocation and the controller's step beside the env workers' waits forever; seen on Slurm 22.05)
+    argv += [f"--ntasks={step.ntasks}", "--exact", f"--output={run_dir}/logs/{step.role}-%t.log"]
+    if step.gpus_per_task:
+        argv.append(f"--gpus-per-task={step.gpus_per_task}")
+    if step.overlap:
+        argv.append("--overlap")
+    return argv
+
+
+def _header_lines(plan: Plan, preset: str, overrides: list[str], how: str) -> list[str]:
+    cmd = _join(["python", "-m", "jobs.launch", "--preset", preset, "--render-sbatch", *overrides])
+    return [
+        "#!/bin/bash",
+        f"# agentrl run {plan.name!r} from preset {preset!r}: {how}.",
+        f"# Rendered by `{cmd}`; edit the config, not this file.",
+        "# Submit from the repository root, after `bash install.sh`. Logs: <job name>-<job id>.out in the",
+        "# submit directory; each role's in runs/<name>-<job id>/logs/<role>-<task>.log.",
+        f"# Preemption: {plan.signal_s} s before the time limit Slurm sends USR1; the trainer checkpoints and the",
+        "# job requeues under the same id, so the run resumes in the same run directory.",
+    ]
+
+
+def _group_lines(plan: Plan, g: int) -> list[str]:
+    return [f"#SBATCH --{k}={shlex.quote(v)}" for k, v in plan.groups[g].directives]
+
+
+def _prepare_lines(plan: Plan, preset: str, overrides: list[str], make_model_group: int | None) -> list[str]:
+    prepare = ["$PY", "-m", "jobs.launch", "--preset", preset, "--prepare-run", "$RUN_DIR",
+               *overrides, *plan.overrides]
+    lines = [
+        "# config.yaml is written once: a requeued job keeps it (and its checkpoints) and resumes",
+        _join(prepare),
+    ]
+    if plan.needs_model and make_model_group is not None:  # the tiny model, built once in the trainer's group
+        make = ["srun", f"--het-group={make_model_group}", "--ntasks=1", "$PY", "-m", "jobs.make_model",
+                "--run-dir", "$RUN_DIR"]
+        lines.append(f'[ -f "$RUN_DIR/model/config.json" ] || {_join(make)}')
+    return lines
+
+
+def _step_line(plan: Plan, step: Step, het: bool, image: str, binds: tuple[str, ...]) -> str:
+    argv = srun_argv(step, het) + role_argv(step, "$PY", "$RUN_DIR", image, "data", binds, het)
+    where = f"het group {step.group}, " if het else ""
+    note = f"# {step.role}: {where}{step.ntasks} task{'s' if step.ntasks > 1 else ''}"
+    return f"{note}\n{_join(argv)} &\n{step.role.upper()}=$!"
+
+
+def _finish_lines(ends: list[str], others: list[str]) -> list[str]:
+    """Wait for the trainer first: after a USR1 it checkpoints and exits while the rollout still runs,
+    and the job requeues at once. Then the other roles that end the run; then stop the rest."""
+    ends = sorted(ends, key=lambda name: name != "TRAINER")
+    lines = ["status=0", f'wait_step "${ends[0]}" || status=$?']
+    lines += [
+        'if [ "$preempted" = 1 ]; then',
+        '  echo "agentrl: requeueing job $SLURM_JOB_ID"',
+        '  scontrol requeue "$SLURM_JOB_ID"',
+        "  exit 0",
+        "fi",
+        "trap '' USR1  # the trainer is done: a late warning changes nothing",
+    ]
+    for name in ends[1:]:
+        lines.append(f'wait_step "${name}" || status=$?')
+    if others:
+        lines.append("kill " + " ".join(f'"${o}"' for o in others) + " 2>/dev/null || true  # srun passes SIGTERM on")
+        lines.append("wait")
+    lines.append('exit "$status"')
+    return lines
+
+
+def render_hetjob(plan: Plan, preset: str, overrides: list[str], image: str = "",
+                  binds: tuple[str, ...] = ()) -> str:
+    """One heterogeneous job: groups 0 trainer, 1 rollout, 2 env workers (+ controller)."""
+    lines = _header_lines(plan, preset, overrides, "one heterogeneous Slurm job")
+    lines += [
+        f"#SBATCH --job-name=agentrl-{plan.name}",
+        "#SBATCH --output=%x-%j.out",
+        "#SBATCH --open-mode=append",
+        "#SBATCH --requeue",
+        f"#SBATCH --signal=B:USR1@{plan.signal_s}",
+    ]
+    for g in (TRAINER, ROLLOUT, ENV):
+        if g:
+            lines.append("#SBATCH hetjob")
+        lines.append(f"# het group {g}: {GROUP_NAMES[g]}" + (" + controller" if any(
+            s.role == "controller" and s.group == g for s in plan.steps) else ""))
+        lines += _group_lines(plan, g)
+    lines += [
+        "",
+        "set -euo pipefail",
+        ': "${SLURM_JOB_ID:?submit this script with sbatch}"',
+        'cd "$SLURM_SUBMIT_DIR"',
+        f'PY=${{AGENTRL_PYTHON:-{plan.python}}}',
+        f'RUN_DIR=runs/{plan.name}-"$SLURM_JOB_ID"',
+        'mkdir -p "$RUN_DIR/logs"',
+        "export AGENTRL_REQUEUE_BY_SCRIPT=1  # the trainer checkpoints and exits on USR1; this script requeues",
+        *_prepare_lines(plan, preset, overrides, TRAINER),
+        "",
+        "set +e  # from here on a role's exit status is collected, not fatal",
+        _WAIT_STEP,
+        _TRAP_USR1,
+        "",
+    ]
+    for step in plan.steps:
+        lines.append(_step_line(plan, step, True, image, binds))
+    ends = [s.role.upper() for s in plan.steps if s.ends_run]
+    others = [s.role.upper() for s in plan.steps if not s.ends_run]
+    lines += ["", "# the run ends when rollout and trainer have; then the env side is stopped"]
+    lines += _finish_lines(ends, others)
+    return "\n".join(lines) + "\n"
+
+
+def render_per_role(plan: Plan, preset: str, overrides: list[str], image: str = "",
+                    binds: tuple[str, ...] = ()) -> str:
+    """One job per role for sites without hetjobs: a bash file that submits them in order."""
+    lines = _header_lines(plan, preset, overrides, "one job per role (cluster.hetjob=false)")
+    lines[3] = "# Run it (do not sbatch it) from the repository root, after `bash install.sh`: it submits the"
+    lines[4] = "# jobs. Logs: <job name>-<job id>.out here; each role's in the run dir's logs/<role>-<task>.log."
+    lines += [
+        "set -euo pipefail",
+        f'PY=${{AGENTRL_PYTHON:-{plan.python}}}',
+        f'RUN_DIR=runs/{plan.name}-$(date +%Y%m%d-%H%M%S)',
+        'mkdir -p "$RUN_DIR/logs"',
+        *_prepare_lines(plan, preset, overrides, None),
+        "export AGENTRL_RUN_DIR=$RUN_DIR AGENTRL_PYTHON=$PY",
+    ]
+    by_group = {g: [s for s in plan.steps if s.group == g] for g in (ENV, TRAINER, ROLLOUT)}
+    previous = ""
+    for g in (ENV, TRAINER, ROLLOUT):
+        var = f"{GROUP_NAMES[g].upper()}_JOB"
+        dep = f" --dependency=after:${previous}" if previous else ""
+        lines.append(f"{var}=$(sbatch --parsable{dep} <<'JOB'")
+        lines += [
+            "#!/bin/bash",
+            f"#SBATCH --job-name=agentrl-{plan.name}-{GROUP_NAMES[g]}",
+            "#SBATCH --output=%x-%j.out",
+            "#SBATCH --open-mode=append",
+            "#SBATCH --requeue",
+        ]
+        if g == TRAINER:
+            lines.append(f"#SBATCH --signal=B:USR1@{plan.signal_s}")
+        lines += _group_lines(plan, g)
+        lines += ["set -u", 'cd "$SLURM_SUBMIT_DIR"', 'PY=$AGENTRL_PYTHON RUN_DIR=$AGENTRL_RUN_DIR', _WAIT_STEP]
+        if g == TRAINER:
+            lines += [_TRAP_USR1, "export AGENTRL_REQUEUE_BY_SCRIPT=1"]
+        if g == TRAINER and plan.needs_model:
+            lines.append('[ -f "$RUN_DIR/model/config.json" ] || srun --ntasks=1 "$PY" -m jobs.make_model '
+                         '--run-dir "$RUN_DIR"')
+        if g == ROLLOUT and plan.needs_model:
+            lines.append('until [ -f "$RUN_DIR/model/config.json" ]; do sleep 5; done  # the trainer job builds it')
+        for step in by_group[g]:
+            lines.append(_step_line(plan, step, False, image, binds))
+        names = [s.role.upper() for s in by_group[g]]
+        if g == ENV:  # serves until the rollout job cancels it
+            lines += ['wait_step "$ENV_WORKER"']
+        elif g == TRAINER:
+            lines += _finish_lines(names, [])
+        else:
+            lines += ['wait_step "$ROLLOUT"; status=$?', 'scancel "$AGENTRL_ENV_JOB"', 'exit "$status"']
+        lines.append("JOB")
+        lines.append(")")
+        if g == ENV:
+            lines.append("export AGENTRL_ENV_JOB=$ENV_JOB")
+        previous = var
+    lines.append('echo "submitted: env $ENV_JOB, trainer $TRAINER_JOB, rollout $ROLLOUT_JOB; run dir $RUN_DIR"')
+    return "\n".join(lines) + "\n"

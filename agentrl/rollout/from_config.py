@@ -1,0 +1,40 @@
+"""The rollout's slices of the run config, shared by both schedules' entry points (`jobs.rollout`,
+`jobs.rollout_async`): the plan of the role and the engine it builds."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agentrl.config import RunConfig
+from agentrl.envs.tasks import task_name
+from agentrl.rollout import role
+from agentrl.rollout.agent_loop import EpisodeLimits
+from agentrl.rollout.engine import ExpertEngine
+
+
+def make_plan(cfg: RunConfig) -> role.Plan:
+    """The rollout's slice of the run config (both schedules)."""
+    r = cfg.rollout
+    return role.Plan(
+        tasks=tuple(task_name(t) for t in cfg.envs.tasks), steps=cfg.trainer.steps, prompts_per_step=r.prompts_per_step,
+        samples_per_prompt=r.samples_per_prompt, expert_samples=r.expert_samples if cfg.trainer.sft_steps else 0,
+        eval_split=r.eval_split, eval_samples=r.eval_samples, eval_sampled=r.eval_sampled, concurrency=r.concurrency,
+        temperature=r.temperature, top_p=r.top_p,
+        limits=EpisodeLimits(r.max_turns, r.max_model_len, r.max_new_tokens),
+        retry=role.Retry(max_retries=r.env_retries, capacity_wait_s=r.env_wait_s),
+        wait_timeout_s=cfg.cluster.role_timeout_s, seed=cfg.seed, poll_s=cfg.transport.poll_s,
+    )
+
+
+def engine_factory(cfg: RunConfig, model_dir: Path, client: Any, tok: Any, engine_id: int = 0) -> Callable[[], Any]:
+    r = cfg.rollout
+
+    def make_engine():
+        if r.engine == "expert":  # the task's scripted expert plays every episode (pipeline checks)
+            return ExpertEngine(client, tok)
+        from agentrl.rollout.engine import VLLMEngine
+
+        return VLLMEngine(str(model_dir), r.max_model_len, max_num_seqs=r.concurrency,
+                          kv_cache_gib=r.kv_cache_gib, seed=cfg.seed, engine_id=engine_id)
+    return make_engine

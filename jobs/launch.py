@@ -1,0 +1,66 @@
+"""Launch a run where `cluster.launcher` says: on this machine, or as one Slurm job through submitit.
+
+    python -m jobs.launch --preset smoke                                   # local: the same as jobs.train
+    python -m jobs.launch --preset agentbench-qwen2.5-7b cluster.launcher=slurm   # one heterogeneous job
+    python -m jobs.launch --preset agentbench-qwen2.5-7b cluster.launcher=slurm cluster.hetjob=false
+    python -m jobs.launch --preset agentbench-qwen2.5-7b --render-sbatch > my.sbatch   # to submit by hand
+
+Under Slurm (the rendered scripts call it first, in the job): `--prepare-run RUN_DIR` writes
+RUN_DIR/config.yaml unless a requeued job left one. Through submitit the job's function is
+`agentrl.launch.submit.HetRun`; `job.result()` is the run's report/summary.json. Roles, steps and
+groups are those of `agentrl.launch.topology`, for all three ways.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from agentrl.config import ConfigError, load_config
+from agentrl.launch import sbatch, topology
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="demo", help="a preset name (agentrl/presets) or a YAML path")
+    ap.add_argument("--name", help="run name (default: the preset's)")
+    ap.add_argument("--render-sbatch", action="store_true", help="print the sbatch script and exit")
+    ap.add_argument("--prepare-run", type=Path, metavar="RUN_DIR", help="(in a job) write RUN_DIR/config.yaml once")
+    ap.add_argument("--folder", default="runs/submitit", help="submitit's folder (slurm launcher)")
+    ap.add_argument("--no-wait", action="store_true", help="slurm launcher: print the job id and return")
+    ap.add_argument("overrides", nargs="*", help="section.field=value, e.g. cluster.hetjob=false")
+    args = ap.parse_args(argv)
+    overrides = list(args.overrides) + ([f"name={args.name}"] if args.name else [])
+    try:
+        if args.prepare_run:
+            from agentrl.launch.prepare import prepare_run
+
+            cfg, resumed = prepare_run(args.preset, overrides, args.prepare_run)
+            print(f"agentrl: run dir {args.prepare_run} ({'resuming' if resumed else 'new'})", flush=True)
+            return 0
+        cfg = load_config(args.preset, overrides)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    if args.render_sbatch:
+        plan = topology.plan(cfg)
+        env = cfg.cluster.env
+        render = sbatch.render_hetjob if cfg.cluster.hetjob else sbatch.render_per_role
+        print(render(plan, args.preset, overrides, env.apptainer_image, env.binds), end="")
+        return 0
+    if cfg.cluster.launcher == "local":  # the local launcher is jobs.train's: run it, with these arguments
+        os.execv(sys.executable, [sys.executable, "-m", "jobs.train", "--preset", args.preset, *overrides])
+    from agentrl.launch import submit
+
+    jobs = submit.submit(cfg, args.preset, overrides, Path(args.folder))
+    for job in jobs:
+        print(f"submitted Slurm job {job.job_id}; submitit log {job.paths.stdout}", flush=True)
+    if args.no_wait:
+        return 0
+    print(f"result: {jobs[-1].result()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+#!/bin/bash
+# agentrl run 'agentbench-qwen2.5-7b' from preset 'agentbench-qwen2.5-7b': one job per role (cluster.hetjob=false).
+# Rendered by `python -m jobs.launch --preset agentbench-qwen2.5-7b --render-sbatch cluster.hetjob=false`; edit the config, not this file.
+# Run it (do not sbatch it) from the repository root, after `bash install.sh`: it submits the
+# jobs. Logs: <job name>-<job id>.out here; each role's in the run dir's logs/<role>-<task>.log.
+# Preemption: 600 s before the time limit Slurm sends USR1; the trainer checkpoints and the
+# job requeues under the same id, so the run resumes in the same run directory.
+set -euo pipefail
+PY=${AGENTRL_PYTHON:-.venv/bin/python}
+RUN_DIR=runs/agentbench-qwen2.5-7b-$(date +%Y%m%d-%H%M%S)
+mkdir -p "$RUN_DIR/logs"
+# config.yaml is written once: a requeued job keeps it (and its checkpoints) and resumes
+"$PY" -m jobs.launch --preset agentbench-qwen2.5-7b --prepare-run "$RUN_DIR" cluster.hetjob=false controller.host=0.0.0.0
+export AGENTRL_RUN_DIR=$RUN_DIR AGENTRL_PYTHON=$PY
+ENV_JOB=$(sbatch --parsable <<'JOB'
+#!/bin/bash
+#SBATCH --job-name=agentrl-agentbench-qwen2.5-7b-env
+#SBATCH --output=%x-%j.out
+#SBATCH --open-mode=append
+#SBATCH --requeue
+#SBATCH --time=1-12:00:00
+#SBATCH --nodes=1
+#SBATCH --ntasks=6
+#SBATCH --cpus-per-task=8
+set -u
+cd "$SLURM_SUBMIT_DIR"
+PY=$AGENTRL_PYTHON RUN_DIR=$AGENTRL_RUN_DIR
+# wait for a step; a trapped signal interrupts `wait`, so wait again while the step lives
+wait_step() {
+  local rc
+  while :; do
+    wait "$1"; rc=$?
+    if [ "$rc" -gt 128 ] && kill -0 "$1" 2>/dev/null; then continue; fi
+    return "$rc"
+  done
+}
+# controller: 1 task
+srun --mpi=pmi2 --ntasks=1 --exact "--output=$RUN_DIR/logs/controller-%t.log" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.controller --run-dir "$RUN_DIR" &
+CONTROLLER=$!
+# env_worker: 5 tasks
+srun --mpi=pmi2 --ntasks=5 --exact "--output=$RUN_DIR/logs/env_worker-%t.log" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.env_worker --run-dir "$RUN_DIR" &
+ENV_WORKER=$!
+wait_step "$ENV_WORKER"
+JOB
+)
+export AGENTRL_ENV_JOB=$ENV_JOB
+TRAINER_JOB=$(sbatch --parsable --dependency=after:$ENV_JOB <<'JOB'
+#!/bin/bash
+#SBATCH --job-name=agentrl-agentbench-qwen2.5-7b-trainer
+#SBATCH --output=%x-%j.out
+#SBATCH --open-mode=append
+#SBATCH --requeue
+#SBATCH --signal=B:USR1@600
+#SBATCH --time=1-12:00:00
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=8
+#SBATCH --cpus-per-task=8
+#SBATCH --gpus-per-node=8
+set -u
+cd "$SLURM_SUBMIT_DIR"
+PY=$AGENTRL_PYTHON RUN_DIR=$AGENTRL_RUN_DIR
+# wait for a step; a trapped signal interrupts `wait`, so wait again while the step lives
+wait_step() {
+  local rc
+  while :; do
+    wait "$1"; rc=$?
+    if [ "$rc" -gt 128 ] && kill -0 "$1" 2>/dev/null; then continue; fi
+    return "$rc"
+  done
+}
+# USR1 (sbatch --signal=B:USR1@<s>, or `scancel --batch --signal=USR1`):
+# the trainer checkpoints, then the job requeues
+preempted=0
+on_usr1() {
+  preempted=1
+  echo "agentrl: USR1, asking the trainer to checkpoint"
+  kill -USR1 "$TRAINER" 2>/dev/null || true
+}
+trap on_usr1 USR1
+export AGENTRL_REQUEUE_BY_SCRIPT=1
+# trainer: 16 tasks
+srun --mpi=pmi2 --ntasks=16 --exact "--output=$RUN_DIR/logs/trainer-%t.log" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.trainer --run-dir "$RUN_DIR" &
+TRAINER=$!
+status=0
+wait_step "$TRAINER" || status=$?
+if [ "$preempted" = 1 ]; then
+  echo "agentrl: requeueing job $SLURM_JOB_ID"
+  scontrol requeue "$SLURM_JOB_ID"
+  exit 0
+fi
+trap '' USR1  # the trainer is done: a late warning changes nothing
+exit "$status"
+JOB
+)
+ROLLOUT_JOB=$(sbatch --parsable --dependency=after:$TRAINER_JOB <<'JOB'
+#!/bin/bash
+#SBATCH --job-name=agentrl-agentbench-qwen2.5-7b-rollout
+#SBATCH --output=%x-%j.out
+#SBATCH --open-mode=append
+#SBATCH --requeue
+#SBATCH --time=1-12:00:00
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=2
+#SBATCH --cpus-per-task=16
+#SBATCH --gpus-per-node=8
+set -u
+cd "$SLURM_SUBMIT_DIR"
+PY=$AGENTRL_PYTHON RUN_DIR=$AGENTRL_RUN_DIR
+# wait for a step; a trapped signal interrupts `wait`, so wait again while the step lives
+wait_step() {
+  local rc
+  while :; do
+    wait "$1"; rc=$?
+    if [ "$rc" -gt 128 ] && kill -0 "$1" 2>/dev/null; then continue; fi
+    return "$rc"
+  done
+}
+# rollout: 4 tasks
+srun --mpi=pmi2 --ntasks=4 --exact "--output=$RUN_DIR/logs/rollout-%t.log" --gpus-per-task=4 "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.rollout --run-dir "$RUN_DIR" &
+ROLLOUT=$!
+wait_step "$ROLLOUT"; status=$?
+scancel "$AGENTRL_ENV_JOB"
+exit "$status"
+JOB
+)
+echo "submitted: env $ENV_JOB, trainer $TRAINER_JOB, rollout $ROLLOUT_JOB; run dir $RUN_DIR"

@@ -1,0 +1,30 @@
+"""`python -m jobs.chaos --quick` in CI: env workers killed by pid while they hold sessions, the trainer
+killed once and resumed from its checkpoint; the run completes and every trajectory is accounted for."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.e2e
+
+
+def test_quick_chaos_run_loses_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "chaos.json"
+    proc = subprocess.run([sys.executable, "-m", "jobs.chaos", "--quick", "--run-root", str(tmp_path),
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=1200,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["completed"] and r["steps_done"] == 8 and r["rl_steps"] == 8
+    killed = [k["role"] for k in r["kills"]]
+    assert "trainer" in killed and r["restarts"]["trainer"] == 1  # resumed from its checkpoint
+    assert sum(k.startswith("env_worker-") for k in killed) >= 1 and r["sessions_hit"] >= 1
+    # every trajectory the rollout produced (8 steps x 8 prompts x 4 samples) is trained once or excluded by reason
+    assert r["produced"] == r["unique_ids"] == 8 * 8 * 4
+    assert r["trained"] + sum(r["excluded"].values()) == r["produced"] and r["lost_unexplained"] == 0

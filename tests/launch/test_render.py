@@ -1,0 +1,108 @@
+"""Golden files of what `python -m jobs.launch --render-sbatch` prints, and of the Apptainer command lines.
+
+A change to the rendering shows up as a diff here. After a deliberate change, regenerate and read the diff:
+    AGENTRL_REGEN_GOLDEN=1 python -m pytest tests/launch/test_render.py
+The committed scripts in sbatch/ must be exactly what the renderer prints for them (so they stay in step).
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobs import launch
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).parent / "golden"
+REGEN = os.environ.get("AGENTRL_REGEN_GOLDEN") == "1"
+SMALL = ["cluster.trainer.slurm.cpus_per_task=1", "cluster.rollout.slurm.cpus_per_task=1",
+         "cluster.env.slurm.cpus_per_task=1", "trainer.threads=1", "rollout.engine=expert"]
+
+CASES = {  # golden file: (preset, overrides)
+    "smoke-hetjob.sbatch": ("smoke", SMALL),
+    "smoke-per-role.sh": ("smoke", [*SMALL, "cluster.hetjob=false"]),
+    "demo-controller-with-trainer.sbatch": ("demo", ["cluster.controller_placement=trainer", "envs.workers=2"]),
+    "agentbench-qwen2.5-3b.sbatch": ("agentbench-qwen2.5-3b", []),
+    "agentbench-qwen2.5-7b.sbatch": ("agentbench-qwen2.5-7b", []),
+    "agentbench-qwen2.5-14b.sbatch": ("agentbench-qwen2.5-14b", []),
+    "agentbench-qwen2.5-32b.sbatch": ("agentbench-qwen2.5-32b", []),
+    "agentbench-qwen2.5-7b-per-role.sh": ("agentbench-qwen2.5-7b", ["cluster.hetjob=false"]),
+    "smoke-apptainer-workers.sbatch": ("smoke", ["cluster.env.apptainer_image=/images/agentrl.sif",
+                                                 "cluster.env.binds=[/scratch/agentbench]"]),
+}
+COMMITTED = {  # sbatch/ file: (preset, overrides)
+    "smoke.sbatch": ("smoke", SMALL),
+    "agentbench-qwen2.5-7b.sbatch": ("agentbench-qwen2.5-7b", []),
+    "agentbench-qwen2.5-7b-per-role.sh": ("agentbench-qwen2.5-7b", ["cluster.hetjob=false"]),
+}
+
+
+def render(preset: str, overrides: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert launch.main(["--preset", preset, "--render-sbatch", *overrides]) == 0
+    return capsys.readouterr().out
+
+
+def check(path: Path, text: str) -> None:
+    if REGEN:
+        path.write_text(text)
+    assert path.exists(), f"{path} missing: run with AGENTRL_REGEN_GOLDEN=1 to write it"
+    assert text == path.read_text(), f"{path.name} differs from the rendering (AGENTRL_REGEN_GOLDEN=1 rewrites it)"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    preset, overrides = CASES[name]
+    text = render(preset, overrides, capsys)
+    check(GOLDEN / name, text)
+    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0, "not valid bash"
+
+
+@pytest.mark.parametrize("name", sorted(COMMITTED))
+def test_committed_scripts_are_rendered(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    preset, overrides = COMMITTED[name]
+    check(ROOT / "sbatch" / name, render(preset, overrides, capsys))
+
+
+def test_hetjob_groups_and_steps(capsys: pytest.CaptureFixture[str]) -> None:
+    text = render("agentbench-qwen2.5-32b", [], capsys)
+    blocks = text.split("#SBATCH hetjob\n")
+    assert len(blocks) == 3
+    trainer, rollout, env = blocks
+    assert "#SBATCH --nodes=8\n#SBATCH --ntasks-per-node=8\n#SBATCH --cpus-per-task=8\n#SBATCH --gpus-per-node=8" in trainer
+    assert "#SBATCH --nodes=4\n#SBATCH --ntasks-per-node=1\n#SBATCH --cpus-per-task=16\n#SBATCH --gpus-per-node=8" in rollout
+    assert "#SBATCH --ntasks=6\n" in env  # 5 workers + the controller
+    assert "#SBATCH --signal=B:USR1@600" in trainer
+    steps = [shlex.split(line) for line in text.splitlines() if line.startswith("srun --mpi=pmi2")]
+    assert [(s[2], s[3]) for s in steps] == [("--het-group=2", "--ntasks=1"), ("--het-group=2", "--ntasks=5"),
+                                            ("--het-group=1", "--ntasks=4"), ("--het-group=0", "--ntasks=64")]
+    assert [s[s.index("--") + 3] for s in steps] == ["jobs.controller", "jobs.env_worker", "jobs.rollout", "jobs.trainer"]
+    assert "--gpus-per-task=8" in steps[2] and not any(a.startswith("--gpus") for a in steps[3])  # rollout ranks only
+    assert "controller.host=0.0.0.0" in text
+
+
+def test_per_role_jobs_are_chained(capsys: pytest.CaptureFixture[str]) -> None:
+    text = render("smoke", ["cluster.hetjob=false"], capsys)
+    assert "#SBATCH hetjob" not in text and "--het-group" not in text
+    assert "ENV_JOB=$(sbatch --parsable <<'JOB'" in text
+    assert "TRAINER_JOB=$(sbatch --parsable --dependency=after:$ENV_JOB <<'JOB'" in text
+    assert "ROLLOUT_JOB=$(sbatch --parsable --dependency=after:$TRAINER_JOB <<'JOB'" in text
+
+
+def test_render_rejects_bad_topology(capsys: pytest.CaptureFixture[str]) -> None:
+    assert launch.main(["--preset", "agentbench-qwen2.5-7b", "--render-sbatch", "cluster.rollout.ranks=3"]) == 2
+    assert "cluster.rollout.ranks: must be a multiple of nodes (2)" in capsys.readouterr().err
+
+
+def test_render_runs_without_torch() -> None:
+    """Login nodes have no torch: rendering must not import it (nor vLLM, nor mpi4py)."""
+    code = ("import sys, runpy; sys.argv=['x','--preset','smoke','--render-sbatch'];"
+            "import jobs.launch as l; l.main(sys.argv[1:]);"
+            "bad=[m for m in ('torch','vllm','mpi4py','submitit') if m in sys.modules]; assert not bad, bad")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("#!/bin/bash")

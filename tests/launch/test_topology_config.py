@@ -1,0 +1,66 @@
+"""The cluster topology in the config: every bad value is refused at load time, naming its field; the
+paper presets load and ask for the GPUs their comments say."""
+from __future__ import annotations
+
+import pytest
+
+from agentrl.config import ConfigError, load_config
+from agentrl.launch import topology
+
+
+@pytest.mark.parametrize("override,field,words", [
+    ("cluster.launcher=ray", "cluster.launcher", "local | slurm"),
+    ("cluster.controller_placement=own", "cluster.controller_placement", "env | trainer"),
+    ("cluster.trainer.gpus_per_node=4", "cluster.trainer.ranks_per_node", "one trainer rank per GPU"),
+    ("cluster.trainer.slurm.time=2h", "cluster.trainer.slurm.time", "not a Slurm time"),
+    ("cluster.rollout.slurm.mem=lots", "cluster.rollout.slurm.mem", "not a Slurm memory size"),
+    ("cluster.env.slurm.partition=a b", "cluster.env.slurm.partition", "spaces"),
+    ("cluster.rollout.gpus_per_node=3", "cluster.rollout.gpus_per_node", "= 1"),
+    ("cluster.rollout.gpu_memory_utilization=1.5", "cluster.rollout.gpu_memory_utilization", "(0, 1]"),
+    ("cluster.rollout.dtype=fp8", "cluster.rollout.dtype", "unknown dtype"),
+    ("cluster.rollout.lagging_prob=2", "cluster.rollout.lagging_prob", "[0, 1]"),
+    ("cluster.rollout.tensor_parallel_size=0", "cluster.rollout.tensor_parallel_size", ">= 1"),
+    ("cluster.env.slots_per_task={nope: 4}", "cluster.env.slots_per_task.nope", "not one of envs.tasks"),
+    ("cluster.env.nodes=2", "envs.workers", "every env node runs a worker"),
+    ("cluster.hetjob=maybe", "cluster.hetjob", "true/false"),
+])
+def test_bad_topology_names_the_field(override: str, field: str, words: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config("smoke", [override])
+    assert str(e.value).startswith(f"{field}:") and words in str(e.value)
+
+
+def test_rollout_gpus_must_match_engines() -> None:
+    cfg = load_config("smoke", ["cluster.rollout.ranks=4", "cluster.rollout.nodes=2", "cluster.rollout.engines_per_rank=3",
+                                "cluster.rollout.lagging_engines_per_rank=1", "cluster.rollout.tensor_parallel_size=2",
+                                "cluster.rollout.gpus_per_node=16"])
+    assert cfg.cluster.rollout.gpus_per_rank == 8  # (3 + 1) engines x 2 GPUs
+    with pytest.raises(ConfigError, match=r"cluster.rollout.gpus_per_node: .* = 16"):
+        load_config("smoke", ["cluster.rollout.ranks=4", "cluster.rollout.nodes=2",
+                              "cluster.rollout.engines_per_rank=3", "cluster.rollout.lagging_engines_per_rank=1",
+                              "cluster.rollout.tensor_parallel_size=2", "cluster.rollout.gpus_per_node=8"])
+
+
+@pytest.mark.parametrize("size,trainer_gpus,rollout_gpus", [
+    ("3b", 8, 8), ("7b", 16, 16), ("14b", 32, 32), ("32b", 64, 32),
+])
+def test_paper_presets(size: str, trainer_gpus: int, rollout_gpus: int) -> None:
+    cfg = load_config(f"agentbench-qwen2.5-{size}")
+    c = cfg.cluster
+    assert cfg.model.path == f"models/Qwen2.5-{size.upper()}-Instruct"
+    assert cfg.envs.tasks == ("os", "db", "kg", "alfworld", "webshop")
+    r, a, t = cfg.rollout, cfg.algo, cfg.trainer
+    assert (r.samples_per_prompt, r.temperature, r.max_turns, r.max_model_len) == (8, 0.8, 20, 8192)
+    assert (t.lr, a.eps_low, a.eps_high, a.dual_clip, a.kl_coef, a.fail_penalty) == (1e-6, 0.2, 0.2, 3.0, 1e-4, -0.2)
+    assert (c.rollout.lagging_prob, c.rollout.lagging_refresh_steps) == (0.25, 25)
+    assert c.trainer.nodes * c.trainer.gpus_per_node == trainer_gpus
+    assert c.rollout.nodes * c.rollout.gpus_per_node == rollout_gpus
+    assert c.rollout.engines_per_rank == 3 * c.rollout.lagging_engines_per_rank  # a quarter of the engines lag
+    plan = topology.plan(cfg)
+    assert [s.ntasks for s in plan.steps] == [1, cfg.envs.workers, c.rollout.ranks, trainer_gpus]
+    assert not plan.needs_model
+
+
+def test_local_default_is_unchanged() -> None:
+    c = load_config("smoke").cluster
+    assert (c.launcher, c.hetjob, c.trainer.world_size, c.rollout.ranks, c.env.nodes) == ("local", True, 1, 1, 1)
