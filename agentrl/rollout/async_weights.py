@@ -94,6 +94,8 @@ class BroadcastWeights:
             bc = WeightBroadcast(store, rank + 1, ranks + 1, timeout_s=timeout_s)
             while True:
                 version, named = bc.receive()
+                if version < 0:  # the trainer's last message: no more weights
+                    return
                 with self._lock:
                     self._latest = (version, named)
         except BaseException as e:  # noqa: BLE001 - the trainer closing the group ends this thread too

@@ -100,6 +100,13 @@ class Publisher:
             ch.notify(self.unannounced)
             self.unannounced = None
 
+    def close(self) -> None:
+        """End the broadcast with an empty message of version -1: receivers leave their loop, so no process
+        exits with a collective pending (gloo aborts the process then)."""
+        self.join()
+        if self.broadcast is not None:
+            self.broadcast.send(-1, [])
+
     def join(self) -> None:
         if self._thread is not None:
             t0 = time.perf_counter()
@@ -183,6 +190,7 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, p: Pipeline, th
         _loop(run_dir, model, opt, sched, ref_model, ws, state, q, ch, publisher, s, h, p, pad_id, monitor, par)
     finally:
         publisher.announce(ch, wait=True)
+        publisher.close()
     late = ch.close(timeout_s=max(s.wait_timeout_s, 60.0))
     left = _count_left(q, late)
     state.stats.update({f"left_at_end/{k}": float(v) for k, v in left.items()})
