@@ -186,11 +186,10 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, p: Pipeline, th
         save_queue(run_dir, q)
     ch = channel_factory(state.policy_version)
     publisher = Publisher(run_dir, broadcast_factory() if p.weights == "broadcast" else None)
-    try:
-        _loop(run_dir, model, opt, sched, ref_model, ws, state, q, ch, publisher, s, h, p, pad_id, monitor, par)
-    finally:
-        publisher.announce(ch, wait=True)
-        publisher.close()
+    # A failure propagates as it is (under `python -m mpi4py` it aborts the world): nothing to announce then.
+    _loop(run_dir, model, opt, sched, ref_model, ws, state, q, ch, publisher, s, h, p, pad_id, monitor, par)
+    publisher.announce(ch, wait=True)  # the last version before the stop: rollout rank 0 evaluates it
+    publisher.close()
     late = ch.close(timeout_s=max(s.wait_timeout_s, 60.0))
     left = _count_left(q, late)
     state.stats.update({f"left_at_end/{k}": float(v) for k, v in left.items()})
