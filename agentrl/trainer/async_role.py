@@ -220,8 +220,10 @@ def _loop(run_dir: Path, model: torch.nn.Module, opt: Any, sched: Any, ref_model
         stale = [trajectory_staleness(t, state.policy_version) for t in trajs]
         usable, rewards, counts = select_training_data(trajs, state.policy_version, s)
         stats: dict[str, float] = {}
-        if ws is not None and s.update == "sft":
+        if ws is not None and s.update == "sft":  # the control run: imitation instead of RL
             stats = ws.step()
+            counts["dropped_control"] = len(usable)  # the rollout's episodes are left out, and counted
+            usable = []
         elif usable:
             model.train()
             stats = rl_step(model, opt, collate(usable, rewards, pad_id), h, ref_model, par)

@@ -225,6 +225,8 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, threads: int, m
         stats: dict[str, float] = {}
         if ws is not None and s.update == "sft":  # the control run: imitation instead of RL, same number of updates
             stats = ws.step()
+            counts["dropped_control"] = len(usable)  # the rollout's episodes are left out, and counted
+            usable = []
         elif usable:
             batch = collate(usable, rewards, pad_id)
             model.train()
