@@ -48,7 +48,8 @@ def _run_world(run_dir: Path, model_dir: Path, extra: list[str], broadcast: bool
            ":", "-n", "1", sys.executable, "-m", "mpi4py", str(HERE / "async_scripted_rollout.py"), str(run_dir),
            str(STEPS), *(["broadcast"] if broadcast else [])]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          env={**os.environ, "OMP_NUM_THREADS": "1",  # the script imports tests and jobs
+                               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
 
 
 def test_max_staleness_zero_without_in_flight_updates_is_the_synchronous_update(tmp_path: Path,
