@@ -105,12 +105,10 @@ def _rl_checkpoints(run_dir: Path) -> list[int]:
 
 def account(run_dir: Path) -> dict[str, Any]:
     """Reconcile what the rollout produced (its shards) with what the trainer trained or excluded."""
-    from agentrl.transport.shards import ShardReader
+    from agentrl.transport.shards import ShardReader, read_shard
 
     produced_ids: list[str] = []
     for path in ShardReader(run_dir / "shards" / "rollout-0").available():
-        from agentrl.transport.shards import read_shard
-
         produced_ids += [t.traj_id for t in read_shard(path)]
     trainer = json.loads((run_dir / "report" / "trainer.json").read_text())
     trained = int(trainer.get("trajectories_trained", 0))

@@ -251,7 +251,7 @@ async def _final_report(client: Any, engine: Any, tok: Any, plan: role.Plan, rep
     """Evaluate the final weights and write report/summary.json (the synchronous role's format)."""
     version = engine.version
     after, task_after = await role.evaluate(client, engine, tok, plan, version, report, monitor)
-    trainer_report = role._read_json(report / "trainer.json")
+    trainer_report = role.read_json(report / "trainer.json")
     summary: dict[str, Any] = {
         "schedule": "async", "success_before_rl": before["eval/success"], "success_after_rl": after["eval/success"],
         "eval_episodes": int(after["eval/episodes"]), "env_errors": int(after["eval/env_errors"]),

@@ -11,6 +11,7 @@ number of times and otherwise kept as `env_error` trajectories, which the traine
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import random
@@ -128,7 +129,7 @@ async def collect_step(client: Any, engine: Engine, tok: Any, reqs: list[tuple[s
     retry = plan.retry
     deadline = time.monotonic() + retry.capacity_wait_s
     total_retries = 0
-    for attempt in range(10**6):
+    for attempt in itertools.count():
         trajs, retries = await collect(client, engine, tok, reqs, sampling, plan.limits, plan.concurrency, retry)
         total_retries += retries
         if any(not t.status.is_infra for t in trajs):
@@ -243,7 +244,7 @@ async def _rl_loop(run_dir: Path, client: Any, tok: Any, engine: Any, path: Path
         await engine.load_weights(lambda p=path: weights_io.iter_weights(p), step + 1)
 
     after, task_after = await evaluate(client, engine, tok, plan, plan.steps, report, monitor)
-    trainer_report = _read_json(report / "trainer.json")
+    trainer_report = read_json(report / "trainer.json")
     summary: dict[str, Any] = {
         "success_before_rl": before["eval/success"], "success_after_rl": after["eval/success"],
         "eval_episodes": int(after["eval/episodes"]), "env_errors": int(after["eval/env_errors"]),
@@ -265,7 +266,8 @@ async def _rl_loop(run_dir: Path, client: Any, tok: Any, engine: Any, path: Path
     return summary
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`, or {} if it is missing or unreadable (a report another role may not have written)."""
     try:
         return dict(json.loads(path.read_text()))
     except (OSError, ValueError):
