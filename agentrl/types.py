@@ -92,6 +92,11 @@ class Trajectory:
         v = self.policy_version[self.loss_mask.astype(bool)]
         return int(v.min()) if len(v) else -1
 
+    def newest_version(self) -> int:
+        """The newest policy version that sampled an action token (-1 if there is none)."""
+        v = self.policy_version[self.loss_mask.astype(bool)]
+        return int(v.max()) if len(v) else -1
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "traj_id": self.traj_id, "task": self.task, "index": self.index, "group_id": self.group_id,

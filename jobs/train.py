@@ -6,7 +6,11 @@ processes — warm start, then RL, with held-out success reported before and aft
     python -m jobs.train --preset smoke --name mytest           # seconds-scale run used by the tests
     python -m jobs.train --preset smoke cluster.schedule=async cluster.rollout.ranks=2   # the asynchronous pipeline
 
-Runs go to runs/<name>/ (config.yaml, rendezvous.json, logs/, tb/, shards/, weights/, report/). Under
+Runs go to runs/<name>/ (config.yaml, rendezvous.json, logs/, tb/, shards/, weights/, report/). Running
+the same command again on an unfinished run continues it (asynchronous schedule: from the trainer's newest
+checkpoint, the rollout shards drained first); on a finished one it prints the summary; --fresh replaces
+it. Under the asynchronous schedule a pipeline that dies mid-run (a killed rank ends the MPI world) is
+started again, resuming the same way, up to cluster.max_restarts times. Under
 Slurm the same role entry points run as srun steps of one heterogeneous job: `python -m jobs.launch
 --preset P cluster.launcher=slurm` submits it through submitit, `--render-sbatch` prints it (docs/slurm.md).
 """
@@ -18,9 +22,11 @@ import shutil
 import signal
 import sys
 import time
+from pathlib import Path
 
-from agentrl.config import ConfigError, dump_config, load_config
-from agentrl.launch.local import PIPELINE, LocalLauncher, start_async_run, start_run
+from agentrl.config import ConfigError, RunConfig, dump_config, load_config, to_dict
+from agentrl.launch import rendezvous
+from agentrl.launch.local import PIPELINE, PIPELINE_KEYS, LocalLauncher, start_async_run, start_run
 from agentrl.monitor.eval_summary import summary_lines
 
 
@@ -37,10 +43,41 @@ def _stop_on_signal(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def _flat(d: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+# Fields a continued run may change: more steps extend it; how long roles may wait, and restarts, are the
+# operator's business. Anything else would make the second half a different experiment.
+RESUME_MAY_CHANGE = ("trainer.steps", "cluster.role_timeout_s", "cluster.max_restarts")
+
+
+def resume_check(run_dir: Path, cfg: RunConfig) -> str | None:
+    """Why the run in `run_dir` cannot be continued with `cfg` (None: it can)."""
+    if cfg.cluster.schedule != "async":
+        return ("continuing a run needs cluster.schedule=async (the synchronous schedule restarts from "
+                "scratch)")
+    old = _flat(to_dict(load_config(str(run_dir / "config.yaml"))))
+    new = _flat(to_dict(cfg))
+    if old.get("cluster.schedule") != "async":
+        return "the run was started on the synchronous schedule, which cannot be continued"
+    diff = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k not in RESUME_MAY_CHANGE)
+    if diff:
+        return "its config differs in " + ", ".join(f"{k} ({old.get(k)!r} -> {new.get(k)!r})" for k in diff[:8])
+    return None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="demo", help="a preset name (agentrl/presets) or a YAML path")
     ap.add_argument("--name", help="run name (default: the preset's)")
+    ap.add_argument("--fresh", action="store_true", help="replace an existing run of the same name")
     ap.add_argument("overrides", nargs="*", help="section.field=value, e.g. trainer.lr=1e-5")
     args = ap.parse_args()
     overrides = list(args.overrides) + ([f"name={args.name}"] if args.name else [])
@@ -55,11 +92,27 @@ def main() -> int:
         return 2
 
     run_dir = cfg.run_dir.resolve()
-    if (run_dir / "config.yaml").exists():
+    resuming = (run_dir / "config.yaml").exists() and not args.fresh
+    if resuming:
+        finished = run_dir / "report" / "summary.json"
+        if finished.exists():
+            summary = json.loads(finished.read_text())
+            print(f"the run in {run_dir} is finished (--fresh starts it again):")
+            _print_summary(summary, run_dir)
+            return 0
+        why = resume_check(run_dir, cfg)
+        if why:
+            print(f"cannot continue the run in {run_dir}: {why}. Rerun with the options it was started "
+                  f"with, or pass --fresh to replace it.", file=sys.stderr)
+            return 2
+        print(f"continuing the run in {run_dir}")
+        (run_dir / rendezvous.FILENAME).unlink(missing_ok=True)  # every role starts again: no stale address
+    elif (run_dir / "config.yaml").exists():
         print(f"replacing the earlier run in {run_dir}")
         shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run_dir / "config.yaml")
+    build_model = not cfg.model.path and not (run_dir / "model" / "config.json").exists()
     t0 = time.time()
     launcher = LocalLauncher(run_dir)
     # SIGTERM (Slurm's, a scheduler's, kill) and SIGINT end the run through `finally`: every role is stopped
@@ -68,14 +121,19 @@ def main() -> int:
     timeout = cfg.cluster.role_timeout_s
     try:
         if cfg.cluster.schedule == "async":  # trainer + rollout ranks as one MPI world (docs/pipeline.md)
-            start_async_run(launcher, cfg.envs.workers, not cfg.model.path, cfg.cluster.rollout.ranks,
+            start_async_run(launcher, cfg.envs.workers, build_model, cfg.cluster.rollout.ranks,
                             cfg.cluster.engine_threads, echo=echo)
-            ends = [PIPELINE]
+            ends, restartable = [PIPELINE], ("env_worker-", PIPELINE)
         else:
-            start_run(launcher, cfg.envs.workers, build_model=not cfg.model.path, echo=echo)
-            ends = ["trainer", "rollout"]
-        failed = launcher.watch(ends, timeout, echo, restartable=("env_worker-",),
-                                max_restarts=cfg.cluster.max_restarts)
+            start_run(launcher, cfg.envs.workers, build_model=build_model, echo=echo)
+            ends, restartable = ["trainer", "rollout"], ("env_worker-",)
+
+        def before_restart(name: str) -> None:
+            if name == PIPELINE:  # its trainer's addresses die with it; the new one publishes its own
+                rendezvous.remove(run_dir, *PIPELINE_KEYS)
+
+        failed = launcher.watch(ends, timeout, echo, restartable=restartable, max_restarts=cfg.cluster.max_restarts,
+                                before_restart=before_restart)
         if failed:
             print(launcher.failure_report(failed), file=sys.stderr)
             return 1
@@ -84,17 +142,23 @@ def main() -> int:
 
     summary = json.loads((run_dir / "report" / "summary.json").read_text())
     summary["wall_s"] = round(time.time() - t0, 1)
+    summary["continued"] = resuming
+    summary["pipeline_restarts"] = launcher.roles[PIPELINE].restarts if PIPELINE in launcher.roles else 0
     (run_dir / "report" / "summary.json").write_text(json.dumps(summary, indent=2))
+    _print_summary(summary, run_dir)
+    return 0
+
+
+def _print_summary(summary: dict, run_dir: Path) -> None:
     sampled = ""
     if "sampled_success_before_rl" in summary:
         sampled = (f"; sampled at the rollout temperature {summary['sampled_success_before_rl']:.3f} -> "
                    f"{summary['sampled_success_after_rl']:.3f} ({summary['sampled_eval_episodes']} episodes/eval)")
     print(f"summary: held-out success (greedy) {summary['success_before_rl']:.3f} after warm start -> "
           f"{summary['success_after_rl']:.3f} after {summary['rl_steps']} RL steps "
-          f"({summary['eval_episodes']} episodes/eval){sampled}; {summary['wall_s']:.0f}s, run dir {run_dir}")
+          f"({summary['eval_episodes']} episodes/eval){sampled}; {summary.get('wall_s', 0):.0f}s, run dir {run_dir}")
     for line in summary_lines(summary):
         print(line)
-    return 0
 
 
 if __name__ == "__main__":

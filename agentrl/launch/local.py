@@ -70,13 +70,15 @@ class LocalLauncher:
             raise RuntimeError(self.failure_report(failed))
 
     def watch(self, names: list[str], timeout_s: float, echo: Callable[[str, str], None] | None = None,
-              poll_s: float = 0.5, restartable: tuple[str, ...] = (), max_restarts: int = 0) -> str | None:
+              poll_s: float = 0.5, restartable: tuple[str, ...] = (), max_restarts: int = 0,
+              before_restart: Callable[[str], None] | None = None) -> str | None:
         """Wait until every role in `names` exited 0. Returns the name of a role that failed (any
         started role exiting non-zero counts), or raises TimeoutError.
 
         A role whose name starts with one of `restartable` (e.g. "env_worker-") is started again when it
         exits, at most `max_restarts` times each, and the run goes on (the controller routes around it
-        meanwhile); past that it counts as failed."""
+        meanwhile); past that it counts as failed. `before_restart(name)` runs first (e.g. to clear the
+        dead role's addresses from rendezvous.json)."""
         deadline = time.monotonic() + timeout_s
         while True:
             if echo:
@@ -89,6 +91,8 @@ class LocalLauncher:
                 if role.name.startswith(restartable) and restartable and role.restarts < max_restarts:
                     print(f"[  launcher] {role.name} exited with {rc}; restarting it "
                           f"({role.restarts + 1} of {max_restarts})", file=sys.stderr, flush=True)
+                    if before_restart is not None:
+                        before_restart(role.name)
                     self.restart(role.name)
                 elif rc != 0:
                     return role.name
@@ -151,6 +155,9 @@ def start_services(launcher: LocalLauncher, workers: int, build_model: bool,
 
 
 PIPELINE = "pipeline"  # the role name of the asynchronous schedule's MPI world (trainer + rollout ranks)
+PIPELINE_KEYS = ("mpi_port", "weights_store")
+"""rendezvous.json keys the pipeline's trainer publishes (its MPI port, the weight broadcast's store): cleared
+before the pipeline restarts (tests check they are `mpi_channel.PORT_KEY` and `async_weights.STORE_KEY`)."""
 
 
 def mpiexec() -> str:

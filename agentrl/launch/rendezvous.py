@@ -28,12 +28,23 @@ def publish(run_dir: str | Path, **entries: Any) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     data = read(run_dir)
     data.update(entries)
+    _write(run_dir, data)
+
+
+def _write(run_dir: Path, data: dict[str, Any]) -> None:
     fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".rendezvous.")
     with os.fdopen(fd, "w") as f:
         json.dump(data, f, indent=2)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, run_dir / FILENAME)
+
+
+def remove(run_dir: str | Path, *keys: str) -> None:
+    """Drop `keys` (addresses of a role that is being restarted: nobody may reach for the dead one)."""
+    data = read(run_dir)
+    if any(k in data for k in keys):
+        _write(Path(run_dir), {k: v for k, v in data.items() if k not in keys})
 
 
 def wait_for(run_dir: str | Path, key: str, timeout_s: float = 120.0, poll_s: float = 0.05) -> Any:

@@ -7,6 +7,8 @@ This module knows nothing of tasks or chat formats; the caller passes the specia
 """
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -92,19 +94,26 @@ def init_copy_heads(model: Qwen2ForCausalLM, scale: float) -> None:
 def save(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, out_dir: str | Path,
          probe: str | None = None) -> Path:
     """Save in Hugging Face format; if `probe` text is given, check the directory's tokenizer as
-    transformers (and so vLLM) will load it splits `probe` into the same ids as `tokenizer` does."""
+    transformers (and so vLLM) will load it splits `probe` into the same ids as `tokenizer` does.
+    The directory appears whole or not at all (written aside, then renamed): a run continued after a crash
+    finds either a complete model or none."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    tmp = out.with_name(f".tmp-{out.name}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
     if probe is not None:
         from transformers import AutoTokenizer
 
-        loaded = AutoTokenizer.from_pretrained(str(out))
+        loaded = AutoTokenizer.from_pretrained(str(tmp))
         want, got = tokenizer.encode(probe), loaded.encode(probe)
         if want != got:
             raise RuntimeError(f"the saved tokenizer loads as {type(loaded).__name__} and splits text differently "
                                f"({len(got)} ids instead of {len(want)}); tokens would not match training")
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
     return out
 
 

@@ -8,7 +8,13 @@ ranks that keep `concurrency` episodes running and never wait for the trainer, e
         finished trajectories → shards/rollout-<rank>/<seq>.h5 (durable first) → MPI to the trainer
 
 Every action token keeps the version (and engine id) that sampled it, so a trajectory whose episode spans a
-swap carries two versions, and staleness is exact per trajectory. The episode and evaluation code is the
+swap carries two versions, and staleness is exact per trajectory.
+
+A restarted rank (the MPI world restarted by the launcher, or `python -m jobs.train` on an existing run
+dir) resumes: rank 0 keeps the expert demonstrations and the before-RL evaluation already written, the
+weights come from the trainer's notice (the version it resumed at), shard numbering goes on, and group ids
+carry the rank's incarnation (`shards/rollout-<rank>/incarnation`), so no group of an earlier life is
+ever mixed with a new one. The episode and evaluation code is the
 synchronous role's (`agentrl.rollout.role`); only the schedule is here.
 """
 from __future__ import annotations
@@ -28,7 +34,7 @@ from agentrl.monitor.rollout_stats import rollout_metrics
 from agentrl.rollout import role
 from agentrl.rollout.async_weights import WeightSource
 from agentrl.rollout.engine import ExpertEngine, SamplingConfig
-from agentrl.transport.shards import ShardWriter, shard_dir
+from agentrl.transport.shards import ShardReader, ShardWriter, shard_dir
 from agentrl.types import Trajectory
 
 log = logging.getLogger("agentrl.rollout")
@@ -50,8 +56,26 @@ class AsyncPlan:
         return total // self.ranks + (self.rank < total % self.ranks)
 
 
+BEFORE_FILE = "before_rl.json"  # report/: rank 0's evaluation of the first weights, reused by a restarted rank
+
+
+def next_incarnation(directory: Path) -> int:
+    """How many times this rank started before in this run (0 the first time), counted in `directory`."""
+    path = directory / "incarnation"
+    n = int(path.read_text()) + 1 if path.exists() else 0
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(str(n))
+    tmp.replace(path)
+    return n
+
+
 async def expert_demos(run_dir: Path, client: Any, tok: Any, plan: role.Plan, monitor) -> None:
-    """The scripted expert's train-split episodes for the warm start (as the synchronous role writes them)."""
+    """The scripted expert's train-split episodes for the warm start (as the synchronous role writes them).
+    Written once per run: a restarted rank finds them and moves on."""
+    if ShardReader(run_dir / "shards" / "expert-0").available():
+        log.info("expert: demonstrations already written (a resumed run)")
+        return
     rng = random.Random(plan.seed)
     sampling = SamplingConfig(plan.limits.max_new_tokens, plan.temperature, plan.top_p, role.stop_ids(tok))
     reqs = []
@@ -74,7 +98,9 @@ class Pipeline:
         self.ch, self.weights, self.monitor = channel, weights, monitor
         self.sampling = SamplingConfig(plan.limits.max_new_tokens, plan.temperature, plan.top_p, role.stop_ids(tok))
         self.writer = ShardWriter(shard_dir(run_dir, "rollout", ap.rank))
-        self.rng = random.Random(plan.seed * 1000 + ap.rank)
+        self.incarnation = next_incarnation(shard_dir(run_dir, "rollout", ap.rank))
+        self.base_version = engine.version  # the version this life of the rank started on
+        self.rng = random.Random((plan.seed * 1000 + ap.rank) * 1000 + self.incarnation)
         self.per_step = ap.groups_per_step(plan)
         if self.per_step < 1:  # it would never start an episode
             total = plan.prompts_per_step * len(plan.tasks)
@@ -90,14 +116,15 @@ class Pipeline:
         self._swap: asyncio.Task[None] | None = None
 
     def _admit_limit(self) -> int:
-        """Groups this rank may have started: AReaL's bound, with the version that will sample them."""
-        return (self.ap.max_staleness + self.engine.version + 1) * self.per_step
+        """Groups this rank may have started: AReaL's bound, with the version that will sample them (counted
+        from the version this life of the rank began on)."""
+        return (self.ap.max_staleness + self.engine.version - self.base_version + 1) * self.per_step
 
     def _start_group(self, train_idx: dict[str, list[str]]) -> None:
         k = self.started_groups
         task = self.plan.tasks[k % len(self.plan.tasks)]
         index = self.rng.choice(train_idx[task])
-        group = f"r{self.ap.rank}-g{k}-{task}-{index}"
+        group = f"r{self.ap.rank}i{self.incarnation}-g{k}-{task}-{index}"
         for _ in range(self.plan.samples_per_prompt):
             self._start_episode((task, index, group))
         self.started_groups += 1
@@ -220,12 +247,7 @@ async def run(run_dir: Path, client: Any, tok: Any, make_engine: Callable[[], An
         report = run_dir / "report"
         evaluating = ap.evaluate and ap.rank == 0
         if evaluating:
-            before, task_before = await role.evaluate(client, engine, tok, plan, engine.version, report, monitor)
-            sampled_before = None
-            if plan.eval_sampled:
-                m, sampled_before = await role.evaluate(client, engine, tok, plan, engine.version, report, monitor,
-                                                        sampled=True)
-                before.update(m)
+            before, task_before, sampled_before = await _before_rl(client, engine, tok, plan, report, monitor)
         train_idx = {t: await client.indices(t, "train") for t in plan.tasks}
         pipe = Pipeline(run_dir, client, tok, engine, plan, ap, ch, weights, monitor)
         await pipe.run(train_idx, min(plan.poll_s, 0.02))
@@ -244,6 +266,28 @@ async def run(run_dir: Path, client: Any, tok: Any, make_engine: Callable[[], An
     finally:
         weights.close()
         engine.close()
+
+
+async def _before_rl(client: Any, engine: Any, tok: Any, plan: role.Plan, report: Path, monitor
+                     ) -> tuple[dict[str, float], dict[str, Any], Any]:
+    """Evaluate the first weights (greedy, and sampled if configured), once per run: a restarted rank 0 reads
+    what its earlier life measured (the weights it would evaluate now are already trained)."""
+    path = report / BEFORE_FILE
+    if path.exists():
+        saved = json.loads(path.read_text())
+        log.info("before-RL evaluation of v%d read from %s (a resumed run)", saved["version"], path)
+        return saved["before"], saved["task_before"], saved["sampled_before"]
+    before, task_before = await role.evaluate(client, engine, tok, plan, engine.version, report, monitor)
+    sampled_before = None
+    if plan.eval_sampled:
+        m, sampled_before = await role.evaluate(client, engine, tok, plan, engine.version, report, monitor,
+                                                sampled=True)
+        before.update(m)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"version": engine.version, "before": before, "task_before": task_before,
+                               "sampled_before": sampled_before}))
+    tmp.replace(path)
+    return before, task_before, sampled_before
 
 
 async def _final_report(client: Any, engine: Any, tok: Any, plan: role.Plan, report: Path, monitor,

@@ -176,9 +176,10 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, p: Pipeline, th
         if (resume / QUEUE_FILE).exists():
             q.load_state_dict(json.loads((resume / QUEUE_FILE).read_text()))
         q.set_version(state.policy_version)
+        discarded = weights_io.discard_newer(run_dir, state.policy_version)
         drained = drain_shards(run_dir, q)
-        log.info("resumed from %s: step %d, policy v%d; drained the shards: %d held again, %s", resume,
-                 state.step, state.policy_version, q.depth, dict(drained))
+        log.info("resumed from %s: step %d, policy v%d (weights %s discarded); drained the shards: %d held "
+                 "again, %s", resume, state.step, state.policy_version, discarded or "none", q.depth, dict(drained))
     if weights_io.latest_version(run_dir) < state.policy_version or resume is None:
         weights_io.publish(run_dir, state.policy_version, model.state_dict())
     if resume is None and s.checkpoint_every:

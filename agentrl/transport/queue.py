@@ -17,6 +17,8 @@ accounts for every trajectory:
                            arrived; members arriving later for that group are counted the same.
     late                   a member of a group already released to training (a retry that lost a race).
     duplicate              a traj_id seen before (MPI delivery and a shard drain after a restart).
+    orphaned               sampled by a version newer than the trainer's: weights published after the
+                           checkpoint a restarted trainer resumed from, so that lineage no longer exists.
 
 Bounded: the caller stops receiving while `full` (depth ≥ capacity), which leaves data in MPI and the
 shards: back-pressure, not loss. `put` itself never refuses, so the overshoot is one receive.
@@ -32,7 +34,7 @@ from typing import Any
 
 from agentrl.types import Status, Trajectory
 
-EXCLUSION_REASONS = ("stale", "env_error", "cancelled", "group_timeout", "late", "duplicate")
+EXCLUSION_REASONS = ("stale", "env_error", "cancelled", "group_timeout", "late", "orphaned", "duplicate")
 
 
 def trajectory_staleness(traj: Trajectory, version: int) -> int:
@@ -76,7 +78,7 @@ class TrajectoryQueue:
         self._consumed: set[str] = set()  # traj ids released to training
         self._excluded: dict[str, str] = {}  # traj id → reason
         self._shrunk: set[str] = set()  # excluded ids whose group has shrunk for them (not checkpointed)
-        self._shrinking = {"stale", *(("env_error", "cancelled") if shrink_on_infra else ())}
+        self._shrinking = {"stale", "orphaned", *(("env_error", "cancelled") if shrink_on_infra else ())}
         self.counts: Counter[str] = Counter()  # reasons, plus "accepted" and "consumed"
 
     # -- arrival -------------------------------------------------------------------------------------
@@ -100,6 +102,10 @@ class TrajectoryQueue:
                 self._shrunk.add(tid)
                 self._shrink(traj.group_id, 1)
             return self._exclude(traj, "env_error" if traj.status is Status.ENV_ERROR else "cancelled")
+        if traj.newest_version() > self.version:
+            self._shrunk.add(tid)
+            self._shrink(traj.group_id, 1)
+            return self._exclude(traj, "orphaned")
         if self.max_staleness is not None and trajectory_staleness(traj, self.version) > self.max_staleness:
             self._shrunk.add(tid)
             self._shrink(traj.group_id, 1)  # its siblings are as old: waiting for a replacement is futile

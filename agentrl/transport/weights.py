@@ -69,6 +69,21 @@ def latest_version(run_dir: str | Path) -> int:
     return max(versions, default=-1)
 
 
+def discard_newer(run_dir: str | Path, version: int) -> list[int]:
+    """Remove weights newer than `version` (a trainer resuming from an older checkpoint: those versions'
+    lineage is gone, and no engine may load them again). Returns the versions removed."""
+    d = Path(run_dir) / "weights"
+    gone = sorted(int(p.name[1:]) for p in d.glob("v*") if p.name[1:].isdigit() and int(p.name[1:]) > version) \
+        if d.exists() else []
+    for v in gone:
+        aside = d / f".discard-v{v}-{os.getpid()}"
+        os.replace(version_dir(run_dir, v), aside)  # gone from `latest_version` at once, then deleted
+        shutil.rmtree(aside, ignore_errors=True)
+    if gone:
+        fsync_dir(d)
+    return gone
+
+
 def wait_for(run_dir: str | Path, version: int, timeout_s: float, poll_s: float = 0.05) -> Path:
     path = version_dir(run_dir, version)
     deadline = time.monotonic() + timeout_s

@@ -160,3 +160,14 @@ def test_every_trajectory_accounted_for_once(seed: int) -> None:
         assert q.counts[reason] == sum(r == reason for r in state["excluded"].values()), reason
     assert q.counts["duplicate"] == 15
     assert min(q.counts[r] for r in ("consumed", "stale", "env_error", "cancelled", "group_timeout")) > 0
+
+
+def test_trajectories_of_a_discarded_lineage_are_orphaned() -> None:
+    """A trainer resumed at v5 drains shards holding tokens of v6 (published after its checkpoint, then
+    discarded): those are excluded as orphaned and their group shrinks; older ones are held as usual."""
+    q, _ = queue(version=5)
+    assert q.put(traj("a", "G", (5, 6))) == "orphaned"
+    assert q.put(traj("b", "G", (4,))) is None
+    assert q.counts["orphaned"] == 1 and q.state_dict()["excluded"] == {"a": "orphaned"}
+    assert ids(q.take(1, 1)) == [["b"]]  # the group shrank to the one member it can still have
+    assert q.put(traj("a", "G", (5, 6))) == "duplicate"  # and a second drain does not count it again

@@ -42,3 +42,15 @@ def test_no_partial_version_is_visible(tmp_path: Path, monkeypatch: pytest.Monke
         weights.publish(tmp_path, 1, _state())
     assert weights.latest_version(tmp_path) == -1
     assert list((tmp_path / "weights").iterdir()) == []  # the temp dir is cleaned up too
+
+
+def test_discard_newer_removes_a_lost_lineage(tmp_path: Path) -> None:
+    state = {"w": torch.zeros(2)}
+    for v in range(5):
+        weights.publish(tmp_path, v, {"w": torch.full((2,), float(v))}, keep_last=10)
+    assert weights.discard_newer(tmp_path, 2) == [3, 4]
+    assert weights.latest_version(tmp_path) == 2
+    assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v0", "v1", "v2"]  # nothing left aside
+    assert weights.discard_newer(tmp_path, 2) == []
+    weights.publish(tmp_path, 3, state)  # the resumed trainer's own v3
+    assert dict(weights.iter_weights(weights.version_dir(tmp_path, 3)))["w"].sum() == 0

@@ -1,0 +1,52 @@
+"""The pieces a continued run relies on, without starting one (tests/e2e/test_async_resume.py does that):
+which runs may be continued with which options, the rendezvous keys cleared before the pipeline restarts,
+and the rollout rank's incarnation counter."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from agentrl.config import dump_config, load_config
+from agentrl.launch import rendezvous
+from agentrl.launch.local import PIPELINE_KEYS
+from agentrl.rollout.async_role import next_incarnation
+from agentrl.rollout.async_weights import STORE_KEY
+from agentrl.transport.mpi_channel import PORT_KEY
+from jobs.train import resume_check
+
+
+def _run(tmp_path: Path, *overrides: str) -> Path:
+    dump_config(load_config("smoke", list(overrides)), tmp_path / "config.yaml")
+    return tmp_path
+
+
+def test_resume_check_names_what_differs(tmp_path: Path) -> None:
+    run = _run(tmp_path, "cluster.schedule=async", "trainer.lr=1e-5")
+    same = load_config("smoke", ["cluster.schedule=async", "trainer.lr=1e-5"])
+    assert resume_check(run, same) is None
+    longer = load_config("smoke", ["cluster.schedule=async", "trainer.lr=1e-5", "trainer.steps=50"])
+    assert resume_check(run, longer) is None  # more steps extend the run
+    other = load_config("smoke", ["cluster.schedule=async", "trainer.lr=2e-5", "seed=3"])
+    why = resume_check(run, other)
+    assert why is not None and "trainer.lr" in why and "seed" in why and "trainer.steps" not in why
+
+
+def test_resume_check_refuses_the_synchronous_schedule(tmp_path: Path) -> None:
+    run = _run(tmp_path)
+    why = resume_check(run, load_config("smoke"))
+    assert why is not None and "cluster.schedule=async" in why
+    assert "synchronous" in (resume_check(run, load_config("smoke", ["cluster.schedule=async"])) or "")
+
+
+def test_pipeline_keys_are_the_ones_the_pipeline_publishes(tmp_path: Path) -> None:
+    assert set(PIPELINE_KEYS) == {PORT_KEY, STORE_KEY}
+    rendezvous.publish(tmp_path, controller_url="http://x", **{k: {"port": 1} for k in PIPELINE_KEYS})
+    rendezvous.remove(tmp_path, *PIPELINE_KEYS)
+    assert rendezvous.read(tmp_path) == {"controller_url": "http://x"}
+    rendezvous.remove(tmp_path, "absent")  # nothing to do
+    assert rendezvous.read(tmp_path) == {"controller_url": "http://x"}
+
+
+def test_incarnations_count_up_per_directory(tmp_path: Path) -> None:
+    assert [next_incarnation(tmp_path / "r0") for _ in range(3)] == [0, 1, 2]
+    assert next_incarnation(tmp_path / "r1") == 0
+    assert (tmp_path / "r0" / "incarnation").read_text() == "2"
