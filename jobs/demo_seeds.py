@@ -26,7 +26,7 @@ from typing import Any
 
 def run_demo(root: Path, seed: int, threads: int, control: bool, extra: list[str]) -> dict[str, Any]:
     name = f"s{seed}-t{threads}" + ("-control" if control else "")
-    cmd = [sys.executable, "-m", "jobs.train", "--preset", "demo", "--name", name, f"run_root={root}",
+    cmd = [sys.executable, "-m", "jobs.train", "--preset", "demo", "--name", name, "--fresh", f"run_root={root}",
            f"seed={seed}", f"trainer.threads={threads}", *(["trainer.update=sft"] if control else []), *extra]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
