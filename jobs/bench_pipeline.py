@@ -43,7 +43,8 @@ def run_schedule(root: Path, name: str, extra: list[str], timeout_s: float = 900
     """`jobs.train` for one schedule; returns the step completion times and the run's reports."""
     run_dir = root / name
     shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [sys.executable, "-m", "jobs.train", "--preset", "smoke", "--name", name, "--fresh", f"run_root={root}", *extra]
+    cmd = [sys.executable, "-m", "jobs.train", "--preset", "smoke", "--name", name, "--fresh", f"run_root={root}",
+           *extra]
     log = open(root / f"{name}.out", "w")
     t_launch = time.time()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
