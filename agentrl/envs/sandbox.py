@@ -25,11 +25,15 @@ site configuration, `alternatives`) stay read-only. `/dev/shm` is a tmpfs of its
 `/dev` is read-only. Resource limits (processes, memory, file size, open files, CPU time) are set
 by the driver for the whole sandbox; if one cannot be set the session does not start. RLIMIT_NPROC
 counts the processes of the sandbox's own user namespace, so a fork bomb exhausts its own session;
-the kernel never applies it to the host's root, so a worker running as root starts bubblewrap as an
-unprivileged uid (`SandboxConfig.host_uid`, default 65534).
+the kernel never applies it to the host's root, so a root worker's sandboxes run as unprivileged
+host uids (`uid_base`..., or `host_uid` with one id).
 
-Known limits: only uid 0 exists inside a bubblewrap sandbox (`chown` to another user fails);
-Apptainer's `--fakeroot` maps a range. Not here: task logic (`agentrl.envs.tasks.os_task`).
+User ids: a root worker maps `uid_count` ids (host uids from `uid_base`) into each bubblewrap sandbox
+through `sandbox_userns.py`, which also bars further user namespaces and keeps one process budget for
+all of them; root there has Docker's default capabilities (`DOCKER_CAPS`), nothing more in its bounding
+set. A worker that is not root gets bubblewrap's own namespace: uid 0 only, without capabilities
+(`chown` to another user fails). Apptainer's `--fakeroot` maps a range. Not here: task logic
+(`agentrl.envs.tasks.os_task`).
 """
 from __future__ import annotations
 
