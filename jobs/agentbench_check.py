@@ -12,7 +12,11 @@ faithful protocol) and replays, through `Session` as the env worker would:
   * os: the task's scripted expert (its example scripts), through the public Task API only.
 Each failure is classified: "data defect" (the sample cannot pass in AgentBench-FC's own setup either,
 with the evidence shown), "needs the network" (the sample installs or downloads), or "our defect"
-(everything else: a difference of ours to fix). Prints one line per (task, split) and the failures with
+(everything else: a difference of ours to fix). For os the class comes from the episode itself: its
+`setup_failed` metric and last observation (a setup that printed a name-resolution or fetch failure
+needs the network; any other failed setup is a sandbox limit of ours), the expert's example script
+(`apt`, `curl`, ... needs the network), and for an example that counts processes a replay with the
+answer one higher (`_counts_its_grader`). Prints one line per (task, split) and the failures with
 their evidence; `--out` writes {task: {split: {passed, total, failures: {class: [ids]}}}} (plus the
 evidence under "details").
 """
@@ -28,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.envs.api import EnvError, Session, Task
-from agentrl.envs.expert import play
 from agentrl.envs.tasks import get_task
 from agentrl.envs.tasks.db import MODIFY, DbSample, DbTask, answers_match
 from agentrl.envs.tasks.shared import call_message
@@ -125,31 +128,95 @@ def _address(task: DbTask) -> str:
 
 # --------------------------------------------------------------------------------------------- os
 
+NETWORK_ERRORS = re.compile(r"Temporary failure resolving|Could not resolve|Network is unreachable|Failed to fetch|"
+                            r"Method http has died|Could not connect|Name or service not known|"
+                            r"index files failed to download")
+"""What a setup script that needed the network prints here (the sandbox has a loopback only)."""
+COUNTS_PROCESSES = re.compile(r"\bps\b")
+
+
 def replay_os(task: Task, index: str) -> Outcome:
-    """The os task's scripted expert on one sample, through the public Task API."""
-    reward, status, _ = play(task, index)
-    if status == Status.COMPLETED and reward == 1.0:
-        return True, "", ""
-    text = _os_text(task, index)
-    if NETWORK_COMMANDS.search(text):
-        return False, NETWORK, f"status {status.value}; the sample's commands use the network"
-    return False, OURS, f"status {status.value}, reward {reward}"
-
-
-def _os_text(task: Task, index: str) -> str:
-    """What the model sees of a sample and what its expert types (public API only)."""
+    """The os task's scripted expert on one sample, through the public Task API; a failure classified
+    from the episode's `setup_failed` metric, its last observation and the expert's own scripts."""
     try:
         session = Session(task, index)
-    except EnvError:
-        return ""
+    except EnvError as e:
+        return False, OURS, f"did not start: {e.message}"
     try:
-        parts = [str(m.get("content") or "") for m in session.messages]
-        parts += [json.dumps(session.expert_message())]
-        return "\n".join(parts)
-    except EnvError:
-        return "\n".join(parts)
+        example = _script(session.expert_message())  # before any action: the sample's example script
+        result = None
+        for _ in range(task.max_turns):
+            result = session.interact(session.expert_message())
+            if result.done:
+                break
+    except EnvError as e:
+        return False, OURS, f"env_error: {e.message}"
     finally:
         session.close()
+    assert result is not None
+    if result.done and result.status == Status.COMPLETED and result.reward == 1.0:
+        return True, "", ""
+    last = str(result.messages[-1].get("content") or "") if result.messages else ""
+    last_line = last.removesuffix("); the sample ends.").strip().rsplit("\n", 1)[-1]
+    if result.metrics.get("setup_failed"):
+        offline = NETWORK_ERRORS.search(last)
+        if offline:
+            line = last[last.rfind("\n", 0, offline.start()) + 1:].split("\n", 1)[0]
+            return False, NETWORK, f"setup failed without the network: {line.strip()[:200]!r}"
+        if NETWORK_COMMANDS.search(example):
+            return False, NETWORK, (f"the example uses the network ({example.strip()[:80]!r}); the setup also "
+                                    f"failed here: {last_line[:200]!r}")
+        return False, OURS, f"setup fails here (a sandbox limit; AgentBench's container runs it): {last_line[:240]!r}"
+    if NETWORK_COMMANDS.search(example):
+        return False, NETWORK, f"the example uses the network: {example[:120]!r}"
+    counted = _counts_its_grader(task, index, example)
+    if counted:
+        return False, DATA, counted
+    return False, OURS, f"status {result.status.value}, reward {result.reward}"
+
+
+def _script(message: dict[str, Any]) -> str:
+    """The script of a bash_action message ("" for any other)."""
+    for call in message.get("tool_calls") or []:
+        if call["function"]["name"] == "bash_action":
+            return str(json.loads(call["function"]["arguments"]).get("script", ""))
+    return ""
+
+
+def _counts_its_grader(task: Task, index: str, example: str) -> str | None:
+    """Evidence that a sample's expected answer counts the grader's own process, or None.
+
+    Such a sample's check compares the answer with the output of its example script run by the grader.
+    AgentBench runs that as `execute_independent`: a `docker exec bash -c EXAMPLE` in the container,
+    beside the agent's interactive shell, so a `ps` in the example sees one process (that `bash -c`)
+    more than the same script typed in the agent's shell, and the answer the shell gives is one short.
+    The sandbox reproduces the process structure (a command's `bash` in the shell; an idle `bash`
+    standing in for the interactive shell plus the grader's own process at check time). The evidence:
+    the example prints an integer n in the agent's shell, n fails the sample's own check scripts from
+    the checkout, and n + 1 passes them. On AgentBench main 578c5e9 these are test-56 (`ps -A | wc -l`)
+    and test-131 (`ps -e | wc -l` plus `who | wc -l`).
+    """
+    if not COUNTS_PROCESSES.search(example):
+        return None
+    outcomes: dict[int, float] = {}
+    for offset in (0, 1):
+        session = Session(task, index)
+        try:
+            r = session.interact(call_message([("bash_action", {"script": example})], 0))
+            text = str(r.messages[0].get("content") or "") if r.messages else ""
+            number = re.fullmatch(r"(?:The output of the OS:\n\n)?\s*(-?\d+)\s*", text)
+            if r.done or number is None:
+                return None
+            n = int(number.group(1))
+            r = session.interact(call_message([("answer_action", {"answer": str(n + offset)})], 1))
+            outcomes[offset] = r.reward
+        finally:
+            session.close()
+    if outcomes == {0: 0.0, 1: 1.0}:
+        return (f"the example counts processes ({example.strip()[:80]!r}); the grader runs it beside the shell as "
+                f"its own `bash -c` (AgentBench: execute_independent), so the check wants one more than the "
+                f"shell prints: n fails, n + 1 passes")
+    return None
 
 
 # --------------------------------------------------------------------------------------------- main

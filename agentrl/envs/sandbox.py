@@ -25,11 +25,15 @@ site configuration, `alternatives`) stay read-only. `/dev/shm` is a tmpfs of its
 `/dev` is read-only. Resource limits (processes, memory, file size, open files, CPU time) are set
 by the driver for the whole sandbox; if one cannot be set the session does not start. RLIMIT_NPROC
 counts the processes of the sandbox's own user namespace, so a fork bomb exhausts its own session;
-the kernel never applies it to the host's root, so a worker running as root starts bubblewrap as an
-unprivileged uid (`SandboxConfig.host_uid`, default 65534).
+the kernel never applies it to the host's root, so a root worker's sandboxes run as unprivileged
+host uids (`uid_base`..., or `host_uid` with one id).
 
-Known limits: only uid 0 exists inside a bubblewrap sandbox (`chown` to another user fails);
-Apptainer's `--fakeroot` maps a range. Not here: task logic (`agentrl.envs.tasks.os_task`).
+User ids: a root worker maps `uid_count` ids (host uids from `uid_base`) into each bubblewrap sandbox
+through `sandbox_userns.py`, which also bars further user namespaces and keeps one process budget for
+all of them; root there has Docker's default capabilities (`DOCKER_CAPS`), nothing more in its bounding
+set. A worker that is not root gets bubblewrap's own namespace: uid 0 only, without capabilities
+(`chown` to another user fails). Apptainer's `--fakeroot` maps a range. Not here: task logic
+(`agentrl.envs.tasks.os_task`).
 """
 from __future__ import annotations
 
@@ -44,6 +48,7 @@ import select
 import shutil
 import signal
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -56,6 +61,13 @@ log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "apptainer", "bwrap", "none")
 DRIVER_SOURCE = Path(__file__).with_name("sandbox_driver.py")
+USERNS_LAUNCHER = Path(__file__).with_name("sandbox_userns.py")
+DOCKER_NOFILE = 1 << 20
+DOCKER_CAPS = {"CAP_AUDIT_WRITE": 29, "CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_FOWNER": 3, "CAP_FSETID": 4,
+               "CAP_KILL": 5, "CAP_MKNOD": 27, "CAP_NET_BIND_SERVICE": 10, "CAP_NET_RAW": 13, "CAP_SETFCAP": 31,
+               "CAP_SETGID": 6, "CAP_SETPCAP": 8, "CAP_SETUID": 7, "CAP_SYS_CHROOT": 18}
+"""Docker's default capabilities, which root has in AgentBench's containers; here they hold only in the
+sandbox's user namespace, over the ids it maps (no CAP_SYS_ADMIN: no mount can be undone)."""
 # Reads the driver's source (length-prefixed) from stdin and runs it: keeps the command line short.
 BOOT = ("import os\ndef r(n):\n b=b''\n while len(b)<n:\n  c=os.read(0,n-len(b))\n  if not c: raise SystemExit(1)\n"
         "  b+=c\n return b\nh=b''\nwhile not h.endswith(b'\\n'): h+=r(1)\n"
@@ -90,24 +102,42 @@ class SandboxConfig:
     memory_mb: int = 2048
     file_size_mb: int = 256
     open_files: int = 0
-    """RLIMIT_NOFILE; 0 = the worker's own hard limit (Docker, AgentBench's runtime, gives 1048576;
-    some of its samples open fd 123321)."""
+    """RLIMIT_NOFILE; 0 = Docker's 1048576 (AgentBench's runtime; some of its samples open fd 123321)
+    for a worker with CAP_SYS_RESOURCE, which may raise its hard limit (up to the kernel's nr_open),
+    else the worker's own hard limit (a root worker in a container may lack the capability)."""
     cpu_s: int = 3600
     disk_mb: int = 512
     """Size of the session's writable root (a tmpfs: host memory, allocated as it is used)."""
     shm_mb: int = 64
     pid_fraction: float = 0.5
     host_uid: int = 65534
-    """The uid bubblewrap runs as when the worker is root (see the module docstring)."""
+    """The uid bubblewrap runs as when the worker is root and `uid_count` is 1 (see the module docstring)."""
+    uid_base: int = 2_000_000_000
+    """A root worker's bubblewrap sandboxes: inside ids 0..uid_count-1 are these host uids (no user's)."""
+    uid_count: int = 65536
+    """How many ids a root worker maps into its bubblewrap sandboxes (1: only root, as host_uid)."""
     fakeroot: bool = True
     """Apptainer: `--fakeroot` (root inside, a uid range mapped; needs subuid entries or root)."""
     hostname: str = "agentrl-sandbox"
     work_dir: str = ""
     """backend "none" only: where session directories are made ("" = the temp dir)."""
 
+    def many_uids(self, backend: str) -> bool:
+        """Whether sessions get a range of user ids (`sandbox_userns.py`): bwrap under a root worker."""
+        return backend == "bwrap" and os.geteuid() == 0 and self.uid_count > 1
+
     def sandbox_uid(self, backend: str) -> int | None:
-        """The host uid the sandbox runs as (None: this process's own)."""
-        return self.host_uid if os.geteuid() == 0 and backend != "none" else None
+        """The host uid the sandbox's root runs as (None: this process's own)."""
+        if os.geteuid() != 0 or backend == "none":
+            return None
+        return self.uid_base if self.many_uids(backend) else self.host_uid
+
+    def nofile(self) -> int:
+        """The sessions' RLIMIT_NOFILE (see `open_files`)."""
+        if self.open_files:
+            return self.open_files
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        return max(hard, min(DOCKER_NOFILE, nr_open())) if has_capability(CAP_SYS_RESOURCE) else hard
 
     def image_dir(self) -> Path:
         return Path(self.image).expanduser() if self.image else default_rootfs_dir()
@@ -155,6 +185,27 @@ def _apptainer_binary() -> str | None:
 
 
 # ------------------------------------------------------------------------------------ process budget
+
+CAP_SYS_RESOURCE = 24
+
+
+def has_capability(cap: int, status: str = "/proc/self/status") -> bool:
+    """Whether this process holds capability number `cap` (effective set)."""
+    try:
+        for line in Path(status).read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> cap & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def nr_open(path: str = "/proc/sys/fs/nr_open") -> int:
+    try:
+        return int(Path(path).read_text())
+    except (OSError, ValueError):
+        return DOCKER_NOFILE  # the kernel's default
+
 
 def pid_max(path: str = "/proc/sys/kernel/pid_max") -> int:
     try:
@@ -234,6 +285,7 @@ def plan_mounts(image: str | Path) -> list[str]:
         if src.is_symlink():
             args += ["--symlink", os.readlink(src), f"/{name}"]
         elif name == "usr":
+            args += ["--perms", "0755", "--dir", "/usr"]  # bwrap would make it 0700: only root could enter
             for child in sorted(os.listdir(src)):
                 if (src / child).is_symlink():
                     args += ["--symlink", os.readlink(src / child), f"/usr/{child}"]
@@ -288,11 +340,22 @@ def seed_archive(image: str) -> bytes:
 PROC_MASKED = ("/proc/tty/driver", "/proc/1/fdinfo", "/proc/1/map_files", "/proc/1/task/1/fdinfo")
 
 
-def bwrap_argv(mounts: list[str], command: list[str], hostname: str, disk_mb: int, shm_mb: int) -> list[str]:
-    """bubblewrap's command line: all namespaces new, the command as PID 1, a bounded tmpfs as root."""
+def bwrap_argv(mounts: list[str], command: list[str], hostname: str, disk_mb: int, shm_mb: int,
+               in_userns: bool = False) -> list[str]:
+    """bubblewrap's command line: all namespaces new, the command as PID 1, a bounded tmpfs as root.
+
+    in_userns: bubblewrap runs as root of a user namespace `sandbox_userns.py` made (many ids mapped,
+        no further user namespace allowed): it makes no user namespace of its own, and the sandbox's
+        root keeps Docker's default capabilities there. Otherwise bubblewrap makes one (uid 0 only,
+        no capabilities) and disables further ones itself.
+    """
     masks = [a for path in PROC_MASKED for a in ("--size", "4096", "--tmpfs", path, "--remount-ro", path)]
-    return ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--uid", "0", "--gid", "0",
-            "--die-with-parent", "--new-session", "--as-pid-1", "--hostname", hostname,
+    if in_userns:
+        users = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+                 "--assert-userns-disabled", "--cap-drop", "ALL", *(a for c in DOCKER_CAPS for a in ("--cap-add", c))]
+    else:
+        users = ["--unshare-all", "--unshare-user", "--disable-userns", "--uid", "0", "--gid", "0"]
+    return ["bwrap", *users, "--die-with-parent", "--new-session", "--as-pid-1", "--hostname", hostname,
             "--size", str(disk_mb << 20), "--tmpfs", "/", *mounts, "--proc", "/proc", *masks,
             "--dev", "/dev", "--size", str(shm_mb << 20), "--tmpfs", "/dev/shm",
             "--remount-ro", "/dev", "--clearenv", "--chdir", "/", "--", *command]
@@ -356,7 +419,15 @@ class Shell:
         command = [*TRUSTED_PYTHON, "-c", BOOT]
         if self.backend == "bwrap":
             image = str(self.cfg.image_dir().absolute())
-            return bwrap_argv(plan_mounts(image), command, self.cfg.hostname, self.cfg.disk_mb, self.cfg.shm_mb)
+            many = self.cfg.many_uids(self.backend)
+            argv = bwrap_argv(plan_mounts(image), command, self.cfg.hostname, self.cfg.disk_mb, self.cfg.shm_mb,
+                              in_userns=many)
+            if many:
+                launch = {"base": self.cfg.uid_base, "count": self.cfg.uid_count, "nproc": self.cfg.nproc,
+                          "nofile": self.cfg.nofile()}
+                argv[0] = shutil.which("bwrap") or "/usr/bin/bwrap"
+                return [sys.executable, "-I", "-S", str(USERNS_LAUNCHER), json.dumps(launch), "--", *argv]
+            return argv
         if self.backend == "apptainer":
             return apptainer_argv(self.cfg.image, {}, {}, command, self.cfg.hostname, self.cfg.fakeroot,
                                   _apptainer_binary() or "apptainer")
@@ -364,11 +435,12 @@ class Shell:
 
     def _driver_config(self) -> tuple[dict[str, object], bytes]:
         c = self.cfg
-        nofile = c.open_files or resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         limits = {"nproc": c.nproc, "as": c.memory_mb << 20, "fsize": c.file_size_mb << 20,
-                  "nofile": nofile, "cpu": c.cpu_s}
+                  "nofile": c.nofile(), "cpu": c.cpu_s}
         cfg: dict[str, object] = {"env": BASE_ENV, "check_env": CHECK_ENV, "max_output": c.max_output_bytes,
                                   "limits": limits, "home": "/root"}
+        if c.many_uids(self.backend):
+            cfg["caps"] = sorted(DOCKER_CAPS.values())  # the bounding set the driver keeps
         seed = b""
         if self.backend == "bwrap":
             seed = seed_archive(str(self.cfg.image_dir().absolute()))
@@ -382,7 +454,7 @@ class Shell:
 
     def _start(self) -> None:
         kwargs: dict[str, object] = {}
-        if self.uid is not None:
+        if self.uid is not None and not self.cfg.many_uids(self.backend):  # the launcher maps the ids itself
             kwargs.update(user=self.uid, group=self.uid, extra_groups=[])
         self._stderr = tempfile.TemporaryFile()
         self._proc = subprocess.Popen(self.argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -17,7 +17,8 @@ jobs keep running after their command ended; their later output is read and drop
 lands in another command's output, and they do not die of a broken pipe.
 
 Protocol (over stdin/stdout, one JSON object per line; the worker sends first):
-  * a decimal length and newline, then a config object (limits, environment, seed length), then the
+  * a decimal length and newline, then a config object (limits, environment, seed length, and "caps":
+    the capabilities the bounding set keeps, where root has some), then the
     seed: a tar archive unpacked over `/` (the writable copies of the image's /etc, /var, ...);
   * answer: {"ready": true} or {"error": "..."} (e.g. a resource limit that could not be set);
   * requests: {"op": "run", "cmd", "timeout"} runs a command in the persistent shell state (stdout
@@ -128,6 +129,11 @@ class Driver:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
             return f"prctl(PR_SET_DUMPABLE, 0) failed: errno {ctypes.get_errno()}"
+        if "caps" in self.cfg:  # root with Docker's capabilities: no file capability may add another
+            keep = set(self.cfg["caps"])
+            for cap in range(64):
+                if cap not in keep and libc.prctl(24, cap, 0, 0, 0) != 0 and ctypes.get_errno() != 22:
+                    return f"prctl(PR_CAPBSET_DROP, {cap}) failed: errno {ctypes.get_errno()}"  # 22: unknown cap
         for name, value in sorted(self.cfg.get("limits", {}).items()):
             try:
                 resource.setrlimit(LIMITS[name], (int(value), int(value)))

@@ -1,12 +1,18 @@
 """`jobs.agentbench_check`'s os replay (the os task's expert, through its public Task API) and its
-failure classes, on this project's os samples."""
+failure classes: on this project's os samples, and on samples made to fail each way, in a stand-in
+checkout in AgentBench's layout."""
 from __future__ import annotations
 
+import json
 import shutil
+from pathlib import Path
 
 import pytest
+from os_fixtures import agentbench_checkout
+from sandbox_helpers import require_sandbox
 
 from agentrl.envs.tasks import get_task
+from agentrl.envs.tasks.os_task import OsTask
 from jobs.agentbench_check import NETWORK_COMMANDS, check, replay_os
 
 
@@ -20,3 +26,41 @@ def test_os_examples_replay(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AGENTRL_AGENTBENCH_DIR", raising=False)  # this project's samples
     result = check(get_task("os"), "test", replay_os, limit=2, workers=1)
     assert (result["passed"], result["total"], result["failures"]) == (2, 2, {}), result["details"]
+
+
+INT_CHECK = {"language": "python", "code": "from sys import argv\nif int(argv[1]) == int(argv[2]): exit(0)\nexit(1)"}
+CLASSED = [  # (sample in AgentBench's format, the class the check must give it)
+    ({"description": "count the processes", "evaluation": {"check": [None, INT_CHECK], "example": "ps -e | wc -l"}},
+     "data defect"),  # as AgentBench's test-56/test-131: the grader's own `bash -c` is counted
+    ({"description": "fix find", "create": {"init": "chmod u+s /usr/bin/find"},
+      "evaluation": {"check": [{"language": "bash", "code": "exit 0"}], "example": "true"}}, "our defect"),
+    ({"description": "sudo", "create": {"init": "echo \"W: Failed to fetch http://deb.debian.org/x  Temporary "
+                                                "failure resolving 'deb.debian.org'\"; exit 100"},
+      "evaluation": {"match": "1"}}, "needs the network"),
+    ({"description": "page size", "evaluation": {"check": [{"language": "bash", "code": "[ \"$1\" -gt 100 ]"}],
+                                                 "example": "curl -s http://example.com | wc -c"}}, "needs the network"),
+    ({"description": "never passes", "evaluation": {"check": [{"language": "bash", "code": "exit 1"}],
+                                                    "example": "ps -e | wc -l"}}, "our defect"),
+]
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="the os task's sandbox needs bubblewrap")
+def test_os_failures_are_classified_from_the_episode(tmp_path: Path) -> None:
+    require_sandbox()
+    checkout = agentbench_checkout(tmp_path)
+    (checkout / "data/os_interaction/data/3").mkdir()
+    (checkout / "data/os_interaction/data/3/c.json").write_text(json.dumps([item for item, _ in CLASSED]))
+    task = OsTask(source="agentbench", agentbench_dir=checkout, sandbox={"backend": "bwrap", "command_timeout_s": 5.0})
+    first = len(task.indices("test")) - len(CLASSED)  # the stand-in checkout's own samples come first
+    result = check(task, "test", replay_os, limit=None, workers=2)
+    expected: dict[str, list[str]] = {}
+    for n, (_, kind) in enumerate(CLASSED):
+        expected.setdefault(kind, []).append(f"test-{first + n}")
+    assert {k: sorted(v) for k, v in result["failures"].items()} == expected, result["details"]
+    assert result["passed"] == first == 4
+    details = result["details"]
+    assert "n fails, n + 1 passes" in details[f"test-{first}"]
+    assert "Read-only file system" in details[f"test-{first + 1}"]
+    assert "Temporary failure resolving" in details[f"test-{first + 2}"]
+    assert "curl" in details[f"test-{first + 3}"]
+    assert details[f"test-{first + 4}"].endswith("status completed, reward 0.0")

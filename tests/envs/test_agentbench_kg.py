@@ -39,7 +39,7 @@ def test_agentbench_paths_and_one_split_alone(checkout: Path) -> None:
                                 "test": "data/knowledgegraph/std.json", "dev": "data/knowledgegraph/dev.json"}
     task = KGTask(source="agentbench", agentbench_dir=checkout, sparql_url="http://127.0.0.1:9/sparql")
     assert task.protocol == "faithful" and len(task.indices("test")) == 20  # no kg_rl_all.json needed
-    with pytest.raises(FileNotFoundError, match="kg_rl_all.json"):
+    with pytest.raises(FileNotFoundError, match="kg_rl_all.json, which this AgentBench checkout does not have"):
         task.indices("train")
 
 

@@ -99,7 +99,9 @@ def test_failed_setup_ends_the_sample(task: OsTask) -> None:
 
 def test_expert_on_dev_under_the_faithful_protocol(task: OsTask) -> None:
     solved = {i for i in task.indices("dev") if play(task, i)[0] == 1.0}
-    assert set(task.indices("dev")) - solved == {"dev-8", "dev-24"}  # as under the strict protocol
+    # as under the strict protocol: dev-24 chowns to another user, which needs the ids a root worker maps
+    unsolved = {"dev-8"} if task.sandbox.many_uids(task.backend) else {"dev-8", "dev-24"}
+    assert set(task.indices("dev")) - solved == unsolved
 
 
 def test_missing_checkout_files_say_what_is_missing(tmp_path: Path) -> None:

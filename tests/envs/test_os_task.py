@@ -74,9 +74,14 @@ def test_expert_solves_our_samples_and_dev(task: OsTask) -> None:
     dev = {i: play(task, i) for i in task.indices("dev")}
     failed = sorted(i for i, (reward, _, _) in dev.items() if reward != 1.0)
     # dev-8: `du -sh` prints "4.0K", which AgentBench's own size-match.py cannot parse (int("4.0")): a data
-    # defect. dev-24: its init chowns to another user; only uid 0 exists in bubblewrap: its setup fails.
-    assert failed == ["dev-24", "dev-8"], failed
-    assert dev["dev-24"][1:] == (Status.COMPLETED, 1)  # a failed setup ends the sample at the first action
+    # defect. dev-24: its init chowns to another user: it passes where the sandbox maps many ids (a root
+    # worker); with bubblewrap's one uid its setup fails, ending the sample at the first action.
+    if task.sandbox.many_uids(task.backend):
+        assert failed == ["dev-8"], failed
+        assert dev["dev-24"][:2] == (1.0, Status.COMPLETED)
+    else:
+        assert failed == ["dev-24", "dev-8"], failed
+        assert dev["dev-24"][1:] == (Status.COMPLETED, 1)
 
 
 def test_evaluation_match_regex_check(task: OsTask) -> None:

@@ -77,6 +77,42 @@ def test_bwrap_command_line() -> None:
     assert argv[-2:] == ["--", "python3"]
 
 
+def test_bwrap_command_line_in_a_prepared_user_namespace() -> None:
+    argv = sb.bwrap_argv([], ["python3"], "box", disk_mb=100, shm_mb=8, in_userns=True)
+    # the launcher made the user namespace and disabled further ones: bwrap must not make its own
+    assert not {"--unshare-all", "--unshare-user", "--disable-userns", "--uid"} & set(argv)
+    for flag in ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--assert-userns-disabled"):
+        assert flag in argv
+    i = argv.index("--cap-drop")
+    assert argv[i + 1] == "ALL"
+    added = {argv[j + 1] for j in range(len(argv)) if argv[j] == "--cap-add"}
+    assert added == set(sb.DOCKER_CAPS) and "CAP_SYS_ADMIN" not in added and len(added) == 14
+
+
+def test_launch_command_of_a_root_worker(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(sb.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(sb, "has_capability", lambda cap: False)
+    cfg = SandboxConfig(backend="bwrap", image=str(fake_image(tmp_path)))
+    assert cfg.many_uids("bwrap") and cfg.sandbox_uid("bwrap") == cfg.uid_base
+    assert not SandboxConfig(uid_count=1).many_uids("bwrap") and SandboxConfig(uid_count=1).sandbox_uid("bwrap") == 65534
+    assert not cfg.many_uids("apptainer") and cfg.sandbox_uid("none") is None
+    assert cfg.nofile() == sb.resource.getrlimit(sb.resource.RLIMIT_NOFILE)[1]  # cannot raise: the hard limit
+    monkeypatch.setattr(sb, "has_capability", lambda cap: cap == sb.CAP_SYS_RESOURCE)
+    assert cfg.nofile() == max(min(sb.DOCKER_NOFILE, sb.nr_open()), sb.resource.getrlimit(sb.resource.RLIMIT_NOFILE)[1])
+    assert SandboxConfig(open_files=4096).nofile() == 4096
+    shell = Shell.__new__(Shell)
+    shell.cfg, shell.backend = cfg, "bwrap"
+    argv = shell.argv()
+    assert argv[1:4] == ["-I", "-S", str(sb.USERNS_LAUNCHER)] and argv[5] == "--"
+    assert json_loads(argv[4]) == {"base": 2_000_000_000, "count": 65536, "nproc": 64, "nofile": cfg.nofile()}
+    assert Path(argv[6]).name == "bwrap" and Path(argv[6]).is_absolute() and "--cap-add" in argv
+
+
+def json_loads(text: str) -> object:
+    import json
+    return json.loads(text)
+
+
 def fake_image(tmp_path: Path) -> Path:
     image = tmp_path / "image"
     for d in ("usr/bin", "usr/lib", "usr/local/bin", "usr/local/lib", "etc/python3.11", "etc/ld.so.conf.d",
@@ -226,7 +262,52 @@ def test_disk_is_bounded(needs_sandbox: None) -> None:
 def test_a_limit_that_cannot_be_set_fails_the_start(needs_sandbox: None, caplog: pytest.LogCaptureFixture) -> None:
     with pytest.raises(SandboxError, match="could not set the nofile limit"):
         Shell(fast(open_files=1 << 40))  # above the kernel's nr_open: setrlimit refuses
-    assert any("refused to start" in r.message for r in caplog.records)
+    # refused by the driver, or (a root worker raising its hard limit) by the launcher first
+    assert any("refused to start" in r.message or "could not set the nofile limit" in r.message
+               for r in caplog.records)
+
+
+def many_uids() -> None:
+    if not SandboxConfig().many_uids("bwrap"):
+        pytest.skip("a range of user ids is mapped only for a root worker (this one is not root)")
+
+
+def test_root_worker_maps_many_uids_with_dockers_capabilities(needs_sandbox: None) -> None:
+    many_uids()
+    sh = Shell(fast(timeout=10.0))
+    try:
+        r = sh.run("cat /proc/self/uid_map; grep -E 'Cap(Eff|Bnd)' /proc/self/status")
+        assert r.output.split() == ["0", "0", "65536", "CapEff:", "00000000a80425fb", "CapBnd:", "00000000a80425fb"]
+        # AgentBench's test-47: another user owns a file root then reads and runs (Docker's root can)
+        r = sh.run("useradd -m -s /bin/bash jack && cd /home/jack && echo 'echo a3b0c7' > test && chmod 000 test "
+                   "&& chown jack test && stat -c '%U %a' test && chmod 777 test && ./test && "
+                   "runuser -l jack -c 'id -un; grep CapEff /proc/self/status'")
+        assert r.output == "jack 0\na3b0c7\njack\nCapEff:\t0000000000000000\n", r.output
+        # still no way to undo a mount or to make another user namespace
+        r = sh.run("umount /usr/bin; echo $?; unshare -U true; echo $?; touch /usr/bin/x; echo $?")
+        assert r.output.splitlines()[1::2] == ["32", "1", "1"], r.output
+        assert "No space left on device" in r.output and "Read-only file system" in r.output
+    finally:
+        sh.close()
+
+
+def test_fork_bomb_over_many_uids_stays_within_the_session_limit(needs_sandbox: None) -> None:
+    many_uids()
+    sh = Shell(fast(timeout=3.0, nproc=24))
+    try:
+        # each uid has a count of its own, but the kernel charges all of them to the launcher's namespace
+        sh.run("for u in 1001 1002 1003 1004; do setpriv --reuid=$u --regid=$u --clear-groups "
+               "bash -c 'for i in $(seq 40); do sleep 30 & done' >/dev/null 2>&1 & done; sleep 1")
+        ns = sandbox_namespace(sh)
+        n = processes_in(ns)
+        assert 12 < n <= 26, n  # 4 uids x 40 asked for; one session's 24 (+ driver, bwrap) granted
+        sh.close()
+        deadline = time.monotonic() + 10
+        while processes_in(ns) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert processes_in(ns) == 0
+    finally:
+        sh.close()
 
 
 def test_background_output_stays_out_of_later_commands(needs_sandbox: None) -> None:
@@ -241,16 +322,27 @@ def test_background_output_stays_out_of_later_commands(needs_sandbox: None) -> N
 
 
 def sandbox_namespace(sh: Shell) -> str:
-    """The PID namespace of `sh`'s sandbox (its driver is the child of the outer bwrap process)."""
-    outer = sh._proc.pid  # type: ignore[union-attr]
+    """The PID namespace of `sh`'s sandbox: that of the first descendant of the process `Shell` started
+    (bwrap, or the launcher that makes its user namespaces) whose PID namespace is not the host's."""
+    host = os.readlink("/proc/self/ns/pid")
+    parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and f"\nPPid:\t{outer}\n" in (entry / "status").read_text():
-                ns = os.readlink(entry / "ns/pid")
-                if ns != os.readlink(f"/proc/{outer}/ns/pid"):
-                    return ns
+            if entry.name.isdigit():
+                status = (entry / "status").read_text()
+                parents[int(entry.name)] = int(status.split("\nPPid:\t", 1)[1].split("\n", 1)[0])
+        except (OSError, IndexError, ValueError):
+            continue
+    ours = {sh._proc.pid}  # type: ignore[union-attr]
+    for _ in range(5):
+        ours |= {pid for pid, ppid in parents.items() if ppid in ours}
+    for pid in sorted(ours):
+        try:
+            ns = os.readlink(f"/proc/{pid}/ns/pid")
         except OSError:
             continue
+        if ns != host:
+            return ns
     raise AssertionError("no sandbox driver found")
 
 

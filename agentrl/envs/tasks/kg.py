@@ -385,6 +385,7 @@ class KGTask:
         checkout = Checkout.find(agentbench_dir)
         self.backend: KGBackend
         self.files: dict[str, Path] = {}
+        self.from_checkout = False
         if source == "ours":
             self.backend = LocalGraph.load(root / "kg" / "graph.json")
             self.files = {split: root / file for split, file in DEFAULT_FILES.items()}
@@ -398,6 +399,7 @@ class KGTask:
             self.backend = SparqlBackend(url)
             if checkout is not None:
                 self.files = {split: checkout.path(file) for split, file in AGENTBENCH_FILES.items()}
+                self.from_checkout = True
             else:
                 self.files = {"dev": root / "agentbench" / DEV_FILE}
         self.samples: dict[str, list[KGSample]] = {}
@@ -425,7 +427,11 @@ class KGTask:
             raise EnvError("bad_request", f"kg has no split {split!r} (splits: {', '.join(self.files)})")
         with self._lock:
             if split not in self.samples:
-                self.samples[split] = load_samples(self.files[split])
+                path = self.files[split]
+                if self.from_checkout and not path.is_file():
+                    raise FileNotFoundError(f"kg: split {split!r} reads {path}, which this AgentBench checkout does "
+                                            f"not have (the other splits load without it)")
+                self.samples[split] = load_samples(path)
             return self.samples[split]
 
     def tools(self) -> list[dict[str, Any]]:

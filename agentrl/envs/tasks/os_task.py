@@ -178,7 +178,7 @@ class OsEpisode:
                 r = shell.run_independent(script_argv(script, []), timeout=INIT_TIMEOUT_S, stderr=True)
                 if r.exit_code != 0:
                     self.setup_error = (f"init script {n + 1} of {len(self.problem.init)} failed (exit "
-                                        f"{r.exit_code}): {r.output.strip()[-300:]}")
+                                        f"{r.exit_code}): {r.output.strip()[-800:]}")
                     log.warning("os sample setup failed: %s", self.setup_error)
                     return shell
             if self.problem.start:  # AgentBench runs it in the shell and ignores its exit status
