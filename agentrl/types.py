@@ -14,6 +14,28 @@ import numpy as np
 
 SCHEMA_VERSION = 1
 
+# Engine ids, the `engine` array of a trajectory (int16). Context tokens carry -1, the scripted expert -2.
+# A rollout rank's current engine (newest weights) is its rank, 0..LAGGING_ENGINE_BASE-1; lagging engine k
+# of rank r (cross-policy sampling, design §5) is LAGGING_ENGINE_BASE + r * lagging_engines_per_rank + k.
+# So whether a token came from the lagging pool is read off its engine id alone (`is_lagging_engine`).
+LAGGING_ENGINE_BASE = 1000
+MAX_ENGINE_ID = 32767  # int16
+
+
+def lagging_engine_id(rank: int, k: int, per_rank: int) -> int:
+    """The id of lagging engine `k` (0..per_rank-1) of rollout rank `rank`."""
+    if not 0 <= k < per_rank:
+        raise ValueError(f"lagging engine {k} of {per_rank}")
+    engine = LAGGING_ENGINE_BASE + rank * per_rank + k
+    if engine > MAX_ENGINE_ID:
+        raise ValueError(f"lagging engine id {engine} does not fit the int16 engine array")
+    return engine
+
+
+def is_lagging_engine(engine: np.ndarray | int) -> np.ndarray | bool:
+    """True for ids of the lagging pool (elementwise for an array)."""
+    return engine >= LAGGING_ENGINE_BASE
+
 
 class Status(str, enum.Enum):
     """How an episode ended. completed..context_limit are the agent's doing; truncated is the run's budget
@@ -87,9 +109,15 @@ class Trajectory:
     def num_action_tokens(self) -> int:
         return int(self.loss_mask.sum())
 
-    def oldest_version(self) -> int:
-        """The oldest policy version that sampled an action token (-1 if there is none)."""
-        v = self.policy_version[self.loss_mask.astype(bool)]
+    def oldest_version(self, lagging: bool | None = None) -> int:
+        """The oldest policy version that sampled an action token (-1 if there is none).
+
+        `lagging`: None counts every action token; False only the current pool's, True only the lagging
+        pool's (by engine id, see `LAGGING_ENGINE_BASE`)."""
+        keep = self.loss_mask.astype(bool)
+        if lagging is not None:
+            keep &= is_lagging_engine(self.engine) == lagging
+        v = self.policy_version[keep]
         return int(v.min()) if len(v) else -1
 
     def newest_version(self) -> int:

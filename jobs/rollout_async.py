@@ -65,7 +65,7 @@ async def amain(run_dir: Path, rank: int) -> dict:
     try:
         async with GatewayClient(url, keepalive_s=cfg.controller.keepalive_s, secret=run_secret(run_dir)) as gateway:
             client = maybe_slow(gateway, r.env_latency_s, r.env_latency_sigma, cfg.seed * 100 + rank)
-            make_engine = engine_factory(cfg, model_dir, client, tok, engine_id=rank)
+            make_engine = engine_factory(cfg, model_dir, client, tok, rank=rank)
             return await async_role.run(run_dir, client, tok, make_engine, plan, ap, monitor, channel, weights)
     finally:
         monitor.close()

@@ -68,7 +68,7 @@ async def run_episode(client: Any, engine: Engine, tokenizer: Any, task: str, in
                                sampling.stop_token_ids, sampling.seed)
             gen = await engine.generate(b.tokens, s, session_id=sid)
             timings["generate_s"] += time.perf_counter() - t0
-            b.add_action(gen.token_ids, gen.logprobs, gen.version, engine.engine_id)
+            b.add_action(gen.token_ids, gen.logprobs, gen.version, gen.engine_id)
             turns += 1
             parsed = chat.parse_assistant(tokenizer.decode(gen.token_ids, skip_special_tokens=False),
                                           call_id_prefix=f"call_{turns}")

@@ -8,7 +8,9 @@ ranks that keep `concurrency` episodes running and never wait for the trainer, e
         finished trajectories → shards/rollout-<rank>/<seq>.h5 (durable first) → MPI to the trainer
 
 Every action token keeps the version (and engine id) that sampled it, so a trajectory whose episode spans a
-swap carries two versions, and staleness is exact per trajectory.
+swap carries two versions, and staleness is exact per trajectory. With a lagging pool (cross-policy sampling,
+`engine_pool`) each turn may also come from an engine up to K − 1 versions behind; evaluation always uses
+the current engine.
 
 A restarted rank (the MPI world restarted by the launcher, or `python -m jobs.train` on an existing run
 dir) resumes: rank 0 keeps the expert demonstrations and the before-RL evaluation already written, the
@@ -34,6 +36,7 @@ from agentrl.monitor.rollout_stats import rollout_metrics
 from agentrl.rollout import role
 from agentrl.rollout.async_weights import WeightSource
 from agentrl.rollout.engine import ExpertEngine, SamplingConfig
+from agentrl.rollout.engine_pool import EnginePool
 from agentrl.transport.shards import ShardReader, ShardWriter, shard_dir
 from agentrl.types import Trajectory
 
@@ -166,6 +169,8 @@ class Pipeline:
                   "pipeline/rollout_idle_frac": self.stats["idle_s"] / max(time.perf_counter() - self.t_start, 1e-9),
                   "pipeline/episodes_running": float(len(self.running)),
                   "rollout/aborted_episodes": self.stats["aborted"]})
+        if isinstance(self.engine, EnginePool):  # turns and tokens by pool, the lagging pool's lag
+            m.update(self.engine.take_metrics())
         self.monitor.scalars(m, version)
         self.window, self.window_t0 = [], time.perf_counter()
 
@@ -242,25 +247,28 @@ async def run(run_dir: Path, client: Any, tok: Any, make_engine: Callable[[], An
     weights = weights_factory(ch)
     first = await asyncio.to_thread(weights.wait, ch.version, plan.wait_timeout_s)
     engine = make_engine()
+    policy = engine.current if isinstance(engine, EnginePool) else engine  # evaluation: the newest weights only
     try:
         await engine.load_weights(first[1], first[0])
         report = run_dir / "report"
         evaluating = ap.evaluate and ap.rank == 0
         if evaluating:
-            before, task_before, sampled_before = await _before_rl(client, engine, tok, plan, report, monitor)
+            before, task_before, sampled_before = await _before_rl(client, policy, tok, plan, report, monitor)
         train_idx = {t: await client.indices(t, "train") for t in plan.tasks}
         pipe = Pipeline(run_dir, client, tok, engine, plan, ap, ch, weights, monitor)
         await pipe.run(train_idx, min(plan.poll_s, 0.02))
         ch.close(timeout_s=plan.wait_timeout_s)
         out: dict[str, Any] = {"rank": ap.rank, **pipe.stats}
+        if isinstance(engine, EnginePool) and engine.lagging:
+            out.update(engine.totals.as_dict())
         report.mkdir(parents=True, exist_ok=True)
         (report / f"rollout-{ap.rank}.json").write_text(json.dumps(out, indent=2))
         log.info("rank %d stopped: %s", ap.rank, json.dumps({k: round(v, 3) for k, v in pipe.stats.items()}))
         if evaluating:
             final = await asyncio.to_thread(weights.wait, ch.version, plan.wait_timeout_s)
-            if final[0] > engine.version:
-                await engine.load_weights(final[1], final[0])
-            out["summary"] = await _final_report(client, engine, tok, plan, report, monitor, before, task_before,
+            if final[0] > policy.version:
+                await policy.load_weights(final[1], final[0])
+            out["summary"] = await _final_report(client, policy, tok, plan, report, monitor, before, task_before,
                                                  sampled_before)
         return out
     finally:

@@ -4,6 +4,8 @@
 continuous batching: agent loops `await generate(...)` from asyncio, the thread adds each request to the
 engine as it arrives and steps the engine while any request is unfinished. Weight swaps are queued to the
 same thread and run when no request is in flight, so a swap never lands in the middle of a generation.
+Several VLLMEngines may live in one process (the lagging pool, `engine_pool`): vLLM keeps the forward pass's
+context in module globals, so their threads take turns (`_VLLM_LOCK`) for every step, swap and start-up.
 
 `ExpertEngine` is not a model: it asks the env for the task's scripted expert message and returns its
 tokens (log-prob 0), so warm-start demonstrations go through exactly the same agent loop as RL data.
@@ -19,6 +21,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+# vLLM's forward context and current config are module globals: two engines of one process must not run a
+# forward pass (or load weights, or start up) at the same time. On CPU they share the cores anyway.
+_VLLM_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,7 @@ class Generation:
     logprobs: list[float]  # behaviour log-prob of each sampled token
     finish_reason: str  # "stop" (hit a stop token, included in token_ids) | "length"
     version: int  # weight version that sampled every token of this generation
+    engine_id: int  # the engine that sampled it (set by that engine: a router in front stays race-free)
 
 
 class Engine(Protocol):
@@ -61,8 +68,9 @@ class VLLMEngine:
 
         # processed_logprobs: log-probs of the distribution actually sampled from (after temperature),
         # which is what the PPO ratio's denominator must be.
-        self._llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_model_len, enforce_eager=True,
-                        max_num_seqs=max_num_seqs, seed=seed, logprobs_mode="processed_logprobs")
+        with _VLLM_LOCK:
+            self._llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_model_len, enforce_eager=True,
+                            max_num_seqs=max_num_seqs, seed=seed, logprobs_mode="processed_logprobs")
         self._engine = self._llm.llm_engine
         self.engine_id = engine_id
         self.version = version
@@ -145,7 +153,9 @@ class VLLMEngine:
                     self._add(payload)
                 self._waiting.clear()
             if self._engine.has_unfinished_requests():
-                for out in self._engine.step():
+                with _VLLM_LOCK:
+                    outs = self._engine.step()
+                for out in outs:
                     if out.finished:
                         self._finish(out)
 
@@ -171,15 +181,16 @@ class VLLMEngine:
         c = out.outputs[0]
         ids = list(c.token_ids)
         lps = [lp[t].logprob for t, lp in zip(ids, c.logprobs)]
-        gen = Generation(ids, lps, "stop" if c.finish_reason == "stop" else "length", version)
+        gen = Generation(ids, lps, "stop" if c.finish_reason == "stop" else "length", version, self.engine_id)
         loop.call_soon_threadsafe(_set_result, fut, gen)
 
     def _swap(self, payload: Any) -> None:
         weights, version, loop, fut = payload
         try:
             items = list(weights())
-            self._llm.collective_rpc(lambda worker: worker.reload_weights(weights_iterator=iter(items)))
-            self._llm.reset_prefix_cache()  # cached KV was computed by the old weights
+            with _VLLM_LOCK:
+                self._llm.collective_rpc(lambda worker: worker.reload_weights(weights_iterator=iter(items)))
+                self._llm.reset_prefix_cache()  # cached KV was computed by the old weights
             self.version = version
         except Exception as e:
             loop.call_soon_threadsafe(_set_exception, fut, e)
@@ -239,7 +250,7 @@ class ExpertEngine:
     async def generate(self, prompt_ids: list[int], sampling: SamplingConfig, **context: Any) -> Generation:
         msg = await self._client.expert(context["session_id"])
         ids = self._tok.encode(self._render(msg), add_special_tokens=False)
-        return Generation(ids, [0.0] * len(ids), "stop", self.version)
+        return Generation(ids, [0.0] * len(ids), "stop", self.version, self.engine_id)
 
     async def load_weights(self, weights: Callable[[], Any], version: int) -> None:
         """The expert has no weights; it only takes the version, so trajectories record it."""
@@ -267,4 +278,4 @@ class ScriptedEngine:
         text = self._replies.pop(0)
         ids = self._tok.encode(text, add_special_tokens=False)[: sampling.max_new_tokens]
         stopped = bool(ids) and ids[-1] in sampling.stop_token_ids
-        return Generation(ids, [-1.0] * len(ids), "stop" if stopped else "length", self.version)
+        return Generation(ids, [-1.0] * len(ids), "stop" if stopped else "length", self.version, self.engine_id)

@@ -1,5 +1,5 @@
 """The rollout's slices of the run config, shared by both schedules' entry points (`jobs.rollout`,
-`jobs.rollout_async`): the plan of the role and the engine it builds."""
+`jobs.rollout_async`): the plan of the role and the engines it builds."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -11,6 +11,8 @@ from agentrl.envs.tasks import task_name
 from agentrl.rollout import role
 from agentrl.rollout.agent_loop import EpisodeLimits
 from agentrl.rollout.engine import ExpertEngine
+from agentrl.rollout.engine_pool import EnginePool
+from agentrl.types import lagging_engine_id
 
 
 def make_plan(cfg: RunConfig) -> role.Plan:
@@ -27,14 +29,29 @@ def make_plan(cfg: RunConfig) -> role.Plan:
     )
 
 
-def engine_factory(cfg: RunConfig, model_dir: Path, client: Any, tok: Any, engine_id: int = 0) -> Callable[[], Any]:
-    r = cfg.rollout
+def engine_factory(cfg: RunConfig, model_dir: Path, client: Any, tok: Any, rank: int = 0) -> Callable[[], Any]:
+    """Builds this rank's engines: an `EnginePool` of the current vLLM engine (id `rank`) and
+    `cluster.rollout.lagging_engines_per_rank` lagging ones (ids from `agentrl.types.lagging_engine_id`), or
+    the scripted expert alone (`rollout.engine: expert`, which has no weights to lag)."""
+    r, pool = cfg.rollout, cfg.cluster.rollout
 
     def make_engine():
         if r.engine == "expert":  # the task's scripted expert plays every episode (pipeline checks)
             return ExpertEngine(client, tok)
         from agentrl.rollout.engine import VLLMEngine
 
-        return VLLMEngine(str(model_dir), r.max_model_len, max_num_seqs=r.concurrency,
-                          kv_cache_gib=r.kv_cache_gib, seed=cfg.seed, engine_id=engine_id)
+        def vllm(engine_id: int) -> VLLMEngine:
+            return VLLMEngine(str(model_dir), r.max_model_len, max_num_seqs=r.concurrency,
+                              kv_cache_gib=r.kv_cache_gib, seed=cfg.seed, engine_id=engine_id)
+        n = pool.lagging_engines_per_rank
+        current = vllm(rank)
+        lagging = []
+        try:
+            lagging = [vllm(lagging_engine_id(rank, k, n)) for k in range(n)]
+        except BaseException:
+            for e in [current, *lagging]:
+                e.close()
+            raise
+        return EnginePool(current, lagging, pool.lagging_prob if n else 0.0, pool.lagging_refresh_steps,
+                          seed=f"lagging/{cfg.seed}/{rank}")
     return make_engine

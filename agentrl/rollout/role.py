@@ -26,6 +26,7 @@ from agentrl.monitor.rollout_stats import rollout_metrics
 from agentrl.rollout import chat
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
 from agentrl.rollout.engine import Engine, ExpertEngine, SamplingConfig
+from agentrl.rollout.engine_pool import EnginePool
 from agentrl.transport import weights as weights_io
 from agentrl.transport.shards import ShardWriter
 from agentrl.types import Status, Trajectory, new_id
@@ -209,11 +210,13 @@ async def run(run_dir: Path, model_dir: Path, client: Any, tok: Any, make_engine
 async def _rl_loop(run_dir: Path, client: Any, tok: Any, engine: Any, path: Path, plan: Plan,
                    sampling: SamplingConfig, rng: random.Random, monitor) -> dict:
     await engine.load_weights(lambda: weights_io.iter_weights(path), 0)
+    # Evaluation uses the newest weights only; RL episodes may route turns to a lagging pool (engine_pool).
+    policy = engine.current if isinstance(engine, EnginePool) else engine
     report = run_dir / "report"
-    before, task_before = await evaluate(client, engine, tok, plan, 0, report, monitor)
+    before, task_before = await evaluate(client, policy, tok, plan, 0, report, monitor)
     sampled_before = None
     if plan.eval_sampled:
-        m, sampled_before = await evaluate(client, engine, tok, plan, 0, report, monitor, sampled=True)
+        m, sampled_before = await evaluate(client, policy, tok, plan, 0, report, monitor, sampled=True)
         before.update(m)
 
     writer = ShardWriter(run_dir / "shards" / "rollout-0")
@@ -236,6 +239,8 @@ async def _rl_loop(run_dir: Path, client: Any, tok: Any, engine: Any, path: Path
         m = rollout_metrics(trajs)
         m.update({"pipeline/rollout_tokens_per_s": n_act / dt, "pipeline/trajectories_per_s": len(trajs) / dt,
                   "env/retries": float(retries)})
+        if isinstance(engine, EnginePool):
+            m.update(engine.take_metrics())
         monitor.scalars(m, step)
         log.info("rollout step %d/%d: %d trajectories, reward %.3f, success %.3f, %.1f gen tok/s", step + 1,
                  plan.steps, len(trajs), sum(t.reward for t in trajs) / len(trajs),
@@ -243,7 +248,7 @@ async def _rl_loop(run_dir: Path, client: Any, tok: Any, engine: Any, path: Path
         path = await asyncio.to_thread(weights_io.wait_for, run_dir, step + 1, plan.wait_timeout_s, plan.poll_s)
         await engine.load_weights(lambda p=path: weights_io.iter_weights(p), step + 1)
 
-    after, task_after = await evaluate(client, engine, tok, plan, plan.steps, report, monitor)
+    after, task_after = await evaluate(client, policy, tok, plan, plan.steps, report, monitor)
     trainer_report = read_json(report / "trainer.json")
     summary: dict[str, Any] = {
         "success_before_rl": before["eval/success"], "success_after_rl": after["eval/success"],
@@ -253,12 +258,14 @@ async def _rl_loop(run_dir: Path, client: Any, tok: Any, engine: Any, path: Path
         "rl_steps": int(trainer_report.get("rl_steps", plan.steps)), "trainer": trainer_report}
     sampled_after = None
     if plan.eval_sampled:
-        m, sampled_after = await evaluate(client, engine, tok, plan, plan.steps, report, monitor, sampled=True)
+        m, sampled_after = await evaluate(client, policy, tok, plan, plan.steps, report, monitor, sampled=True)
         after.update(m)
         summary.update({"sampled_success_before_rl": before["eval_sampled/success"],
                         "sampled_success_after_rl": after["eval_sampled/success"],
                         "sampled_eval_episodes": int(after["eval_sampled/episodes"])})
     summary["per_task"] = per_task_summary(task_before, task_after, sampled_before, sampled_after)
+    if isinstance(engine, EnginePool) and engine.lagging:  # cross-policy sampling: turns and tokens by pool
+        summary["lagging_pool"] = engine.totals.as_dict()
     (report / "summary.json").write_text(json.dumps(summary, indent=2))
     if summary["eval_episodes"] == 0:  # every held-out episode was an env failure: no result to report
         raise RuntimeError(f"the final evaluation scored no episode ({summary['env_errors']} env errors): "

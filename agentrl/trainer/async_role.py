@@ -170,7 +170,8 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, p: Pipeline, th
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / warmup))
     state = TrainerState()
     state.stats["sft_steps"] = float(sft_done)
-    q = TrajectoryQueue(p.group_size, p.capacity, s.max_staleness, p.group_timeout_s)
+    q = TrajectoryQueue(p.group_size, p.capacity, s.max_staleness, p.group_timeout_s,
+                        lagging_max_staleness=s.lagging_max_staleness)
     if resume is not None:
         state = checkpoint.load(resume, model, opt, sched, par)
         if (resume / QUEUE_FILE).exists():

@@ -60,6 +60,9 @@ class Schedule:
     sft_check_every: int = 50
     sft_holdout: int = 32
     update: str = "rl"
+    lagging_max_staleness: int | None = None
+    """The staleness bound of lagging-pool tokens (cross-policy sampling): max_staleness + the pool's refresh
+    interval; None: max_staleness (no lagging pool)."""
 
 
 def shaped_rewards(trajs: list[Trajectory], fail_penalty: float) -> list[float]:
@@ -281,15 +284,19 @@ def select_training_data(trajs: list[Trajectory], version: int, s: Schedule
     """What one step trains on, and why the rest was left out (every exclusion is counted).
 
     Infrastructure outcomes are never trained on; trajectories more than `max_staleness` versions old
-    are dropped; groups whose (shaped) rewards are all equal carry no GRPO signal and are dropped
-    before task normalization could turn their zero advantages into a bias (see `informative_groups`).
+    (lagging-pool tokens: `lagging_max_staleness`) are dropped; groups whose (shaped) rewards are all equal
+    carry no GRPO signal and are dropped before task normalization could turn their zero advantages into a
+    bias (see `informative_groups`).
     """
     usable = [t for t in trajs if not t.status.is_infra]
     counts = {"dropped_infra": len(trajs) - len(usable), "dropped_stale": 0, "dropped_uniform": 0,
               "staleness_max": 0}
     if usable:
-        stale = staleness_of(torch.tensor([t.oldest_version() for t in usable]), version)
-        keep = fresh_mask(stale, s.max_staleness).tolist()
+        # current-pool tokens against max_staleness; lagging-pool ones (old on purpose) against their own bound
+        stale = staleness_of(torch.tensor([t.oldest_version(lagging=False) for t in usable]), version)
+        lagging = staleness_of(torch.tensor([t.oldest_version(lagging=True) for t in usable]), version)
+        lag_bound = s.max_staleness if s.lagging_max_staleness is None else s.lagging_max_staleness
+        keep = (fresh_mask(stale, s.max_staleness) & fresh_mask(lagging, lag_bound)).tolist()
         counts["dropped_stale"] = keep.count(False)
         counts["staleness_max"] = int(stale.max())
         usable = [t for t, k in zip(usable, keep) if k]

@@ -11,8 +11,9 @@ accounts for every trajectory:
 
     env_error, cancelled   infrastructure outcomes (design §3), never trained on. By default the group
                            shrinks by one (`shrink_on_infra`, as AReaL); otherwise it waits for a retry.
-    stale                  trainer version − oldest action token's version > max_staleness, checked on
-                           arrival and again whenever the version advances (`set_version`).
+    stale                  trainer version − oldest current-pool action token's version > max_staleness,
+                           or − oldest lagging-pool token's > lagging_max_staleness; checked on arrival
+                           and again whenever the version advances (`set_version`).
     group_timeout          members of a group still incomplete `group_timeout_s` after its first member
                            arrived; members arriving later for that group are counted the same.
     late                   a member of a group already released to training (a retry that lost a race).
@@ -38,9 +39,25 @@ EXCLUSION_REASONS = ("stale", "env_error", "cancelled", "group_timeout", "late",
 
 
 def trajectory_staleness(traj: Trajectory, version: int) -> int:
-    """Versions between `version` and the trajectory's oldest action token (0 if it has none)."""
-    oldest = traj.oldest_version()
+    """Versions between `version` and the trajectory's oldest action token of the current pool (0 if none).
+
+    Tokens of the lagging pool (cross-policy sampling) are old on purpose and bounded apart, by
+    `lagging_staleness`: counting them here would drop every trajectory that used the lagging pool."""
+    oldest = traj.oldest_version(lagging=False)
     return version - oldest if oldest >= 0 else 0
+
+
+def lagging_staleness(traj: Trajectory, version: int) -> int:
+    """Versions between `version` and the trajectory's oldest action token of the lagging pool (0 if none)."""
+    oldest = traj.oldest_version(lagging=True)
+    return version - oldest if oldest >= 0 else 0
+
+
+def is_stale(traj: Trajectory, version: int, max_staleness: int, lagging_max_staleness: int) -> bool:
+    """Whether the trajectory is too old to train on at `version`: current-pool tokens more than
+    `max_staleness` behind, or lagging-pool tokens more than `lagging_max_staleness` behind."""
+    return (trajectory_staleness(traj, version) > max_staleness
+            or lagging_staleness(traj, version) > lagging_max_staleness)
 
 
 @dataclass
@@ -56,7 +73,10 @@ class TrajectoryQueue:
     Args:
         group_size: members per group (`samples_per_prompt`).
         capacity: trajectories held (complete and incomplete groups) at which `full` turns true.
-        max_staleness: versions a trajectory's oldest action token may lag; None disables the filter.
+        max_staleness: versions a trajectory's oldest action token of the current pool may lag; None
+            disables the filter.
+        lagging_max_staleness: the same for tokens of the lagging pool (cross-policy sampling), which are
+            old on purpose: `max_staleness` plus the pool's refresh interval K. None: `max_staleness`.
         group_timeout_s: an incomplete group is dropped this long after its first member arrived.
         shrink_on_infra: an env_error/cancelled member shrinks its group by one (True) or the group
             waits for a retried member under a new traj_id (False).
@@ -66,10 +86,11 @@ class TrajectoryQueue:
 
     def __init__(self, group_size: int, capacity: int, max_staleness: int | None, group_timeout_s: float,
                  shrink_on_infra: bool = True, version: int = 0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, lagging_max_staleness: int | None = None) -> None:
         if group_size < 1 or capacity < group_size:
             raise ValueError(f"need group_size >= 1 and capacity >= group_size, got {group_size}, {capacity}")
         self.group_size, self.capacity, self.max_staleness = group_size, capacity, max_staleness
+        self.lagging_max_staleness = max_staleness if lagging_max_staleness is None else lagging_max_staleness
         self.group_timeout_s, self.shrink_on_infra, self.version = group_timeout_s, shrink_on_infra, version
         self.clock = clock
         self._groups: dict[str, _Group] = {}  # incomplete and complete, insertion order
@@ -106,7 +127,7 @@ class TrajectoryQueue:
             self._shrunk.add(tid)
             self._shrink(traj.group_id, 1)
             return self._exclude(traj, "orphaned")
-        if self.max_staleness is not None and trajectory_staleness(traj, self.version) > self.max_staleness:
+        if self._stale(traj, self.version):
             self._shrunk.add(tid)
             self._shrink(traj.group_id, 1)  # its siblings are as old: waiting for a replacement is futile
             return self._exclude(traj, "stale")
@@ -119,6 +140,11 @@ class TrajectoryQueue:
     def put_many(self, trajs: Iterable[Trajectory]) -> Counter[str]:
         """`put` each; returns how many were excluded, by reason."""
         return Counter(r for t in trajs if (r := self.put(t)) is not None)
+
+    def _stale(self, traj: Trajectory, version: int) -> bool:
+        if self.max_staleness is None:
+            return False
+        return is_stale(traj, version, self.max_staleness, self.lagging_max_staleness)
 
     def _held(self, traj: Trajectory) -> bool:
         g = self._groups.get(traj.group_id)
@@ -155,13 +181,13 @@ class TrajectoryQueue:
             return 0
         dropped = 0
         for gid, g in list(self._groups.items()):
-            stale = [t for t in g.members if trajectory_staleness(t, version) > self.max_staleness]
+            stale = [t for t in g.members if self._stale(t, version)]
             if not stale:
                 continue
             for t in stale:
                 self._exclude(t, "stale")
                 self._shrunk.add(t.traj_id)
-            g.members = [t for t in g.members if trajectory_staleness(t, version) <= self.max_staleness]
+            g.members = [t for t in g.members if not self._stale(t, version)]
             dropped += len(stale)
             self._shrink(gid, len(stale))  # the rest stays a (smaller) group; complete if it was
         return dropped

@@ -19,6 +19,8 @@ from agentrl.launch import topology
     ("cluster.rollout.gpu_memory_utilization=1.5", "cluster.rollout.gpu_memory_utilization", "(0, 1]"),
     ("cluster.rollout.dtype=fp8", "cluster.rollout.dtype", "unknown dtype"),
     ("cluster.rollout.lagging_prob=2", "cluster.rollout.lagging_prob", "[0, 1]"),
+    ("cluster.rollout.lagging_prob=0.5", "cluster.rollout.lagging_prob", "lagging_engines_per_rank is 0"),
+    ("cluster.rollout.ranks=1001", "cluster.rollout.ranks", "<= 1000"),
     ("cluster.rollout.tensor_parallel_size=0", "cluster.rollout.tensor_parallel_size", ">= 1"),
     ("cluster.env.slots_per_task={nope: 4}", "cluster.env.slots_per_task.nope", "not one of envs.tasks"),
     ("cluster.env.nodes=2", "envs.workers", "every env node runs a worker"),

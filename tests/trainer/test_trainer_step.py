@@ -212,3 +212,25 @@ def test_select_training_data_counts_every_exclusion() -> None:
     # one version later, with max_staleness 0, everything sampled by version 0 is too old
     used, _, counts = select_training_data(trajs, 1, s)
     assert used == [] and counts["dropped_stale"] == 6 and counts["staleness_max"] == 1
+
+
+def test_synchronous_selection_bounds_lagging_pool_tokens_apart() -> None:
+    """Cross-policy sampling: tokens of a lagging engine (id >= 1000) may be `lagging_max_staleness` old."""
+    from agentrl.trainer.role import Schedule, select_training_data
+    from agentrl.types import LAGGING_ENGINE_BASE
+
+    def traj(tid: str, reward: float, lagging_version: int) -> Trajectory:
+        b = TrajectoryBuilder()
+        b.add_context([1, 2])
+        b.add_action([3, 4], [-0.5, -0.5], version=5, engine=0)
+        b.add_action([5], [-0.5], version=lagging_version, engine=LAGGING_ENGINE_BASE)
+        return b.build(traj_id=tid, task="a", index="0", group_id="g", reward=reward, status=Status.COMPLETED,
+                       num_turns=2)
+
+    trajs = [traj("x", 1.0, 3), traj("y", 0.0, 1)]  # lagging tokens 2 and 4 versions old, current ones 0
+    base = dict(steps=1, sft_steps=0, sft_batch=1, sft_lr=1.0, sft_all_tokens=False, lr=1.0, weight_decay=0.0,
+                max_staleness=0, drop_uniform_groups=False, fail_penalty=-0.2, wait_timeout_s=1.0, seed=0)
+    used, _, counts = select_training_data(trajs, 5, Schedule(**base, lagging_max_staleness=3))
+    assert [t.traj_id for t in used] == ["x"] and counts["dropped_stale"] == 1
+    used, _, counts = select_training_data(trajs, 5, Schedule(**base))  # no lagging bound: max_staleness for all
+    assert used == [] and counts["dropped_stale"] == 2

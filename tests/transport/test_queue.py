@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from agentrl.transport.queue import EXCLUSION_REASONS, TrajectoryQueue, trajectory_staleness
-from agentrl.types import Status, Trajectory, TrajectoryBuilder
+from agentrl.transport.queue import EXCLUSION_REASONS, TrajectoryQueue, lagging_staleness, trajectory_staleness
+from agentrl.types import LAGGING_ENGINE_BASE, Status, Trajectory, TrajectoryBuilder
 
 
 class Clock:
@@ -171,3 +171,30 @@ def test_trajectories_of_a_discarded_lineage_are_orphaned() -> None:
     assert q.counts["orphaned"] == 1 and q.state_dict()["excluded"] == {"a": "orphaned"}
     assert ids(q.take(1, 1)) == [["b"]]  # the group shrank to the one member it can still have
     assert q.put(traj("a", "G", (5, 6))) == "duplicate"  # and a second drain does not count it again
+
+
+def mixed(tid: str, group: str, current: tuple[int, ...], lagging: tuple[int, ...]) -> Trajectory:
+    """Turns of the current engine (id 0) and of a lagging engine (cross-policy sampling), interleaved."""
+    b = TrajectoryBuilder()
+    b.add_context([1, 2])
+    for v in current:
+        b.add_action([3], [-0.5], version=v, engine=0)
+    for v in lagging:
+        b.add_action([4], [-0.5], version=v, engine=LAGGING_ENGINE_BASE)
+    return b.build(traj_id=tid, task="os", index="0", group_id=group, reward=1.0, status=Status.COMPLETED,
+                   num_turns=1)
+
+
+def test_lagging_pool_tokens_have_their_own_staleness_bound() -> None:
+    """max_staleness bounds the current pool's tokens; the lagging pool's (old on purpose) get max_staleness + K."""
+    t = mixed("a", "g", current=(9, 10), lagging=(4,))
+    assert trajectory_staleness(t, 10) == 1 and lagging_staleness(t, 10) == 6
+    assert trajectory_staleness(mixed("b", "g", (), (4,)), 10) == 0  # lagging turns alone: no current staleness
+    q, _ = queue(version=10, max_staleness=2, lagging_max_staleness=2 + 5)
+    assert q.put(t) is None  # lagging 6 <= 7, current 1 <= 2: kept (with one bound it would be stale)
+    assert q.put(mixed("c", "g2", (10,), (2,))) == "stale"  # lagging 8 > 7
+    assert q.put(mixed("d", "g3", (7,), (10,))) == "stale"  # current 3 > 2
+    assert q.set_version(11) == 0 and q.set_version(12) == 1  # at 12 "a": current 3 > 2
+    q1, _ = queue(version=10, max_staleness=2)  # no lagging bound given: the same bound for both pools
+    assert q1.put(mixed("e", "g", (10,), (4,))) == "stale"
+
