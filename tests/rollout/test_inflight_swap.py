@@ -1,0 +1,127 @@
+"""In-flight weight updates in the asynchronous rollout rank (`async_role.Pipeline`), deterministically:
+episodes of the real `lookup` task (in process, each env call made slow) are mid-trajectory when the
+trainer's notice of v1 arrives; the engine takes v1 between generation calls, so those episodes finish on
+v1 and their trajectories carry both versions, each turn wholly one version, v0 turns before v1 turns.
+The `abort` policy restarts them instead: no trajectory carries two versions. (The MPI and vLLM sides are
+tested in tests/e2e/test_async_run.py; here the channel and the engine are small stand-ins.)"""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agentrl.envs.inprocess import InProcessClient
+from agentrl.envs.tasks import get_task
+from agentrl.rollout import async_role, role
+from agentrl.rollout.agent_loop import EpisodeLimits
+from agentrl.rollout.engine import Generation, SamplingConfig
+from agentrl.rollout.env_latency import SlowClient
+
+
+class Engine:
+    """Answers every turn with the same malformed call (the task answers with an error, the episode goes on
+    to its turn limit), tagged with the version it holds when the turn is generated."""
+
+    engine_id = 0
+
+    def __init__(self, tok) -> None:
+        self.tok, self.version, self.loads = tok, -1, []
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingConfig, **context) -> Generation:
+        version = self.version  # as vLLM's engine: a request keeps the weights it was added under
+        await asyncio.sleep(0.01)
+        ids = self.tok.encode("not a tool call", add_special_tokens=False)
+        return Generation(ids, [-1.0] * len(ids), "length", version, self.engine_id)
+
+    async def load_weights(self, loader, version: int) -> None:
+        self.loads.append(version)
+        self.version = version
+
+    def close(self) -> None:
+        pass
+
+
+class Channel:
+    """The trainer's side, scripted: v1 is announced once the first episode has played one turn; the
+    trainer stops the rank once `stop_after` trajectories arrived."""
+
+    def __init__(self, engine: Engine, stop_after: int) -> None:
+        self.engine, self.stop_after = engine, stop_after
+        self.version, self.stopped, self.received = 0, False, []
+
+    def poll_notices(self) -> None:
+        if self.version == 0 and self.engine.turns_started >= 1:
+            self.version = 1
+        if len(self.received) >= self.stop_after:
+            self.stopped = True
+
+    def send(self, batch) -> float:
+        self.received += batch
+        return 0.0
+
+
+class Weights:
+    def newest(self, notice_version: int):
+        return notice_version, (lambda: iter(()))
+
+
+class Monitor:
+    def scalars(self, metrics, step) -> None:
+        pass
+
+
+def _run(tmp_path: Path, tok, inflight: str) -> tuple[list, Engine]:
+    engine = Engine(tok)
+    counting = engine.generate
+    engine.turns_started = 0
+
+    async def generate(*a, **k):
+        engine.turns_started += 1
+        return await counting(*a, **k)
+
+    engine.generate = generate
+    client = SlowClient(InProcessClient({"lookup": get_task("lookup")}), 0.05, 0.0, seed=0)
+    plan = role.Plan(tasks=("lookup",), steps=2, prompts_per_step=2, samples_per_prompt=2, expert_samples=0,
+                     eval_split="test", eval_samples=0, concurrency=8, temperature=1.0, top_p=1.0,
+                     limits=EpisodeLimits(0, 512, 16))
+    ap = async_role.AsyncPlan(rank=0, ranks=1, max_staleness=1, inflight=inflight)
+    ch = Channel(engine, stop_after=8)
+
+    async def main() -> None:
+        await engine.load_weights(None, 0)
+        pipe = async_role.Pipeline(tmp_path, client, tok, engine, plan, ap, ch, Weights(), Monitor())
+        idx = await client.indices("lookup", "train")
+        await asyncio.wait_for(pipe.run({"lookup": idx}, 0.005), 60)
+
+    asyncio.run(main())
+    return ch.received, engine
+
+
+def _turn_versions(t) -> list[int]:
+    act = t.loss_mask == 1
+    edges = np.flatnonzero(np.diff(act.astype(np.int8)) != 0) + 1
+    out = []
+    for seg_v, seg_a in zip(np.split(t.policy_version, edges), np.split(act, edges)):
+        if seg_a.all():
+            assert len(set(seg_v.tolist())) == 1  # a turn is one generation: one version
+            out.append(int(seg_v[0]))
+    return out
+
+
+@pytest.mark.parametrize("inflight", ["swap", "abort"])
+def test_episodes_mid_trajectory_take_the_new_weights(tmp_path: Path, lookup_tokenizer, inflight: str) -> None:
+    received, engine = _run(tmp_path, lookup_tokenizer, inflight)
+    assert engine.loads == [0, 1]
+    assert len(received) >= 8
+    spans = 0
+    for t in received:
+        turns = _turn_versions(t)
+        assert turns == sorted(turns) and set(turns) <= {0, 1} and len(turns) == t.num_turns == 4
+        spans += len(set(turns)) == 2
+    if inflight == "swap":
+        assert spans >= 4  # the first group's episodes were all mid-trajectory at the swap
+    else:
+        assert spans == 0  # aborted and started again on v1 instead
+        assert all(_turn_versions(t) == [1, 1, 1, 1] for t in received)
