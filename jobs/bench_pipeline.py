@@ -10,10 +10,14 @@ Each schedule runs `python -m jobs.train` (the same entry point a user runs) in 
 The bench watches report/trainer.json and notes when each step finishes. Throughput is measured in the
 steady state: trajectories trained in steps 2..N over the time from the end of step 1 to the end of step N,
 so that the engines' start-up and the pipeline's fill (the same for both) do not dilute it; the end-to-end
-figure (from weights v0 to the last step) is written too. `rollout_over_raw_vllm` compares the async
-rollout's generated tokens/s with vLLM `generate` on the same first-turn prompts without envs (and so
-includes the env latency the agent loop waits on: it is the share of the raw engine's rate the pipeline
-achieves, not an overhead of Python alone). Results: printed, and written to runs/bench/pipeline.json.
+figure (from weights v0 to the last step) is written too. `rollout_over_raw_vllm` is the agent loop's
+own cost (`jobs.bench_agent_loop` on the async run's model: our loop's generated tokens/s over vLLM
+`generate` on exactly the requests our loop made, envs in process, each side in its own process).
+
+The async run splits the cores between trainer and engine (`--threads`, default half each): on a small
+machine a trainer and an engine that both start a thread per core oversubscribe it while they run at
+once; the sync run's phases take turns, so each gets every core. Results: printed, and written to
+runs/bench/pipeline.json.
 """
 from __future__ import annotations
 
@@ -26,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from jobs import bench_agent_loop
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,36 +94,6 @@ def throughput(r: dict[str, Any], per_step: int) -> tuple[float, float]:
     return steady, e2e
 
 
-def raw_vllm_tokens_per_s(run_dir: Path, prompts: list[list[int]], max_new_tokens: int, concurrency: int,
-                          max_model_len: int) -> float:
-    """vLLM generating for `prompts` at the rollout's temperature and limits, no envs, no agent loop."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import LLM, SamplingParams
-
-    llm = LLM(model=str(run_dir / "model"), dtype="float32", max_model_len=max_model_len, enforce_eager=True,
-              max_num_seqs=concurrency, seed=0)
-    params = SamplingParams(max_tokens=max_new_tokens, temperature=1.0, ignore_eos=False)
-    llm.generate([{"prompt_token_ids": prompts[0]}], params, use_tqdm=False)  # warm-up
-    t0 = time.perf_counter()
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    dt = time.perf_counter() - t0
-    return sum(len(o.outputs[0].token_ids) for o in outs) / dt
-
-
-def first_prompts(run_dir: Path, limit: int) -> list[list[int]]:
-    from agentrl.transport.shards import ShardReader, rank_dirs
-
-    out = []
-    for _, d in sorted(rank_dirs(run_dir, "rollout").items()):
-        for _, trajs in ShardReader(d).scan():
-            for t in trajs:
-                act = t.loss_mask.nonzero()[0]
-                if len(act):
-                    out.append(t.tokens[: act[0]].tolist())
-    return out[:limit]
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small runs (about 4 minutes on 2 cores)")
@@ -127,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", type=int, default=1, help="rollout ranks of the async run (sync runs one)")
     ap.add_argument("--steps", type=int, default=0, help="RL steps of each run (default: 5 quick, 10 full)")
     ap.add_argument("--prompts", type=int, default=0, help="prompts per step (default: 4 quick, 8 full)")
+    ap.add_argument("--threads", default="",
+                    help="TRAINER:ENGINE threads of the async run (default: the cores split in two, so trainer "
+                         "and engine never share a core while both run; the sync run's phases take turns and "
+                         "each gets every core)")
     ap.add_argument("--root", type=Path, default=Path("runs/bench"))
     args = ap.parse_args(argv)
     root = args.root.resolve()
@@ -139,10 +119,14 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"bench: {cfg.trainer.steps} steps x {per_step} trajectories, env latency lognormal median "
           f"{args.latency}s sigma {args.sigma}", flush=True)
-    sync = run_schedule(root, "sync", common)
+    cores = os.cpu_count() or 2
+    t_train, t_engine = (int(x) for x in args.threads.split(":")) if args.threads else (max(cores // 2, 1),
+                                                                                         max(cores - cores // 2, 1))
+    sync = run_schedule(root, "sync", common + [f"trainer.threads={cores}", f"cluster.engine_threads={cores}"])
     print(f"sync done in {sync['wall_s']:.0f}s", flush=True)
     asyn = run_schedule(root, "async", common + ["cluster.schedule=async", f"cluster.rollout.ranks={args.ranks}",
-                                                 f"algo.max_staleness={args.staleness}"])
+                                                 f"algo.max_staleness={args.staleness}", f"trainer.threads={t_train}",
+                                                 f"cluster.engine_threads={t_engine}"])
     print(f"async done in {asyn['wall_s']:.0f}s", flush=True)
     sync_tps, sync_e2e = throughput(sync, per_step)
     async_tps, async_e2e = throughput(asyn, per_step)
@@ -150,22 +134,23 @@ def main(argv: list[str] | None = None) -> int:
     consumed = max(tr["queue"].get("consumed", 0), 1)
     busy = max(tr["rl_wall_s"], 1e-9)
     rollout_tok_s = sum(r["action_tokens"] / max(r["wall_s"], 1e-9) for r in asyn["rollout"])
-    prompts = first_prompts(asyn["run_dir"], 4 * per_step)
-    raw = raw_vllm_tokens_per_s(asyn["run_dir"], prompts, cfg.rollout.max_new_tokens, cfg.rollout.concurrency,
-                                cfg.rollout.max_model_len)
+    loop = bench_agent_loop.measure(asyn["run_dir"] / "model", "smoke", common, episodes=4 * per_step,
+                                    concurrency=cfg.rollout.concurrency, work=root / "agent_loop")
+    print(f"agent loop vs raw vLLM: {loop['agent_loop_over_raw']}", flush=True)
     result = {
         "sync_traj_per_s": round(sync_tps, 3), "async_traj_per_s": round(async_tps, 3),
         "async_over_sync": round(async_tps / sync_tps, 3),
         "trainer_idle_frac": round(tr["idle_s"] / busy, 3),
         "staleness_mean": round(tr["staleness_sum"] / consumed, 3), "staleness_max": int(tr["staleness_max"]),
-        "rollout_over_raw_vllm": round(rollout_tok_s / raw, 3),
+        "rollout_over_raw_vllm": loop["agent_loop_over_raw"],
         "end_to_end": {"sync_traj_per_s": round(sync_e2e, 3), "async_traj_per_s": round(async_e2e, 3),
                        "async_over_sync": round(async_e2e / sync_e2e, 3)},
-        "rollout_tokens_per_s": round(rollout_tok_s, 1), "raw_vllm_tokens_per_s": round(raw, 1),
+        "agent_loop": loop, "async_rollout_tokens_per_s": round(rollout_tok_s, 1),
         "rollout_idle_frac": [round(r["rollout_idle_frac"], 3) for r in asyn["rollout"]],
         "setup": {"steps": cfg.trainer.steps, "trajectories_per_step": per_step, "quick": args.quick,
                   "env_latency_median_s": args.latency, "env_latency_sigma": args.sigma,
                   "async_max_staleness": args.staleness, "async_rollout_ranks": args.ranks,
+                  "async_threads": {"trainer": t_train, "engine": t_engine}, "sync_threads": cores,
                   "cpus": os.cpu_count(), "sync_wall_s": round(sync["wall_s"], 1),
                   "async_wall_s": round(asyn["wall_s"], 1)},
     }
