@@ -497,7 +497,7 @@ class ClusterConfig:
     schedule: str = "sync"
     """sync: rollout and trainer take turns, one shard per step; async: the trainer and
     `cluster.rollout.ranks` rollout ranks in one MPI world (mpiexec), trajectories over MPI, in-flight
-    weight updates (docs/pipeline.md)."""
+    weight updates (docs/pipeline.md); with transport.channel=files, separate processes without MPI."""
     engine_threads: int = 2
     """OMP_NUM_THREADS of each rollout rank under mpiexec (which would otherwise start it with 1, and
     vLLM's CPU attention then aborts)."""
