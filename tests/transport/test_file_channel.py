@@ -110,11 +110,11 @@ def test_a_restarted_writer_continues_and_max_messages_bounds_a_poll(tmp_path: P
 
 def test_poll_is_throttled_by_the_interval(tmp_path: Path) -> None:
     run_dir = tmp_path
-    trainer = FileTrainerChannel(run_dir, 1, "n", 0, poll_s=0.5, start={})
+    trainer = FileTrainerChannel(run_dir, 1, "n", 0, poll_s=1.5, start={})
     assert trainer.poll() == []  # reads (nothing there) and starts the interval
     write_segments(run_dir, 0, 1)
     assert trainer.poll() == []  # within the interval: the filesystem is not touched
-    time.sleep(0.55)
+    time.sleep(1.6)
     assert len(ids(trainer.poll())) == 2
 
 
@@ -165,6 +165,7 @@ def test_stale_hello_and_bye_files_of_an_earlier_life_are_ignored(tmp_path: Path
     _write_json(d / "bye-0.json", {"nonce": "earlier", "pid": 1})
     with pytest.raises(TimeoutError, match=r"rollout ranks \[0\] to join"):
         FileTrainerChannel.open(tmp_path, 1, rendezvous.publish, timeout_s=0.3, poll_s=POLL)
+    rendezvous.remove(tmp_path, CHANNEL_KEY)  # that trainer is gone (the launcher clears its key)
     trainer, rollouts = open_pair(tmp_path, ranks=1)
     assert trainer.open_ranks == [0]  # the earlier life's bye does not close the new one's rank
 
