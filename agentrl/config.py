@@ -322,6 +322,10 @@ class TransportConfig:
     """A group still missing members this long after its first arrived is dropped (counted group_timeout)."""
     queue_capacity: int = 0
     """Trajectories the trainer's queue holds before it stops receiving; 0: 4 × max_groups × group size."""
+    channel: str = "mpi"
+    """Asynchronous schedule: how trajectories and notices travel. mpi: one MPI world (mpiexec, or srun
+    across het groups); files: no MPI, the shard segments and a notice file in the run dir, polled every
+    `poll_s`, for roles that run as separate jobs (each rollout rank restarts alone; weights must be dir)."""
     inflight: str = "swap"
     """New weights while episodes are mid-trajectory. swap: between generation calls (each token keeps
     the version that sampled it); abort: cancel the running episodes and start them again on the new
@@ -331,6 +335,10 @@ class TransportConfig:
         _check(self.kind in ("shards",), f"{p}.kind", f"unknown transport {self.kind!r} (shards)")
         _check(self.poll_s > 0, f"{p}.poll_s", "must be positive")
         _check(self.weights in ("dir", "broadcast"), f"{p}.weights", f"unknown {self.weights!r} (dir | broadcast)")
+        _check(self.channel in ("mpi", "files"), f"{p}.channel", f"unknown channel {self.channel!r} (mpi | files)")
+        _check(self.channel != "files" or self.weights == "dir", f"{p}.channel",
+               "files needs transport.weights=dir (the broadcast is one group of every rank: a rank restarted "
+               "alone cannot rejoin it)")
         _check(self.inflight in ("swap", "abort", "drain"), f"{p}.inflight",
                f"unknown {self.inflight!r} (swap | abort | drain)")
         _check(self.min_groups >= 0 and self.max_groups >= 0 and self.queue_capacity >= 0, f"{p}.min_groups",
@@ -489,7 +497,7 @@ class ClusterConfig:
     schedule: str = "sync"
     """sync: rollout and trainer take turns, one shard per step; async: the trainer and
     `cluster.rollout.ranks` rollout ranks in one MPI world (mpiexec), trajectories over MPI, in-flight
-    weight updates (docs/pipeline.md)."""
+    weight updates (docs/pipeline.md); with transport.channel=files, separate processes without MPI."""
     engine_threads: int = 2
     """OMP_NUM_THREADS of each rollout rank under mpiexec (which would otherwise start it with 1, and
     vLLM's CPU attention then aborts)."""

@@ -7,7 +7,10 @@ bound), trajectories go to shards/rollout-<rank>/ and over MPI, weights are swap
     srun --mpi=pmi2 --het-group=0 python -m mpi4py -m jobs.trainer_async --run-dir R : \\
          --het-group=1 python -m mpi4py -m jobs.rollout_async --run-dir R
 
-The rollout rank is the MPI world rank minus 1 (the trainer is world rank 0).
+The rollout rank is the MPI world rank minus 1 (the trainer is world rank 0). With transport.channel=files
+there is no MPI world: each rank is a process (or job) of its own, told its rank, and may be restarted alone:
+
+    python -m jobs.rollout_async --run-dir R --rank 1
 """
 from __future__ import annotations
 
@@ -19,18 +22,23 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> None:
-    from mpi4py import MPI  # first: in an MPMD world every rank's MPI_Init waits for all the others
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run-dir", required=True, type=Path)
+    ap.add_argument("--rank", type=int, help="this rollout rank (transport.channel=files only; under MPI the "
+                                             "rank comes from the world)")
     args = ap.parse_args(argv)
-    rank = MPI.COMM_WORLD.Get_rank() - 1
+    if args.rank is None:
+        from mpi4py import MPI  # early: in an MPMD world every rank's MPI_Init waits for all the others
+
+        rank = MPI.COMM_WORLD.Get_rank() - 1
+    else:
+        rank = args.rank
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(name)s %(levelname)s [rollout-{rank}] %(message)s")
-    out = asyncio.run(amain(args.run_dir, rank))
+    out = asyncio.run(amain(args.run_dir, rank, files=args.rank is not None))
     logging.getLogger("agentrl.rollout").info("rank %d done %s", rank, json.dumps(out.get("summary", {}))[:2000])
 
 
-async def amain(run_dir: Path, rank: int) -> dict:
+async def amain(run_dir: Path, rank: int, files: bool = False) -> dict:
     from transformers import AutoTokenizer
 
     from agentrl.auth import run_secret
@@ -42,20 +50,30 @@ async def amain(run_dir: Path, rank: int) -> dict:
     from agentrl.rollout.async_weights import BroadcastWeights, DirWeights
     from agentrl.rollout.env_latency import maybe_slow
     from agentrl.rollout.from_config import engine_factory, make_plan
-    from agentrl.transport.mpi_channel import RolloutChannel
+    from agentrl.transport.file_channel import FileRolloutChannel
 
     cfg = load_config(str(run_dir / "config.yaml"))
     r, tr = cfg.rollout, cfg.transport
+    if files != (tr.channel == "files"):
+        raise SystemExit(f"transport.channel={tr.channel}: " + ("pass --rank R (there is no MPI world)"
+                                                                if tr.channel == "files" else
+                                                                "the rank comes from the MPI world, not --rank"))
+    if not 0 <= rank < cfg.cluster.rollout.ranks:
+        raise SystemExit(f"rollout rank {rank} is outside 0..{cfg.cluster.rollout.ranks - 1} (cluster.rollout.ranks)")
     model_dir = Path(cfg.model.path) if cfg.model.path else run_dir / "model"
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     plan = make_plan(cfg)
     ap = async_role.AsyncPlan(rank, cfg.cluster.rollout.ranks, cfg.algo.max_staleness, tr.inflight)
     timeout = cfg.cluster.role_timeout_s
 
-    def channel() -> RolloutChannel:
+    def channel():
+        if files:
+            return FileRolloutChannel.connect(run_dir, rank, rendezvous.read, timeout_s=timeout, poll_s=tr.poll_s)
+        from agentrl.transport.mpi_channel import RolloutChannel
+
         return RolloutChannel.world(rank, trainer=0, timeout_s=timeout)
 
-    def weights(ch: RolloutChannel):
+    def weights(ch):
         if tr.weights == "broadcast":
             return BroadcastWeights(run_dir, rank, cfg.cluster.rollout.ranks, lambda: rendezvous.read(run_dir), timeout)
         return DirWeights(run_dir, tr.poll_s)

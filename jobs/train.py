@@ -10,7 +10,9 @@ Runs go to runs/<name>/ (config.yaml, rendezvous.json, logs/, tb/, shards/, weig
 the same command again on an unfinished run continues it (asynchronous schedule: from the trainer's newest
 checkpoint, the rollout shards drained first); on a finished one it prints the summary; --fresh replaces
 it. Under the asynchronous schedule a pipeline that dies mid-run (a killed rank ends the MPI world) is
-started again, resuming the same way, up to cluster.max_restarts times. Under
+started again, resuming the same way, up to cluster.max_restarts times; with transport.channel=files (no
+MPI) the trainer and each rollout rank are roles of their own, and a dead one is restarted alone while the
+others go on (rollout ranks follow a restarted trainer by restarting themselves). Under
 Slurm the same role entry points run as srun steps of one heterogeneous job: `python -m jobs.launch
 --preset P cluster.launcher=slurm` submits it through submitit, `--render-sbatch` prints it (docs/slurm.md).
 """
@@ -26,7 +28,15 @@ from pathlib import Path
 
 from agentrl.config import ConfigError, RunConfig, dump_config, load_config, to_dict
 from agentrl.launch import rendezvous
-from agentrl.launch.local import PIPELINE, PIPELINE_KEYS, LocalLauncher, start_async_run, start_run
+from agentrl.launch.local import (
+    PIPELINE,
+    PIPELINE_KEYS,
+    ROLLOUT_PREFIX,
+    TRAINER,
+    LocalLauncher,
+    start_async_run,
+    start_run,
+)
 from agentrl.monitor.eval_summary import summary_lines
 
 
@@ -120,16 +130,17 @@ def main() -> int:
         signal.signal(sig, _stop_on_signal)
     timeout = cfg.cluster.role_timeout_s
     try:
-        if cfg.cluster.schedule == "async":  # trainer + rollout ranks as one MPI world (docs/pipeline.md)
-            start_async_run(launcher, cfg.envs.workers, build_model, cfg.cluster.rollout.ranks,
-                            cfg.cluster.engine_threads, echo=echo)
-            ends, restartable = [PIPELINE], ("env_worker-", PIPELINE)
+        if cfg.cluster.schedule == "async":  # one MPI world, or (files) separate roles (docs/pipeline.md)
+            ends = start_async_run(launcher, cfg.envs.workers, build_model, cfg.cluster.rollout.ranks,
+                                   cfg.cluster.engine_threads, echo=echo, channel=cfg.transport.channel)
+            restartable: tuple[str, ...] = ("env_worker-", PIPELINE) if cfg.transport.channel == "mpi" else \
+                ("env_worker-", TRAINER, ROLLOUT_PREFIX)  # files: each alone, the others go on
         else:
             start_run(launcher, cfg.envs.workers, build_model=build_model, echo=echo)
             ends, restartable = ["trainer", "rollout"], ("env_worker-",)
 
         def before_restart(name: str) -> None:
-            if name == PIPELINE:  # its trainer's addresses die with it; the new one publishes its own
+            if name in (PIPELINE, TRAINER):  # its trainer's addresses die with it; the new one publishes its own
                 rendezvous.remove(run_dir, *PIPELINE_KEYS)
 
         failed = launcher.watch(ends, timeout, echo, restartable=restartable, max_restarts=cfg.cluster.max_restarts,
@@ -144,6 +155,9 @@ def main() -> int:
     summary["wall_s"] = round(time.time() - t0, 1)
     summary["continued"] = resuming
     summary["pipeline_restarts"] = launcher.roles[PIPELINE].restarts if PIPELINE in launcher.roles else 0
+    if cfg.cluster.schedule == "async" and cfg.transport.channel == "files":
+        summary["role_restarts"] = {n: r.restarts for n, r in launcher.roles.items()
+                                    if n == TRAINER or n.startswith(ROLLOUT_PREFIX)}
     (run_dir / "report" / "summary.json").write_text(json.dumps(summary, indent=2))
     _print_summary(summary, run_dir)
     return 0

@@ -4,9 +4,11 @@ rollout rank while it trains; each step takes the complete groups available, tra
     python -m jobs.train --preset demo cluster.schedule=async                    # starts the MPI world for you
     mpiexec -n 1 python -m mpi4py -m jobs.trainer_async --run-dir R : -n 2 ... -m jobs.rollout_async --run-dir R
     srun --mpi=pmi2 --het-group=0 python -m mpi4py -m jobs.trainer_async --run-dir R : --het-group=1 ...
+    python -m jobs.trainer_async --run-dir R          # transport.channel=files: no MPI, a job of its own
 
 The trainer is MPI world rank 0; weights go out as versioned directories, or (transport.weights=broadcast)
-also over the in-job gloo broadcast whose TCPStore address it puts into rendezvous.json.
+also over the in-job gloo broadcast whose TCPStore address it puts into rendezvous.json. With
+transport.channel=files it reads the rollout ranks' shard segments and writes a notice file instead.
 """
 from __future__ import annotations
 
@@ -16,25 +18,28 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> None:
-    from mpi4py import MPI  # first: in an MPMD world every rank's MPI_Init waits for all the others
+    from agentrl.config import load_config
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run-dir", required=True, type=Path)
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s [trainer] %(message)s")
-    if MPI.COMM_WORLD.Get_rank() != 0:
-        raise SystemExit("jobs.trainer_async must be MPI world rank 0 (the first program of the MPMD world)")
+    cfg = load_config(str(args.run_dir / "config.yaml"))
+    files = cfg.transport.channel == "files"
+    if not files:
+        from mpi4py import MPI  # early: in an MPMD world every rank's MPI_Init waits for all the others
 
-    from agentrl.config import load_config
+        if MPI.COMM_WORLD.Get_rank() != 0:
+            raise SystemExit("jobs.trainer_async must be MPI world rank 0 (the first program of the MPMD world)")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s [trainer] %(message)s")
+
     from agentrl.launch import rendezvous
     from agentrl.monitor.tensorboard import make_monitor
     from agentrl.rollout.async_weights import STORE_KEY
     from agentrl.trainer import async_role
     from agentrl.trainer.from_config import plan
-    from agentrl.transport.mpi_channel import TrainerChannel
+    from agentrl.transport import file_channel
 
     run_dir: Path = args.run_dir
-    cfg = load_config(str(run_dir / "config.yaml"))
     schedule, hyper = plan(cfg)
     tr, r = cfg.transport, cfg.rollout
     groups = tr.min_groups or r.prompts_per_step * len(cfg.envs.tasks)
@@ -45,7 +50,15 @@ def main(argv: list[str] | None = None) -> None:
     model_dir = Path(cfg.model.path) if cfg.model.path else run_dir / "model"
     timeout = cfg.cluster.role_timeout_s
 
-    def channel(version: int) -> TrainerChannel:
+    start = file_channel.shard_positions(run_dir)  # before a resume drains them: overlap is harmless, a gap is not
+
+    def channel(version: int):
+        if files:
+            return file_channel.FileTrainerChannel.open(run_dir, cfg.cluster.rollout.ranks, rendezvous.publish,
+                                                        version=version, timeout_s=timeout, poll_s=tr.poll_s,
+                                                        start=start)
+        from agentrl.transport.mpi_channel import TrainerChannel
+
         return TrainerChannel.world(cfg.cluster.rollout.ranks, version=version, timeout_s=timeout)
 
     def broadcast():

@@ -36,6 +36,7 @@ def test_resolved_config_round_trips_through_yaml(tmp_path: Path) -> None:
     ("algo.task_norm=3", "algo.task_norm"),
     ("trainer.steps=2.5", "trainer.steps"),
     ("nosection.x=1", "nosection"),
+    ("transport.channel=tcp", "transport.channel"),
 ])
 def test_bad_values_fail_at_load_naming_the_field(override: str, field: str) -> None:
     with pytest.raises(ConfigError) as e:
@@ -63,6 +64,7 @@ def test_override_needs_equals() -> None:
     (["rollout.max_model_len=4096"], "rollout.max_model_len"),
     (["rollout.top_p=0.9"], "rollout.top_p"),
     (["name=.."], "name"),
+    (["transport.channel=files", "transport.weights=broadcast"], "transport.channel"),
 ])
 def test_fields_that_only_make_sense_together(overrides: list[str], field: str) -> None:
     with pytest.raises(ConfigError) as e:

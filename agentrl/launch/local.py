@@ -155,9 +155,12 @@ def start_services(launcher: LocalLauncher, workers: int, build_model: bool,
 
 
 PIPELINE = "pipeline"  # the role name of the asynchronous schedule's MPI world (trainer + rollout ranks)
-PIPELINE_KEYS = ("mpi_port", "weights_store")
-"""rendezvous.json keys the pipeline's trainer publishes (its MPI port, the weight broadcast's store): cleared
-before the pipeline restarts (tests check they are `mpi_channel.PORT_KEY` and `async_weights.STORE_KEY`)."""
+PIPELINE_KEYS = ("mpi_port", "weights_store", "file_channel")
+"""rendezvous.json keys the pipeline's trainer publishes (its MPI port, the weight broadcast's store, the file
+channel's nonce): cleared before the pipeline or its trainer restarts (tests check they are
+`mpi_channel.PORT_KEY`, `async_weights.STORE_KEY` and `file_channel.CHANNEL_KEY`)."""
+TRAINER = "trainer"  # file mode's role names: the trainer, and rollout-<r> per rank
+ROLLOUT_PREFIX = "rollout-"
 
 
 def mpiexec() -> str:
@@ -181,11 +184,28 @@ def mpmd_command(python: str, run_dir: Path, rollout_ranks: int, engine_threads:
 
 
 def start_async_run(launcher: LocalLauncher, workers: int, build_model: bool, rollout_ranks: int,
-                    engine_threads: int, echo: Callable[[str, str], None] | None = None) -> None:
-    """The asynchronous schedule: the services as `start_run`'s, then trainer + rollout ranks as one
-    MPI world under mpiexec (role `pipeline`, its ranks' lines tagged [trainer] / [rollout-r])."""
+                    engine_threads: int, echo: Callable[[str, str], None] | None = None,
+                    channel: str = "mpi") -> list[str]:
+    """The asynchronous schedule: the services as `start_run`'s, then the trainer and the rollout ranks.
+
+    channel "mpi": one MPI world under mpiexec (role `pipeline`, its ranks' lines tagged [trainer] /
+    [rollout-r]); "files": no MPI, the trainer and each rollout rank a role of its own (`trainer`,
+    `rollout-<r>`, each with its own log), so that one can be restarted without the others.
+
+    Returns:
+        The names of the roles started for the pipeline.
+    """
     start_services(launcher, workers, build_model, echo)
+    if channel == "files":
+        launcher.start(TRAINER, "jobs.trainer_async")
+        names = [TRAINER]
+        for r in range(rollout_ranks):  # vLLM's CPU attention needs more than the one thread a bare env may give
+            launcher.start(f"{ROLLOUT_PREFIX}{r}", "jobs.rollout_async", "--rank", str(r),
+                           env={"OMP_NUM_THREADS": str(engine_threads)})
+            names.append(f"{ROLLOUT_PREFIX}{r}")
+        return names
     launcher.start_command(PIPELINE, mpmd_command(launcher.python, launcher.run_dir, rollout_ranks, engine_threads))
+    return [PIPELINE]
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

@@ -12,12 +12,12 @@ swap carries two versions, and staleness is exact per trajectory. With a lagging
 `engine_pool`) each turn may also come from an engine up to K − 1 versions behind; evaluation always uses
 the current engine.
 
-A restarted rank (the MPI world restarted by the launcher, or `python -m jobs.train` on an existing run
-dir) resumes: rank 0 keeps the expert demonstrations and the before-RL evaluation already written, the
-weights come from the trainer's notice (the version it resumed at), shard numbering goes on, and group ids
-carry the rank's incarnation (`shards/rollout-<rank>/incarnation`), so no group of an earlier life is
-ever mixed with a new one. The episode and evaluation code is the
-synchronous role's (`agentrl.rollout.role`); only the schedule is here.
+A restarted rank (the MPI world restarted by the launcher, the rank alone in file mode while the trainer runs
+on, or `python -m jobs.train` on an existing run dir) resumes: rank 0 keeps the expert demonstrations and the
+before-RL evaluation already written, the weights come from the trainer's notice (the version it resumed at),
+shard numbering goes on, and group ids carry the rank's incarnation (`shards/rollout-<rank>/incarnation`), so
+no group of an earlier life is ever mixed with a new one. The episode and evaluation code is the synchronous
+role's (`agentrl.rollout.role`); only the schedule is here.
 """
 from __future__ import annotations
 

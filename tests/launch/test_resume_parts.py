@@ -10,6 +10,7 @@ from agentrl.launch import rendezvous
 from agentrl.launch.local import PIPELINE_KEYS
 from agentrl.rollout.async_role import next_incarnation
 from agentrl.rollout.async_weights import STORE_KEY
+from agentrl.transport.file_channel import CHANNEL_KEY
 from agentrl.transport.mpi_channel import PORT_KEY
 from jobs.train import resume_check
 
@@ -38,7 +39,7 @@ def test_resume_check_refuses_the_synchronous_schedule(tmp_path: Path) -> None:
 
 
 def test_pipeline_keys_are_the_ones_the_pipeline_publishes(tmp_path: Path) -> None:
-    assert set(PIPELINE_KEYS) == {PORT_KEY, STORE_KEY}
+    assert set(PIPELINE_KEYS) == {PORT_KEY, STORE_KEY, CHANNEL_KEY}
     rendezvous.publish(tmp_path, controller_url="http://x", **{k: {"port": 1} for k in PIPELINE_KEYS})
     rendezvous.remove(tmp_path, *PIPELINE_KEYS)
     assert rendezvous.read(tmp_path) == {"controller_url": "http://x"}
