@@ -107,11 +107,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="TRAINER:ENGINE threads of the async run (default: the cores split in two, so trainer "
                          "and engine never share a core while both run; the sync run's phases take turns and "
                          "each gets every core)")
+    ap.add_argument("--seed", type=int, default=0, help="run seed (model, env latency draws, sampling)")
     ap.add_argument("--root", type=Path, default=Path("runs/bench"))
     args = ap.parse_args(argv)
     root = args.root.resolve()
     root.mkdir(parents=True, exist_ok=True)
-    common = overrides(args.quick, args.latency, args.sigma, args.steps, args.prompts)
+    common = overrides(args.quick, args.latency, args.sigma, args.steps, args.prompts) + [f"seed={args.seed}"]
     from agentrl.config import load_config
 
     cfg = load_config("smoke", common)
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         "agent_loop": loop, "async_rollout_tokens_per_s": round(rollout_tok_s, 1),
         "rollout_idle_frac": [round(r["rollout_idle_frac"], 3) for r in asyn["rollout"]],
         "setup": {"steps": cfg.trainer.steps, "trajectories_per_step": per_step, "quick": args.quick,
-                  "env_latency_median_s": args.latency, "env_latency_sigma": args.sigma,
+                  "seed": args.seed, "env_latency_median_s": args.latency, "env_latency_sigma": args.sigma,
                   "async_max_staleness": args.staleness, "async_rollout_ranks": args.ranks,
                   "async_threads": {"trainer": t_train, "engine": t_engine}, "sync_threads": cores,
                   "cpus": os.cpu_count(), "sync_wall_s": round(sync["wall_s"], 1),
