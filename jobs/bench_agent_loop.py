@@ -11,9 +11,11 @@
 2. Raw: a fresh `vllm.LLM` generates for exactly those recorded prompts, with the same sampling
    parameters, in one `generate` call (all requests known up front: no turn waits for the one before it).
 
-`agent_loop_over_raw` = ours' generated tokens/s ÷ raw's. Below 1 by what the loop costs: turns that wait
-for their previous turn (less batching), Python work per turn, the engine thread's hand-offs. Prints the
-numbers and writes them to `--out` (default runs/bench/agent_loop.json).
+`agent_loop_over_raw` = ours' generated tokens/s ÷ raw's, each the best of three timed passes. Below 1 by
+what the loop costs: turns that wait for their previous turn (less batching), Python work per turn, the
+engine thread's hand-offs; above 1 where a later turn reuses its earlier turns' cached prefix, which the
+raw side (all turns at once) cannot. Prints the numbers and writes them to `--out` (default
+runs/bench/agent_loop.json).
 """
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ from typing import Any
 
 from agentrl.config import load_config
 
+REPEATS = 3  # each side's best of three timed passes: the machine may be shared, and a burst of other work
+# slows whichever side it lands on
 
 class Recording:
     """An engine that remembers every request it served (prompt, budget) and the tokens it generated."""
@@ -67,15 +71,20 @@ async def ours(model_dir: Path, cfg: Any, episodes: int, concurrency: int) -> tu
             train = await client.indices(name, "train")
             reqs += [(name, train[i % len(train)], f"bench-{name}-{i}") for i in range(episodes // len(tasks))]
         await role.collect(client, engine, tok, reqs[:concurrency], sampling, plan.limits, concurrency, 0)  # warm-up
-        rec = Recording(engine)
-        t0 = time.perf_counter()
-        trajs, _ = await role.collect(client, rec, tok, reqs, sampling, plan.limits, concurrency, 0)
-        dt = time.perf_counter() - t0
+        best: tuple[float, Recording, float, int] | None = None
+        for _ in range(REPEATS):
+            rec = Recording(engine)
+            t0 = time.perf_counter()
+            trajs, _ = await role.collect(client, rec, tok, reqs, sampling, plan.limits, concurrency, 0)
+            dt = time.perf_counter() - t0
+            if best is None or rec.generated / dt > best[0]:
+                best = (rec.generated / dt, rec, dt, sum(t.num_turns for t in trajs))
     finally:
         engine.close()
-    turns = sum(t.num_turns for t in trajs)
-    return {"tokens_per_s": rec.generated / dt, "seconds": dt, "episodes": float(len(trajs)),
-            "turns": float(turns), "generated_tokens": float(rec.generated)}, rec
+    assert best is not None
+    rate, rec, dt, turns = best
+    return {"tokens_per_s": rate, "seconds": dt, "episodes": float(len(reqs)), "turns": float(turns),
+            "generated_tokens": float(rec.generated)}, rec
 
 
 def raw(model_dir: Path, cfg: Any, rec: Recording, concurrency: int) -> dict[str, float]:
@@ -100,10 +109,13 @@ def raw(model_dir: Path, cfg: Any, rec: Recording, concurrency: int) -> dict[str
 
     def generate() -> None:
         llm.generate(prompts[:concurrency], [params(b) for _, b in rec.calls[:concurrency]], use_tqdm=False)  # warm-up
-        t0 = time.perf_counter()
-        outs = llm.generate(prompts, [params(b) for _, b in rec.calls], use_tqdm=False)
-        result["dt"] = time.perf_counter() - t0
-        result["n"] = sum(len(o.outputs[0].token_ids) for o in outs)
+        for _ in range(REPEATS):
+            t0 = time.perf_counter()
+            outs = llm.generate(prompts, [params(b) for _, b in rec.calls], use_tqdm=False)
+            dt = time.perf_counter() - t0
+            n = sum(len(o.outputs[0].token_ids) for o in outs)
+            if not result or n / dt > result["n"] / result["dt"]:
+                result.update(dt=dt, n=n)
 
     # From a thread of its own, as `VLLMEngine` steps its engine: vLLM's CPU backend pins the OpenMP threads
     # of the thread that built the engine, and stepping from that (main) thread ran 15x slower here beside

@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     consumed = max(tr["queue"].get("consumed", 0), 1)
     busy = max(tr["rl_wall_s"], 1e-9)
     rollout_tok_s = sum(r["action_tokens"] / max(r["wall_s"], 1e-9) for r in asyn["rollout"])
-    loop = bench_agent_loop.measure(asyn["run_dir"] / "model", "smoke", common, episodes=4 * per_step,
+    loop = bench_agent_loop.measure(asyn["run_dir"] / "model", "smoke", common, episodes=max(256, 4 * per_step),
                                     concurrency=cfg.rollout.concurrency, work=root / "agent_loop")
     print(f"agent loop vs raw vLLM: {loop['agent_loop_over_raw']}", flush=True)
     result = {
