@@ -37,7 +37,7 @@ def test_throughput_counts_the_steady_state_and_the_whole_run() -> None:
 @pytest.mark.e2e
 def test_tiny_bench_writes_every_figure(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "jobs.bench_pipeline", "--steps", "3", "--prompts", "2",
-                           "--latency", "0.1", "--root", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                           "--latency", "0.1", "--loop-episodes", "32", "--root", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
                           timeout=900, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = json.loads((tmp_path / "pipeline.json").read_text())
