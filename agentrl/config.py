@@ -528,6 +528,15 @@ class ClusterConfig:
         self.trainer.validate(f"{p}.trainer")
         self.rollout.validate(f"{p}.rollout")
         self.env.validate(f"{p}.env")
+        if self.schedule == "async":
+            # Trainer and rollout ranks are one MPI world, started as one MPMD srun step across het groups.
+            # Jobs per role would need MPI's port mode between separately started steps (TrainerChannel.accept);
+            # the async jobs do not use it, so the Slurm launch asks for the hetjob instead.
+            _check(self.hetjob, f"{p}.hetjob", "must be true with cluster.schedule=async: its trainer and "
+                   "rollout ranks are one MPI world, started as one MPMD srun step across het groups")
+            _check(self.trainer.world_size == 1, f"{p}.trainer.ranks_per_node",
+                   f"the asynchronous trainer runs one rank (the MPI hub): nodes x ranks_per_node must be 1, "
+                   f"not {self.trainer.world_size}")
 
 
 @dataclass(frozen=True)

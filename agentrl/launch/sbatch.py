@@ -49,10 +49,13 @@ def _join(argv: list[str]) -> str:
 
 def role_argv(step: Step, python: str, run_dir: str, image: str = "", data_dir: str = "data",
               binds: tuple[str, ...] = (), het: bool = True) -> list[str]:
-    """The command a role's srun step runs (after srun's own options)."""
+    """The command a role's srun step (or one component of an MPMD step) runs, after srun's own options."""
+    env = ["env", *(f"{k}={v}" for k, v in step.env)] if step.env else []
+    if step.mpi:  # its ranks come from MPI itself; mpi4py's runner aborts the world on an uncaught exception
+        return [*env, python, "-m", "mpi4py", "-m", step.module, "--run-dir", run_dir, *step.args]
     inner_py = "python" if image and step.role == "env_worker" else python  # the image's own Python is on PATH
     group = ["--het-group", str(step.group)] if het else []
-    argv = [inner_py, "-m", "agentrl.launch.slurm_env", *group, "--",
+    argv = [*env, inner_py, "-m", "agentrl.launch.slurm_env", *group, "--",
             inner_py, "-m", step.module, "--run-dir", run_dir, *step.args]
     if image and step.role == "env_worker":
         return worker_command(image, run_dir, data_dir, argv, binds)
@@ -60,16 +63,34 @@ def role_argv(step: Step, python: str, run_dir: str, image: str = "", data_dir: 
 
 
 def srun_argv(step: Step, het: bool, run_dir: str = "$RUN_DIR") -> list[str]:
-    argv = ["srun", "--mpi=pmi2"]
-    if het:
-        argv.append(f"--het-group={step.group}")
+    """`srun` and the options of a step's first (or only) component."""
+    # an MPMD step's one --output takes every component's ranks: one log for the MPI world, as the local
+    # launcher's logs/pipeline.log (each line names its rank's role)
+    output = f"{run_dir}/logs/pipeline.log" if step.mpmd else f"{run_dir}/logs/{step.role}-%t.log"
+    return ["srun", "--mpi=pmi2", *_component_options(step, het, f"--output={output}")]
+
+
+def _component_options(step: Step, het: bool, output: str = "") -> list[str]:
+    argv = [f"--het-group={step.group}"] if het else []
     # --exact: a step gets only the CPUs it asks for (without it the first step on a node takes the node's
     # whole allocation and the controller's step beside the env workers' waits forever; seen on Slurm 22.05)
-    argv += [f"--ntasks={step.ntasks}", "--exact", f"--output={run_dir}/logs/{step.role}-%t.log"]
+    argv += [f"--ntasks={step.ntasks}", "--exact"]
+    if output:
+        argv.append(output)
     if step.gpus_per_task:
         argv.append(f"--gpus-per-task={step.gpus_per_task}")
     if step.overlap:
         argv.append("--overlap")
+    return argv
+
+
+def step_argv(step: Step, python: str, run_dir: str, image: str = "", data_dir: str = "data",
+              binds: tuple[str, ...] = (), het: bool = True) -> list[str]:
+    """The whole srun command of a step: `srun OPTS CMD`, or for an MPMD step `srun OPTS CMD : OPTS CMD ...`
+    (one MPI world across the components' het groups)."""
+    argv = srun_argv(step, het, run_dir) + role_argv(step, python, run_dir, image, data_dir, binds, het)
+    for part in step.mpmd:
+        argv += [":", *_component_options(part, het), *role_argv(part, python, run_dir, image, data_dir, binds, het)]
     return argv
 
 
@@ -105,9 +126,14 @@ def _prepare_lines(plan: Plan, preset: str, overrides: list[str], make_model_gro
 
 
 def _step_line(plan: Plan, step: Step, het: bool, image: str, binds: tuple[str, ...]) -> str:
-    argv = srun_argv(step, het) + role_argv(step, "$PY", "$RUN_DIR", image, "data", binds, het)
-    where = f"het group {step.group}, " if het else ""
-    note = f"# {step.role}: {where}{step.ntasks} task{'s' if step.ntasks > 1 else ''}"
+    argv = step_argv(step, "$PY", "$RUN_DIR", image, "data", binds, het)
+    parts = (step, *step.mpmd)
+    where = [f"{p.role}: " + (f"het group {p.group}, " if het else "") + f"{p.ntasks} task{'s' if p.ntasks > 1 else ''}"
+             for p in parts]
+    note = "# " + "; ".join(where)
+    if step.mpmd:
+        note = (f"# one MPI world (an MPMD step across het groups; world rank 0 is the {step.role}):\n{note}\n"
+                "# srun passes USR1 to every rank: the trainer checkpoints and stops the rollout ranks, who ignore it")
     return f"{note}\n{_join(argv)} &\n{step.role.upper()}=$!"
 
 

@@ -31,7 +31,7 @@ from submitit.slurm.slurm import SlurmExecutor
 from agentrl.config import RunConfig
 from agentrl.launch import slurm_env, topology
 from agentrl.launch.preempt import REQUEUE_BY_SCRIPT
-from agentrl.launch.sbatch import role_argv, srun_argv
+from agentrl.launch.sbatch import step_argv
 
 
 class HetSlurmExecutor(SlurmExecutor):
@@ -100,8 +100,8 @@ def _start_steps(cfg: RunConfig, run_dir: Path, group: int | None) -> dict[str, 
     procs: dict[str, subprocess.Popen] = {}
     for step in topology.plan(cfg).steps:
         if het or step.group == group:
-            argv = srun_argv(step, het, str(run_dir)) + role_argv(
-                step, py, str(run_dir), cfg.cluster.env.apptainer_image, "data", cfg.cluster.env.binds, het)
+            argv = step_argv(step, py, str(run_dir), cfg.cluster.env.apptainer_image, "data", cfg.cluster.env.binds,
+                             het)
             procs[step.role] = subprocess.Popen(argv)
     return procs
 
@@ -161,8 +161,8 @@ class HetRun(_Preemptible):
         if topology.plan(cfg).needs_model:
             _make_model(run_dir, het=True)
         procs = _start_steps(cfg, run_dir, None)
-        self.trainer = procs["trainer"]
-        _finish(procs, ["rollout", "trainer"], run_dir)
+        self.trainer = procs["trainer"]  # on the asynchronous schedule: the MPMD step whose rank 0 is the trainer
+        _finish(procs, [s.role for s in topology.plan(cfg).steps if s.ends_run], run_dir)
         return json.loads((run_dir / "report" / "summary.json").read_text())
 
 

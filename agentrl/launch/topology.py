@@ -4,10 +4,14 @@ what a person submits by hand and what Python submits are the same steps.
 
 Groups, in het-group order: 0 trainer, 1 rollout, 2 env workers (+ the controller by default). Each step
 runs `python -m agentrl.launch.slurm_env --het-group N -- python -m jobs.<role>`, so every role's rank
-variables come from one reader of Slurm's. Not here: MPI between the roles. The roles do not use MPI
-yet (the transport is HDF5 shards in the run dir), so each role is its own srun step; once the MPI
-transport is wired, trainer and rollout become one MPMD step (`srun --mpi=pmi2 --het-group=0 ... :
---het-group=1 ...`, which `tests/launch/test_slurm_cluster.py` shows working across groups).
+variables come from one reader of Slurm's.
+
+On the synchronous schedule every role is its own srun step (trajectories travel as HDF5 shards). On the
+asynchronous one (`cluster.schedule: async`) trainer and rollout ranks are one MPI world: one MPMD step
+across het groups 0 and 1 (`srun --mpi=pmi2 --het-group=0 ... : --het-group=1 ...`), whose programs run
+under `python -m mpi4py` and take their ranks from MPI (the trainer is world rank 0, rollout rank r is
+world rank r + 1). They skip the slurm_env wrapper: in a step that spans some of the job's groups, Slurm's
+variables do not say where one component's tasks start.
 
 Standard library only (plus agentrl.config): this runs on login nodes.
 """
@@ -42,6 +46,13 @@ class Step:
     gpus_per_task: int = 0
     """Bind this many GPUs to each task (rollout ranks: their engines' GPUs, so two ranks never share
     one). 0 for the trainer: its ranks see the node's GPUs and pick `cuda:LOCAL_RANK`."""
+    mpi: bool = False
+    """An MPI program: started as `python -m mpi4py -m <module>` (an uncaught exception aborts the whole
+    MPI world instead of leaving the other ranks waiting), without the slurm_env wrapper."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Variables set for this step's tasks (`env K=V` before the program)."""
+    mpmd: tuple[Step, ...] = ()
+    """Further components of the same srun step (after `:`), each in its own het group: one MPI world."""
 
 
 @dataclass(frozen=True)
@@ -91,12 +102,19 @@ def plan(cfg: RunConfig) -> Plan:
                                      c.rollout.gpus_per_node)),
         Group("env", _directives(c.env.slurm, c.env.nodes, None, env_tasks, 0)),
     )
-    steps = (
+    rollout_gpus = c.rollout.gpus_per_rank if c.rollout.gpus_per_node else 0
+    services = (
         Step("controller", controller_group, 1, "jobs.controller", overlap=controller_group == TRAINER),
         Step("env_worker", ENV, cfg.envs.workers, "jobs.env_worker"),
-        Step("rollout", ROLLOUT, c.rollout.ranks, "jobs.rollout", ends_run=True,
-             gpus_per_task=c.rollout.gpus_per_rank if c.rollout.gpus_per_node else 0),
-        Step("trainer", TRAINER, c.trainer.world_size, "jobs.trainer", ends_run=True),
     )
+    if c.schedule == "async":  # one MPI world: the trainer (world rank 0), then the rollout ranks
+        rollout = Step("rollout", ROLLOUT, c.rollout.ranks, "jobs.rollout_async", gpus_per_task=rollout_gpus,
+                       mpi=True, env=(("OMP_NUM_THREADS", str(c.engine_threads)),))
+        steps = (*services, Step("trainer", TRAINER, 1, "jobs.trainer_async", ends_run=True, mpi=True,
+                                 mpmd=(rollout,)))
+    else:
+        steps = (*services,
+                 Step("rollout", ROLLOUT, c.rollout.ranks, "jobs.rollout", ends_run=True, gpus_per_task=rollout_gpus),
+                 Step("trainer", TRAINER, c.trainer.world_size, "jobs.trainer", ends_run=True))
     return Plan(name=cfg.name, groups=groups, steps=steps, needs_model=not cfg.model.path, signal_s=c.signal_s,
                 python=c.python, overrides=("controller.host=0.0.0.0",))

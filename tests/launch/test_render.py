@@ -25,6 +25,10 @@ SMALL = ["cluster.trainer.slurm.cpus_per_task=1", "cluster.rollout.slurm.cpus_pe
 CASES = {  # golden file: (preset, overrides)
     "smoke-hetjob.sbatch": ("smoke", SMALL),
     "smoke-per-role.sh": ("smoke", [*SMALL, "cluster.hetjob=false"]),
+    "smoke-async-hetjob.sbatch": ("smoke", [*SMALL, "cluster.schedule=async", "cluster.rollout.ranks=2"]),
+    "agentbench-qwen2.5-7b-async.sbatch": ("agentbench-qwen2.5-7b", [
+        "cluster.schedule=async", "cluster.trainer.nodes=1", "cluster.trainer.gpus_per_node=1",
+        "cluster.trainer.ranks_per_node=1"]),
     "demo-controller-with-trainer.sbatch": ("demo", ["cluster.controller_placement=trainer", "envs.workers=2"]),
     "agentbench-qwen2.5-3b.sbatch": ("agentbench-qwen2.5-3b", []),
     "agentbench-qwen2.5-7b.sbatch": ("agentbench-qwen2.5-7b", []),
@@ -82,6 +86,34 @@ def test_hetjob_groups_and_steps(capsys: pytest.CaptureFixture[str]) -> None:
     assert [s[s.index("--") + 3] for s in steps] == ["jobs.controller", "jobs.env_worker", "jobs.rollout", "jobs.trainer"]
     assert "--gpus-per-task=8" in steps[2] and not any(a.startswith("--gpus") for a in steps[3])  # rollout ranks only
     assert "controller.host=0.0.0.0" in text
+
+
+def test_async_trainer_and_rollout_are_one_mpmd_step(capsys: pytest.CaptureFixture[str]) -> None:
+    text = render("smoke", ["cluster.schedule=async", "cluster.rollout.ranks=3", "cluster.rollout.nodes=1",
+                            "cluster.engine_threads=4"], capsys)
+    steps = [shlex.split(line) for line in text.splitlines() if line.startswith("srun --mpi=pmi2")]
+    assert len(steps) == 3  # controller, env workers, and trainer + rollout ranks as one step
+    mpmd = steps[2]
+    trainer, rollout = mpmd[:mpmd.index(":")], mpmd[mpmd.index(":") + 1:]
+    assert trainer[2:5] == ["--het-group=0", "--ntasks=1", "--exact"]
+    assert trainer[5:] == ["--output=$RUN_DIR/logs/pipeline.log",  # one log for the MPI world's ranks
+                           "$PY", "-m", "mpi4py", "-m", "jobs.trainer_async", "--run-dir", "$RUN_DIR"]
+    assert rollout[:3] == ["--het-group=1", "--ntasks=3", "--exact"]
+    assert rollout[3:5] == ["env", "OMP_NUM_THREADS=4"]  # srun would start the engine ranks with the step's CPUs
+    assert rollout[5:] == ["$PY", "-m", "mpi4py", "-m", "jobs.rollout_async", "--run-dir", "$RUN_DIR", "&"]
+    assert "agentrl.launch.slurm_env" not in mpmd  # MPI gives these ranks their places
+    assert text.count("\nTRAINER=$!") == 1 and "ROLLOUT=$!" not in text  # USR1 goes to the MPMD step
+    assert 'wait_step "$TRAINER"' in text and "jobs.trainer --" not in text and "jobs.rollout --" not in text
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (["cluster.hetjob=false"], "cluster.hetjob: must be true with cluster.schedule=async"),
+    (["cluster.trainer.ranks_per_node=2"], "cluster.trainer.ranks_per_node: the asynchronous trainer runs one rank"),
+])
+def test_async_needs_one_hetjob_and_one_trainer_rank(overrides: list[str], field: str,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    assert launch.main(["--preset", "smoke", "--render-sbatch", "cluster.schedule=async", *overrides]) == 2
+    assert field in capsys.readouterr().err
 
 
 def test_per_role_jobs_are_chained(capsys: pytest.CaptureFixture[str]) -> None:
