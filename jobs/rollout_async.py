@@ -11,6 +11,9 @@ The rollout rank is the MPI world rank minus 1 (the trainer is world rank 0). Wi
 there is no MPI world: each rank is a process (or job) of its own, told its rank, and may be restarted alone:
 
     python -m jobs.rollout_async --run-dir R --rank 1
+
+Under Slurm a rollout rank ignores USR1 and SIGTERM (srun passes the job's signals to every rank of
+the step): the trainer checkpoints and then sends the stop notice that ends this rank.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import argparse
 import asyncio
 import json
 import logging
+import signal
 from pathlib import Path
 
 
@@ -34,8 +38,18 @@ def main(argv: list[str] | None = None) -> None:
     else:
         rank = args.rank
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(name)s %(levelname)s [rollout-{rank}] %(message)s")
+    from agentrl.launch import slurm_env
+
+    if slurm_env.job_id():
+        for sig in (signal.SIGUSR1, signal.SIGTERM):  # a handler, not SIG_IGN: children must not inherit it
+            signal.signal(sig, _wait_for_the_trainer)
     out = asyncio.run(amain(args.run_dir, rank, files=args.rank is not None))
     logging.getLogger("agentrl.rollout").info("rank %d done %s", rank, json.dumps(out.get("summary", {}))[:2000])
+
+
+def _wait_for_the_trainer(signum: int, _frame: object) -> None:
+    logging.getLogger("agentrl.rollout").info("%s: left to the trainer, whose stop notice ends this rank",
+                                              signal.Signals(signum).name)
 
 
 async def amain(run_dir: Path, rank: int, files: bool = False) -> dict:

@@ -9,6 +9,9 @@ rollout rank while it trains; each step takes the complete groups available, tra
 The trainer is MPI world rank 0; weights go out as versioned directories, or (transport.weights=broadcast)
 also over the in-job gloo broadcast whose TCPStore address it puts into rendezvous.json. With
 transport.channel=files it reads the rollout ranks' shard segments and writes a notice file instead.
+
+Under Slurm, USR1 (the job's warning; srun passes it to every rank of the step) and SIGTERM mean: finish the
+step, checkpoint (with the queue's ledger), tell the rollout ranks to stop, and exit for the requeue.
 """
 from __future__ import annotations
 
@@ -32,7 +35,8 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit("jobs.trainer_async must be MPI world rank 0 (the first program of the MPMD world)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s [trainer] %(message)s")
 
-    from agentrl.launch import rendezvous
+    from agentrl.launch import rendezvous, slurm_env
+    from agentrl.launch.preempt import Preemption
     from agentrl.monitor.tensorboard import make_monitor
     from agentrl.rollout.async_weights import STORE_KEY
     from agentrl.trainer import async_role
@@ -69,11 +73,15 @@ def main(argv: list[str] | None = None) -> None:
         return WeightBroadcast(store, 0, cfg.cluster.rollout.ranks + 1, timeout_s=timeout)
 
     monitor = make_monitor(run_dir, "trainer", cfg.monitor.tensorboard)
+    # Outside Slurm a SIGTERM keeps its plain meaning (the local launcher stops the MPI world).
+    preemption = Preemption().install() if slurm_env.job_id() else None
     try:
         async_role.run(run_dir, model_dir, schedule, hyper, pipe, cfg.trainer.threads, monitor, channel,
-                       broadcast_factory=broadcast)
+                       broadcast_factory=broadcast, should_stop=(lambda: preemption.requested) if preemption else None)
     finally:
         monitor.close()
+    if preemption is not None and preemption.requested:
+        preemption.exit_for_requeue()
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,12 +138,16 @@ def drain_shards(run_dir: Path, q: TrajectoryQueue) -> Counter[str]:
 
 
 def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, p: Pipeline, threads: int, monitor,
-        channel_factory: Any, par: Parallel | None = None, broadcast_factory: Any = None) -> TrainerState:
+        channel_factory: Any, par: Parallel | None = None, broadcast_factory: Any = None,
+        should_stop: Callable[[], bool] | None = None) -> TrainerState:
     """Warm start (unless resuming), then `s.steps` asynchronous steps.
 
     Args:
         channel_factory: `version -> TrainerChannel` (the MPI world, or a port; called once v<version> exists).
         broadcast_factory: `() -> WeightBroadcast` (sender side) when `p.weights == "broadcast"`.
+        should_stop: asked after every step (preemption): when true, the step just trained is checkpointed
+            and the run ends early the way a finished run does (the rollout ranks are told to stop, the
+            ledger is written), so that a restarted trainer resumes from that step.
     """
     par = par or Parallel()
     if par.world_size > 1:
@@ -189,7 +194,8 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, p: Pipeline, th
     ch = channel_factory(state.policy_version)
     publisher = Publisher(run_dir, broadcast_factory() if p.weights == "broadcast" else None)
     # A failure propagates as it is (under `python -m mpi4py` it aborts the world): nothing to announce then.
-    _loop(run_dir, model, opt, sched, ref_model, ws, state, q, ch, publisher, s, h, p, pad_id, monitor, par)
+    _loop(run_dir, model, opt, sched, ref_model, ws, state, q, ch, publisher, s, h, p, pad_id, monitor, par,
+          should_stop)
     publisher.announce(ch, wait=True)  # the last version before the stop: rollout rank 0 evaluates it
     publisher.close()
     late = ch.close(timeout_s=max(s.wait_timeout_s, 60.0))
@@ -204,7 +210,7 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, p: Pipeline, th
 
 def _loop(run_dir: Path, model: torch.nn.Module, opt: Any, sched: Any, ref_model: Any, ws: WarmStart | None,
           state: TrainerState, q: TrajectoryQueue, ch: Any, publisher: Publisher, s: Schedule, h: RLHyper,
-          p: Pipeline, pad_id: int, monitor, par: Parallel) -> None:
+          p: Pipeline, pad_id: int, monitor, par: Parallel, should_stop: Callable[[], bool] | None = None) -> None:
     # Idle time counts from the first batch on: the wait for it (engines starting, the first episodes) is the
     # pipeline's fill, logged apart as pipeline/fill_s.
     t_start: float | None = None
@@ -242,7 +248,8 @@ def _loop(run_dir: Path, model: torch.nn.Module, opt: Any, sched: Any, ref_model
         write_report(run_dir, state, s.steps, q)
         publisher.publish(state.policy_version, model.state_dict())
         q.set_version(state.policy_version)
-        if s.checkpoint_every and (state.step % s.checkpoint_every == 0 or state.step == s.steps):
+        stop = should_stop is not None and should_stop()
+        if stop or s.checkpoint_every and (state.step % s.checkpoint_every == 0 or state.step == s.steps):
             checkpoint.save(run_dir, state, model, opt, sched, par, s.keep_checkpoints)
             save_queue(run_dir, q)
         dt = time.perf_counter() - t0
@@ -268,6 +275,10 @@ def _loop(run_dir: Path, model: torch.nn.Module, opt: Any, sched: Any, ref_model
                  "(%.2fs, waited %.2fs)", state.step, s.steps, len(usable), len(trajs), len(groups),
                  metrics["pipeline/staleness_mean"], int(metrics["pipeline/staleness_max"]), q.depth,
                  stats.get("loss", 0.0), dt, t0 - t_wait)
+        if stop:
+            log.info("preempted: checkpointed step %d (policy v%d, %d trajectories consumed); stopping the rollout "
+                     "ranks", state.step, state.policy_version, len(state.consumed))
+            break
 
 
 def _next_groups(q: TrajectoryQueue, ch: Any, p: Pipeline, timeout_s: float, publisher: Publisher
