@@ -1,11 +1,16 @@
-"""The `slurm` fixture: a running Slurm (bash .ci/slurm/start.sh) or a clear skip — a failure under CI=true."""
+"""The `slurm` fixture: a running Slurm (bash .ci/slurm/start.sh) or a clear skip — a failure under CI=true;
+`job_env`: what jobs submitted from a test import."""
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
@@ -24,3 +29,11 @@ def slurm() -> None:
         if os.environ.get("CI") == "true":
             pytest.fail(why)
         pytest.skip(why)
+
+
+@pytest.fixture
+def job_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Jobs inherit the submitting environment (sbatch's default): make them import this checkout (and this
+    directory's modules, whose functions submitit pickles by reference)."""
+    monkeypatch.setenv("PYTHONPATH", f"{ROOT}:{Path(__file__).parent}")
+    monkeypatch.setenv("AGENTRL_PYTHON", sys.executable)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import submitit
+from slurm_tools import job_gone, sbatch_script, wait_until
 
 from agentrl.config import load_config
 from agentrl.launch import sbatch
@@ -30,36 +31,6 @@ SMALL = ["cluster.trainer.slurm.cpus_per_task=1", "cluster.rollout.slurm.cpus_pe
          "cluster.env.slurm.cpus_per_task=1", "trainer.threads=1", "rollout.engine=expert",
          "cluster.trainer.slurm.time=00:10:00", "cluster.rollout.slurm.time=00:10:00",
          "cluster.env.slurm.time=00:10:00"]
-
-
-@pytest.fixture
-def job_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Jobs inherit the submitting environment (sbatch's default): make them import this checkout (and this
-    module, whose `probe` submitit pickles by reference)."""
-    monkeypatch.setenv("PYTHONPATH", f"{ROOT}:{Path(__file__).parent}")
-    monkeypatch.setenv("AGENTRL_PYTHON", sys.executable)
-
-
-def wait_until(cond, timeout_s: float, what: str, poll_s: float = 0.5):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(poll_s)
-    raise TimeoutError(f"{what} within {timeout_s:.0f}s")
-
-
-def job_gone(job_id: str) -> bool:
-    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
-    return out.stdout.strip() == ""
-
-
-def sbatch_script(text: str, path: Path) -> str:
-    path.write_text(text)
-    out = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True, check=True,
-                         cwd=path.parent)
-    return out.stdout.strip().split(";")[0]
 
 
 def probe() -> dict:
