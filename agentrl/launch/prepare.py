@@ -2,13 +2,16 @@
 
 The job calls this first (`python -m jobs.launch --preset P --prepare-run RUN_DIR ...`). On a requeue the
 directory already holds config.yaml, checkpoints and shards: it is kept as it is, never rewritten, so
-the restarted roles read the same config and the trainer resumes from its newest checkpoint.
+the restarted roles read the same config and the trainer resumes from its newest checkpoint. Only
+rendezvous.json goes: the addresses in it (controller, MPI port, weight broadcast) were the previous
+attempt's, and a restarted role must wait for the new ones instead of calling dead ones.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from agentrl.config import RunConfig, config_from_dict, dump_config, load_config, to_dict
+from agentrl.launch import rendezvous
 from agentrl.launch.apptainer import require_apptainer, sandbox_options
 
 
@@ -29,6 +32,7 @@ def prepare_run(preset: str, overrides: list[str], run_dir: str | Path) -> tuple
     run_dir = Path(run_dir)
     path = run_dir / "config.yaml"
     if path.exists():
+        (run_dir / rendezvous.FILENAME).unlink(missing_ok=True)
         return load_config(str(path)), True
     cfg = run_config(preset, overrides, run_dir)
     if cfg.cluster.env.apptainer_image:

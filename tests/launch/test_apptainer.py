@@ -13,7 +13,7 @@ import pytest
 
 from agentrl.config import load_config
 from agentrl.envs.sandbox import apptainer_argv
-from agentrl.launch import apptainer
+from agentrl.launch import apptainer, rendezvous
 from agentrl.launch.prepare import prepare_run, run_config
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -73,6 +73,8 @@ def test_apptainer_found_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 def test_prepare_run_keeps_a_requeued_run(tmp_path: Path) -> None:
     cfg, resumed = prepare_run("smoke", ["trainer.steps=3"], tmp_path / "run")
     assert not resumed and cfg.trainer.steps == 3
+    rendezvous.publish(tmp_path / "run", controller_url="http://n3:41234")  # the first attempt's controller
     again, resumed = prepare_run("smoke", ["trainer.steps=7"], tmp_path / "run")  # a requeue: same dir
     assert resumed and again.trainer.steps == 3
+    assert rendezvous.read(tmp_path / "run") == {}  # its addresses are dead: the roles wait for new ones
     assert again == load_config(str(tmp_path / "run" / "config.yaml"))
