@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from types import TracebackType
 from typing import Any, Self
 
@@ -123,8 +124,18 @@ class GatewayClient:
         """The assistant message the task's scripted expert would send now."""
         return dict((await self._call("POST", "/expert", {"session_id": session_id}))["message"])
 
-    async def indices(self, task: str, split: str) -> list[str]:
-        return list((await self._call("GET", "/indices", params={"task": task, "split": split}))["indices"])
+    async def indices(self, task: str, split: str, wait_s: float = 120.0, poll_s: float = 0.5) -> list[str]:
+        """The sample indices of `task`'s `split`. The controller knows them from its workers: while none has
+        registered (roles started together, as a requeued Slurm job starts them) it answers no_capacity, and
+        this waits up to `wait_s` for one."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return list((await self._call("GET", "/indices", params={"task": task, "split": split}))["indices"])
+            except EnvError as e:
+                if e.code != "no_capacity" or time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(poll_s)
 
     async def status(self) -> dict[str, Any]:
         return await self._call("GET", "/status")

@@ -221,3 +221,22 @@ def test_client_connection_failure_is_env_error() -> None:
         async with GatewayClient("http://127.0.0.1:9", timeout_s=2.0) as env:
             assert await error_code(env.status()) == "env_error"
     run(main())
+
+
+def test_indices_wait_for_the_first_worker() -> None:
+    """Roles started together (a requeued Slurm job): asked before any worker registered, the controller says
+    no_capacity; `indices` waits for a worker instead of failing, up to its bound."""
+    async def main() -> None:
+        ctrl = await start_controller(FAST)
+        async with GatewayClient(ctrl.url) as env:
+            assert await error_code(env.indices("lookup", "train", wait_s=0.2, poll_s=0.05)) == "no_capacity"
+            asked = asyncio.create_task(env.indices("lookup", "train", wait_s=30.0, poll_s=0.05))
+            await asyncio.sleep(0.3)
+            assert not asked.done()
+            worker = await add_worker(ctrl, "w0")
+            assert len(await asyncio.wait_for(asked, 10.0)) > 0
+            assert await error_code(env.indices("lokup", "train")) == "unknown_task"  # not waited for
+        await worker.stop()
+        await ctrl.stop()
+
+    run(main())
