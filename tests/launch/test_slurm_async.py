@@ -1,0 +1,126 @@
+"""The asynchronous schedule under a real Slurm (the CI's: three node names on one host), marked `slurm`.
+
+Trainer and rollout ranks are one MPI world started as one MPMD srun step across het groups 0 and 1;
+controller and env worker are steps of group 2 (agentrl.launch.topology). Checked:
+
+* through submitit (`submit.submit`, the HetSlurmExecutor): the smoke run with two rollout ranks trains to
+  the end, and the trainer's ledger accounts for every trajectory in the shards exactly once;
+* through the rendered sbatch script: USR1 mid-run → the trainer finishes its step, checkpoints, stops the
+  rollout ranks; the script requeues; the run resumes where it stopped and ends with the ledger intact.
+
+The scripted expert plays every episode (`rollout.engine=expert`): no vLLM, so a run takes seconds of RL.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from async_ledger import reconcile, shard_trajectories
+from slurm_tools import job_gone, sbatch_script, wait_until
+
+from agentrl.config import load_config
+from agentrl.launch import sbatch, topology
+
+pytestmark = [pytest.mark.slurm]
+ASYNC = ["cluster.trainer.slurm.cpus_per_task=1", "cluster.rollout.slurm.cpus_per_task=1",
+         "cluster.env.slurm.cpus_per_task=1", "trainer.threads=1", "rollout.engine=expert",
+         "cluster.trainer.slurm.time=00:10:00", "cluster.rollout.slurm.time=00:10:00",
+         "cluster.env.slurm.time=00:10:00", "cluster.schedule=async", "cluster.rollout.ranks=2",
+         "cluster.role_timeout_s=300"]
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def trained_steps(run_dir: Path) -> list[int]:
+    """The step index of every trainer step TensorBoard recorded, over every trainer event file (a restarted
+    trainer writes a new one); orphaned events are kept, so a step trained twice shows up twice."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    steps: list[int] = []
+    for events in sorted((run_dir / "tb").glob("events.out.tfevents.*.trainer")):
+        acc = EventAccumulator(str(events), purge_orphaned_data=False)
+        acc.Reload()
+        if "pipeline/batch_size" in acc.Tags()["scalars"]:
+            steps += [e.step for e in acc.Scalars("pipeline/batch_size")]
+    return sorted(steps)
+
+
+def taken(trainer: dict) -> int:
+    """Trajectories the trainer's steps took from the queue: trained on, or dropped with a counted reason."""
+    return int(trainer["trajectories_trained"] + sum(v for k, v in trainer.items() if k.startswith("dropped_")))
+
+
+def test_async_smoke_run_as_one_hetjob(slurm, job_env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """~40-60 s. The smoke run on the asynchronous schedule through submitit: trainer (group 0) and two rollout
+    ranks (group 1) in one MPI world, trained to the end; `job.result()` is the summary."""
+    from agentrl.launch import submit
+
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config("smoke", ASYNC)
+    (job,) = submit.submit(cfg, "smoke", ASYNC, tmp_path / "submitit")
+    summary = job.result()
+    run_dir = tmp_path / "runs" / f"smoke-{job.job_id}"
+    assert (run_dir / "report" / "summary.json").exists()
+    assert summary["schedule"] == "async" and summary["rl_steps"] == cfg.trainer.steps
+    trainer = read_json(run_dir / "report" / "trainer.json")
+    assert trainer["schedule"] == "async"
+    assert trainer["steps_done"] == trainer["steps"] == cfg.trainer.steps == 2
+    # both rollout ranks joined the trainer's world and were stopped by it
+    assert {read_json(run_dir / "report" / f"rollout-{r}.json")["rank"] for r in range(2)} == {0, 1}
+    ledger = reconcile(run_dir)
+    per_step = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
+    assert len(ledger.consumed) == taken(trainer) == cfg.trainer.steps * per_step  # each once
+    assert trainer["left_at_end/held"] == len(ledger.held)
+    log = (run_dir / "logs" / "pipeline.log").read_text()
+    assert "[trainer]" in log and "[rollout-0]" in log and "[rollout-1]" in log
+    assert sorted(p.name for p in (run_dir / "logs").iterdir()) == ["controller-0.log", "env_worker-0.log",
+                                                                   "pipeline.log"]
+
+
+def test_async_usr1_checkpoints_requeues_and_resumes(slurm, job_env, tmp_path: Path) -> None:
+    """~2-3 min (cred_expire=10 s before the requeued job may start). The rendered async script gets USR1
+    mid-run: the trainer checkpoints after its step and stops the rollout ranks, the script requeues, the
+    job resumes in the same run dir: the step counter goes on, nothing consumed before is lost, nothing twice."""
+    steps = 12
+    overrides = [*ASYNC, f"trainer.steps={steps}", "rollout.env_latency_s=0.2", "rollout.eval_sampled=0"]
+    cfg = load_config("smoke", overrides)
+    script = sbatch.render_hetjob(topology.plan(cfg), "smoke", overrides)
+    job = sbatch_script(script, tmp_path / "async.sbatch")
+    run_dir = tmp_path / "runs" / f"smoke-{job}"
+    report = run_dir / "report" / "trainer.json"
+    job_log = tmp_path / f"agentrl-smoke-{job}.out"
+
+    def steps_done() -> int:
+        try:
+            return int(read_json(report)["steps_done"])
+        except (OSError, ValueError, KeyError):
+            return 0
+
+    wait_until(lambda: steps_done() >= 2, 240, "no RL steps")
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
+    wait_until(lambda: job_log.exists() and "requeueing job" in job_log.read_text(), 120, "no requeue")
+    # what the preempted trainer left: its ledger and report (the restarted one rewrites them when it ends)
+    before = read_json(run_dir / "report" / "ledger.json")
+    at_stop = read_json(report)["steps_done"]
+    assert 2 <= at_stop < steps, f"the run was not stopped mid-way (step {at_stop} of {steps})"
+    wait_until(lambda: job_gone(job), 400, f"job {job} did not finish after the requeue")
+
+    state = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+    log = job_log.read_text()
+    assert "JobState=COMPLETED" in state and "Restarts=1" in state, state + log[-3000:]
+    pipeline = (run_dir / "logs" / "pipeline.log").read_text()
+    assert f"preempted: checkpointed step {at_stop}" in pipeline
+    assert "resumed from" in pipeline
+    trainer = read_json(report)
+    assert trainer["steps_done"] == trainer["steps"] == steps and trainer["policy_version"] == steps
+    assert trained_steps(run_dir) == list(range(steps))  # the counter went on; no step trained twice
+    assert (run_dir / "report" / "summary.json").exists()
+    ledger = reconcile(run_dir)  # every trajectory in the shards once: consumed, excluded or held
+    assert set(before["consumed"]) <= ledger.consumed  # nothing consumed before the signal was lost
+    assert len(ledger.consumed) == taken(trainer)  # no trajectory consumed in two steps
+    assert trainer["queue"]["consumed"] == len(ledger.consumed)
+    assert sorted(shard_trajectories(run_dir)) == [0, 1]
