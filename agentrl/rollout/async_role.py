@@ -264,6 +264,13 @@ async def run(run_dir: Path, client: Any, tok: Any, make_engine: Callable[[], An
         report.mkdir(parents=True, exist_ok=True)
         (report / f"rollout-{ap.rank}.json").write_text(json.dumps(out, indent=2))
         log.info("rank %d stopped: %s", ap.rank, json.dumps({k: round(v, 3) for k, v in pipe.stats.items()}))
+        trainer_report = role.read_json(report / "trainer.json")
+        if evaluating and trainer_report.get("steps_done", 0) < trainer_report.get("steps", 0):
+            # a preempted trainer (Slurm's warning): the job must requeue before its time runs out, and the
+            # resumed run evaluates its own final weights
+            log.info("the trainer stopped at step %d of %d: no final evaluation", trainer_report["steps_done"],
+                     trainer_report["steps"])
+            evaluating = False
         if evaluating:
             final = await asyncio.to_thread(weights.wait, ch.version, plan.wait_timeout_s)
             if final[0] > policy.version:

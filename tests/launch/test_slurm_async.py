@@ -22,6 +22,7 @@ from slurm_tools import job_gone, sbatch_script, wait_until
 
 from agentrl.config import load_config
 from agentrl.launch import sbatch, topology
+from agentrl.transport.shards import ShardReader
 
 pytestmark = [pytest.mark.slurm]
 ASYNC = ["cluster.trainer.slurm.cpus_per_task=1", "cluster.rollout.slurm.cpus_per_task=1",
@@ -114,7 +115,12 @@ def test_async_usr1_checkpoints_requeues_and_resumes(slurm, job_env, tmp_path: P
     assert "JobState=COMPLETED" in state and "Restarts=1" in state, state + log[-3000:]
     pipeline = (run_dir / "logs" / "pipeline.log").read_text()
     assert f"preempted: checkpointed step {at_stop}" in pipeline
+    assert f"the trainer stopped at step {at_stop} of {steps}: no final evaluation" in pipeline  # requeue at once
     assert "resumed from" in pipeline
+    # the restarted rollout ranks resumed too (main's "Resume:" work): the warm start's demonstrations and the
+    # before-RL evaluation were kept, not made again
+    assert "expert: demonstrations already written" in pipeline and "before-RL evaluation of v0 read" in pipeline
+    assert sum(len(ts) for _, ts in ShardReader(run_dir / "shards" / "expert-0").scan()) == cfg.rollout.expert_samples
     trainer = read_json(report)
     assert trainer["steps_done"] == trainer["steps"] == steps and trainer["policy_version"] == steps
     assert trained_steps(run_dir) == list(range(steps))  # the counter went on; no step trained twice
