@@ -40,6 +40,7 @@ CASES = {  # golden file: (preset, overrides)
 }
 COMMITTED = {  # sbatch/ file: (preset, overrides)
     "smoke.sbatch": ("smoke", SMALL),
+    "smoke-async.sbatch": ("smoke", [*SMALL, "cluster.schedule=async", "cluster.rollout.ranks=2"]),
     "agentbench-qwen2.5-7b.sbatch": ("agentbench-qwen2.5-7b", []),
     "agentbench-qwen2.5-7b-per-role.sh": ("agentbench-qwen2.5-7b", ["cluster.hetjob=false"]),
 }

@@ -3,7 +3,8 @@
 * submitit: the hetjob executor's function runs in group 0 and reaches group 1; the smoke run as one
   three-group job through `jobs.launch`'s submitit path returns its summary from `job.result()`;
 * MPI: one MPMD step over two het groups (`srun --mpi=pmi2 --het-group=0 ... : --het-group=1 ...`) is one
-  MPI world, and slurm_env places every task in its group. (Only this: the roles do not use MPI yet.)
+  MPI world, and slurm_env places every task in its group (the asynchronous schedule's roles on such a
+  step: test_slurm_async.py).
 * preemption: USR1 to a running job's batch script → the step checkpoints through agentrl.launch.preempt,
   the script requeues, the job resumes, and the ledger has every id exactly once.
 Times on the 2-core machine (shared with other work) are in each test's docstring; all seven: 100-170 s.
