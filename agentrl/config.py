@@ -493,7 +493,9 @@ class ClusterConfig:
     role_timeout_s: float = 3600.0
     """The local launcher stops the run if a role has not finished by then."""
     max_restarts: int = 3
-    """Times the local launcher starts a dead env worker again (per worker) before it gives the run up."""
+    """Times a dead env worker is started again (per worker) before it counts as failed: by the local launcher
+    (which also restarts the asynchronous MPI world as often) and by the rendered Slurm scripts (each worker
+    its own srun step; past the bound that worker stays down and the run goes on with the others)."""
     schedule: str = "sync"
     """sync: rollout and trainer take turns, one shard per step; async: the trainer and
     `cluster.rollout.ranks` rollout ranks in one MPI world (mpiexec), trajectories over MPI, in-flight

@@ -13,6 +13,7 @@ requeue. What they render is golden-tested (tests/launch/golden/). Standard libr
 from __future__ import annotations
 
 import shlex
+from dataclasses import replace
 
 from agentrl.launch.apptainer import worker_command
 from agentrl.launch.topology import ENV, GROUP_NAMES, ROLLOUT, TRAINER, Plan, Step
@@ -126,7 +127,51 @@ def _prepare_lines(plan: Plan, preset: str, overrides: list[str], make_model_gro
     return lines
 
 
+def task_argv(step: Step, task: str, python: str, run_dir: str, image: str = "", data_dir: str = "data",
+              binds: tuple[str, ...] = (), het: bool = True) -> list[str]:
+    """The srun command of one task of a restartable step (`step.restarts` > 0): its own one-task step, with
+    the task's own arguments and log (`<role>-<task>.log`)."""
+    one = replace(step, ntasks=1, args=(*step.args, *(a.replace("{task}", task) for a in step.task_args)))
+    argv = step_argv(one, python, run_dir, image, data_dir, binds, het)
+    return [a.replace("-%t.log", f"-{task}.log") if a.startswith("--output=") else a for a in argv]
+
+
+def _restartable_lines(step: Step, het: bool, image: str, binds: tuple[str, ...]) -> list[str]:
+    """A step whose tasks are restarted: one srun step per task inside a bash loop bounded by `step.restarts`,
+    all of them under one supervisor (`<role>s N &`), which SIGTERM stops with its steps."""
+    argv = task_argv(step, "$1", "$PY", "$RUN_DIR", image, "data", binds, het)
+    fn, n = step.role, step.restarts
+    return [
+        f"# {fn}: task $1 as its own step; when it fails it is started again, at most {n} times (meanwhile",
+        "# the run goes on without it); SIGTERM stops it and its step",
+        f"{fn}() {{",
+        f"  local left={n} rc step",
+        "  trap 'kill \"$step\" 2>/dev/null; wait \"$step\"; exit 0' TERM",
+        "  while :; do",
+        f"    {_join(argv)} &",
+        "    step=$!",
+        '    wait "$step"; rc=$?',
+        '    [ "$rc" != 0 ] && [ "$left" -gt 0 ] || return "$rc"',
+        "    left=$((left - 1))",
+        f'    echo "agentrl: {fn} $1 exited with $rc; starting it again ($left restarts left)"',
+        "  done",
+        "}",
+        f"# {fn}s N: tasks 0..N-1, each under {fn}; SIGTERM stops them all",
+        f"{fn}s() {{",
+        "  local pids=() i",
+        "  trap 'kill \"${pids[@]}\" 2>/dev/null; wait; exit 0' TERM",
+        f'  for ((i = 0; i < $1; i++)); do {fn} "$i" & pids+=($!); done',
+        "  wait",
+        "}",
+    ]
+
+
 def _step_line(plan: Plan, step: Step, het: bool, image: str, binds: tuple[str, ...]) -> str:
+    if step.restarts:
+        where = f"het group {step.group}, " if het else ""
+        lines = _restartable_lines(step, het, image, binds)
+        lines.append(f"# {step.role}: {where}{step.ntasks} task{'s' if step.ntasks > 1 else ''}, a step each")
+        return "\n".join([*lines, f"{step.role}s {step.ntasks} &", f"{step.role.upper()}=$!"])
     argv = step_argv(step, "$PY", "$RUN_DIR", image, "data", binds, het)
     parts = (step, *step.mpmd)
     where = [f"{p.role}: " + (f"het group {p.group}, " if het else "") + f"{p.ntasks} task{'s' if p.ntasks > 1 else ''}"

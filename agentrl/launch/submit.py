@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from submitit.slurm.slurm import SlurmExecutor
 from agentrl.config import RunConfig
 from agentrl.launch import slurm_env, topology
 from agentrl.launch.preempt import REQUEUE_BY_SCRIPT
-from agentrl.launch.sbatch import step_argv
+from agentrl.launch.sbatch import step_argv, task_argv
 
 
 class HetSlurmExecutor(SlurmExecutor):
@@ -94,28 +95,54 @@ def executor_for(cfg: RunConfig, folder: str | Path) -> HetSlurmExecutor:
     return ex
 
 
-def _start_steps(cfg: RunConfig, run_dir: Path, group: int | None) -> dict[str, subprocess.Popen]:
-    """Start the run's role steps (all of them in a het job; `group`'s alone in a per-role job)."""
+@dataclass
+class _Task:
+    """A running srun step, and how often it may still be started again when it fails."""
+
+    argv: list[str]
+    proc: subprocess.Popen
+    restarts_left: int = 0
+
+
+def _start_steps(cfg: RunConfig, run_dir: Path, group: int | None) -> dict[str, _Task]:
+    """Start the run's role steps (all of them in a het job; `group`'s alone in a per-role job). A restartable
+    step (env workers) starts one step per task, named `<role>-<task>`."""
     py, het = sys.executable, group is None
-    procs: dict[str, subprocess.Popen] = {}
+    image, binds = cfg.cluster.env.apptainer_image, cfg.cluster.env.binds
+    tasks: dict[str, _Task] = {}
     for step in topology.plan(cfg).steps:
-        if het or step.group == group:
-            argv = step_argv(step, py, str(run_dir), cfg.cluster.env.apptainer_image, "data", cfg.cluster.env.binds,
-                             het)
-            procs[step.role] = subprocess.Popen(argv)
-    return procs
+        if not (het or step.group == group):
+            continue
+        if step.restarts:
+            for i in range(step.ntasks):
+                argv = task_argv(step, str(i), py, str(run_dir), image, "data", binds, het)
+                tasks[f"{step.role}-{i}"] = _Task(argv, subprocess.Popen(argv), step.restarts)
+        else:
+            argv = step_argv(step, py, str(run_dir), image, "data", binds, het)
+            tasks[step.role] = _Task(argv, subprocess.Popen(argv))
+    return tasks
 
 
-def _finish(procs: dict[str, subprocess.Popen], ends: list[str], run_dir: Path) -> None:
-    """Wait for the `ends` roles, then stop the rest (srun passes SIGTERM on; the roles drain and exit)."""
+def _finish(tasks: dict[str, _Task], ends: list[str], run_dir: Path, poll_s: float = 0.5) -> None:
+    """Wait for the `ends` roles, starting a failed restartable task again meanwhile (at most its bound; past
+    it the run goes on without it); then stop the rest (srun passes SIGTERM on; the roles drain and exit)."""
     try:
-        codes = {role: procs[role].wait() for role in ends}
+        while any(tasks[role].proc.poll() is None for role in ends):
+            for name, t in tasks.items():
+                rc = t.proc.poll()
+                if rc not in (None, 0) and t.restarts_left > 0:
+                    t.restarts_left -= 1
+                    print(f"agentrl: {name} exited with {rc}; starting it again ({t.restarts_left} restarts left)",
+                          flush=True)
+                    t.proc = subprocess.Popen(t.argv)
+            time.sleep(poll_s)
+        codes = {role: tasks[role].proc.returncode for role in ends}
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.terminate()
-        for p in procs.values():
-            p.wait()
+        for t in tasks.values():
+            if t.proc.poll() is None:
+                t.proc.terminate()
+        for t in tasks.values():
+            t.proc.wait()
     if any(codes.values()):
         raise RuntimeError(f"roles failed: {codes}; logs in {run_dir / 'logs'}")
 
@@ -160,9 +187,9 @@ class HetRun(_Preemptible):
         os.environ[REQUEUE_BY_SCRIPT] = "1"  # the trainer checkpoints and exits; submitit requeues
         if topology.plan(cfg).needs_model:
             _make_model(run_dir, het=True)
-        procs = _start_steps(cfg, run_dir, None)
-        self.trainer = procs["trainer"]  # on the asynchronous schedule: the MPMD step whose rank 0 is the trainer
-        _finish(procs, [s.role for s in topology.plan(cfg).steps if s.ends_run], run_dir)
+        tasks = _start_steps(cfg, run_dir, None)
+        self.trainer = tasks["trainer"].proc  # on the asynchronous schedule: the MPMD step whose rank 0 is the trainer
+        _finish(tasks, [s.role for s in topology.plan(cfg).steps if s.ends_run], run_dir)
         return json.loads((run_dir / "report" / "summary.json").read_text())
 
 
@@ -185,10 +212,10 @@ class RoleJob(_Preemptible):
             _make_model(path, het=False)
         while self.group == topology.ROLLOUT and needs_model and not (path / "model" / "config.json").exists():
             time.sleep(2)  # the trainer job builds it
-        procs = _start_steps(cfg, path, self.group)
-        self.trainer = procs.get("trainer")
-        ends = [r for r in ("rollout", "trainer") if r in procs] or list(procs)
-        _finish(procs, ends, path)
+        tasks = _start_steps(cfg, path, self.group)
+        self.trainer = tasks["trainer"].proc if "trainer" in tasks else None
+        ends = [r for r in ("rollout", "trainer") if r in tasks] or list(tasks)
+        _finish(tasks, ends, path)
         if self.group != topology.ROLLOUT:
             return None
         if env_job:

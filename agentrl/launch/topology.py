@@ -53,6 +53,11 @@ class Step:
     """Variables set for this step's tasks (`env K=V` before the program)."""
     mpmd: tuple[Step, ...] = ()
     """Further components of the same srun step (after `:`), each in its own het group: one MPI world."""
+    restarts: int = 0
+    """> 0: every task is its own srun step, started again when it fails, at most this many times (the run
+    goes on meanwhile). `task_args` tell the tasks apart."""
+    task_args: tuple[str, ...] = ()
+    """Arguments of one task of a restartable step; `{task}` stands for its index."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +110,8 @@ def plan(cfg: RunConfig) -> Plan:
     rollout_gpus = c.rollout.gpus_per_rank if c.rollout.gpus_per_node else 0
     services = (
         Step("controller", controller_group, 1, "jobs.controller", overlap=controller_group == TRAINER),
-        Step("env_worker", ENV, cfg.envs.workers, "jobs.env_worker"),
+        Step("env_worker", ENV, cfg.envs.workers, "jobs.env_worker", restarts=c.max_restarts,
+             task_args=("--worker-id", "worker-{task}")),
     )
     if c.schedule == "async":  # one MPI world: the trainer (world rank 0), then the rollout ranks
         rollout = Step("rollout", ROLLOUT, c.rollout.ranks, "jobs.rollout_async", gpus_per_task=rollout_gpus,

@@ -81,9 +81,10 @@ def test_hetjob_groups_and_steps(capsys: pytest.CaptureFixture[str]) -> None:
     assert "#SBATCH --nodes=4\n#SBATCH --ntasks-per-node=1\n#SBATCH --cpus-per-task=16\n#SBATCH --gpus-per-node=8" in rollout
     assert "#SBATCH --ntasks=6\n" in env  # 5 workers + the controller
     assert "#SBATCH --signal=B:USR1@600" in trainer
-    steps = [shlex.split(line) for line in text.splitlines() if line.startswith("srun --mpi=pmi2")]
-    assert [(s[2], s[3]) for s in steps] == [("--het-group=2", "--ntasks=1"), ("--het-group=2", "--ntasks=5"),
+    steps = [shlex.split(line.strip()) for line in text.splitlines() if line.strip().startswith("srun --mpi=pmi2")]
+    assert [(s[2], s[3]) for s in steps] == [("--het-group=2", "--ntasks=1"), ("--het-group=2", "--ntasks=1"),
                                             ("--het-group=1", "--ntasks=4"), ("--het-group=0", "--ntasks=64")]
+    assert "\nenv_workers 5 &\n" in text  # five env workers, each its own step (restarted when it fails)
     assert [s[s.index("--") + 3] for s in steps] == ["jobs.controller", "jobs.env_worker", "jobs.rollout", "jobs.trainer"]
     assert "--gpus-per-task=8" in steps[2] and not any(a.startswith("--gpus") for a in steps[3])  # rollout ranks only
     assert "controller.host=0.0.0.0" in text
@@ -92,7 +93,7 @@ def test_hetjob_groups_and_steps(capsys: pytest.CaptureFixture[str]) -> None:
 def test_async_trainer_and_rollout_are_one_mpmd_step(capsys: pytest.CaptureFixture[str]) -> None:
     text = render("smoke", ["cluster.schedule=async", "cluster.rollout.ranks=3", "cluster.rollout.nodes=1",
                             "cluster.engine_threads=4"], capsys)
-    steps = [shlex.split(line) for line in text.splitlines() if line.startswith("srun --mpi=pmi2")]
+    steps = [shlex.split(line.strip()) for line in text.splitlines() if line.strip().startswith("srun --mpi=pmi2")]
     assert len(steps) == 3  # controller, env workers, and trainer + rollout ranks as one step
     mpmd = steps[2]
     trainer, rollout = mpmd[:mpmd.index(":")], mpmd[mpmd.index(":") + 1:]

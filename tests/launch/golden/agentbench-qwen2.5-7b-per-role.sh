@@ -37,8 +37,29 @@ wait_step() {
 # controller: 1 task
 srun --mpi=pmi2 --ntasks=1 --exact "--output=$RUN_DIR/logs/controller-%t.log" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.controller --run-dir "$RUN_DIR" &
 CONTROLLER=$!
-# env_worker: 5 tasks
-srun --mpi=pmi2 --ntasks=5 --exact "--output=$RUN_DIR/logs/env_worker-%t.log" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.env_worker --run-dir "$RUN_DIR" &
+# env_worker: task $1 as its own step; when it fails it is started again, at most 3 times (meanwhile
+# the run goes on without it); SIGTERM stops it and its step
+env_worker() {
+  local left=3 rc step
+  trap 'kill "$step" 2>/dev/null; wait "$step"; exit 0' TERM
+  while :; do
+    srun --mpi=pmi2 --ntasks=1 --exact "--output=$RUN_DIR/logs/env_worker-$1.log" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.env_worker --run-dir "$RUN_DIR" --worker-id "worker-$1" &
+    step=$!
+    wait "$step"; rc=$?
+    [ "$rc" != 0 ] && [ "$left" -gt 0 ] || return "$rc"
+    left=$((left - 1))
+    echo "agentrl: env_worker $1 exited with $rc; starting it again ($left restarts left)"
+  done
+}
+# env_workers N: tasks 0..N-1, each under env_worker; SIGTERM stops them all
+env_workers() {
+  local pids=() i
+  trap 'kill "${pids[@]}" 2>/dev/null; wait; exit 0' TERM
+  for ((i = 0; i < $1; i++)); do env_worker "$i" & pids+=($!); done
+  wait
+}
+# env_worker: 5 tasks, a step each
+env_workers 5 &
 ENV_WORKER=$!
 wait_step "$ENV_WORKER"
 JOB
