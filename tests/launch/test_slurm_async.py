@@ -6,14 +6,18 @@ controller and env worker are steps of group 2 (agentrl.launch.topology). Checke
 * through submitit (`submit.submit`, the HetSlurmExecutor): the smoke run with two rollout ranks trains to
   the end, and the trainer's ledger accounts for every trajectory in the shards exactly once;
 * through the rendered sbatch script: USR1 mid-run → the trainer finishes its step, checkpoints, stops the
-  rollout ranks; the script requeues; the run resumes where it stopped and ends with the ledger intact.
+  rollout ranks; the script requeues; the run resumes where it stopped and ends with the ledger intact;
+* an env worker killed mid-run is started again by the script (cluster.max_restarts) and the run finishes.
 
 The scripted expert plays every episode (`rollout.engine=expert`): no vLLM, so a run takes seconds of RL.
 """
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -130,3 +134,56 @@ def test_async_usr1_checkpoints_requeues_and_resumes(slurm, job_env, tmp_path: P
     assert len(ledger.consumed) == taken(trainer)  # no trajectory consumed in two steps
     assert trainer["queue"]["consumed"] == len(ledger.consumed)
     assert sorted(shard_trajectories(run_dir)) == [0, 1]
+
+
+def worker_pids(run: str) -> list[int]:
+    """Live (not zombie) env worker processes of run dir `run` (not the srun steps that name them)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if entry.name.isdigit() and argv[1:5] == ["-m", "jobs.env_worker", "--run-dir", run] and state != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_async_env_worker_killed_is_restarted(slurm, job_env, tmp_path: Path) -> None:
+    """~60-90 s. SIGKILL to the env worker mid-run: the rendered script's loop starts its step again (the
+    trainer and rollout ranks wait for it meanwhile), and the run finishes with the ledger intact."""
+    steps = 6
+    overrides = [*ASYNC, f"trainer.steps={steps}", "rollout.env_latency_s=0.2", "rollout.eval_sampled=0",
+                 "cluster.max_restarts=1"]
+    cfg = load_config("smoke", overrides)
+    job = sbatch_script(sbatch.render_hetjob(topology.plan(cfg), "smoke", overrides), tmp_path / "async.sbatch")
+    run_dir = tmp_path / "runs" / f"smoke-{job}"
+
+    def steps_done() -> int:
+        try:
+            return int(read_json(run_dir / "report" / "trainer.json")["steps_done"])
+        except (OSError, ValueError, KeyError):
+            return 0
+
+    try:
+        wait_until(lambda: steps_done() >= 1, 240, "no RL steps")
+        (pid,) = wait_until(lambda: worker_pids(f"runs/smoke-{job}"), 10, "no env worker process")
+        os.kill(pid, signal.SIGKILL)
+        t_kill = time.monotonic()
+        wait_until(lambda: [p for p in worker_pids(f"runs/smoke-{job}") if p != pid], 60,
+                   "the env worker was not started again")
+        restart_s = time.monotonic() - t_kill
+        wait_until(lambda: job_gone(job), 300, f"job {job} did not finish")
+    finally:
+        subprocess.run(["scancel", job], check=False)  # a failed test leaves no job behind
+    log = (tmp_path / f"agentrl-smoke-{job}.out").read_text()
+    state = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+    assert "JobState=COMPLETED" in state, state + log[-3000:]
+    assert "env_worker 0 exited with" in log and "(0 restarts left)" in log
+    worker_log = (run_dir / "logs" / "env_worker-0.log").read_text()
+    assert worker_log.count("worker worker-0 serving") == 2, worker_log[-2000:]  # both lives logged to the one file
+    trainer = read_json(run_dir / "report" / "trainer.json")
+    assert trainer["steps_done"] == steps and trained_steps(run_dir) == list(range(steps))
+    reconcile(run_dir)
+    print(f"env worker started again {restart_s:.1f}s after the kill")
