@@ -87,7 +87,7 @@ def test_async_smoke_run_as_one_hetjob(slurm, job_env, tmp_path: Path, monkeypat
 
 
 def test_async_usr1_checkpoints_requeues_and_resumes(slurm, job_env, tmp_path: Path) -> None:
-    """~2-3 min (cred_expire=10 s before the requeued job may start). The rendered async script gets USR1
+    """~2-2.7 min (cred_expire=10 s before the requeued job may start). The rendered async script gets USR1
     mid-run: the trainer checkpoints after its step and stops the rollout ranks, the script requeues, the
     job resumes in the same run dir: the step counter goes on, nothing consumed before is lost, nothing twice."""
     steps = 12
@@ -151,7 +151,7 @@ def worker_pids(run: str) -> list[int]:
 
 
 def test_async_env_worker_killed_is_restarted(slurm, job_env, tmp_path: Path) -> None:
-    """~60-90 s. SIGKILL to the env worker mid-run: the rendered script's loop starts its step again (the
+    """~80-125 s. SIGKILL to the env worker mid-run: the rendered script's loop starts its step again (the
     trainer and rollout ranks wait for it meanwhile), and the run finishes with the ledger intact."""
     steps = 6
     overrides = [*ASYNC, f"trainer.steps={steps}", "rollout.env_latency_s=0.2", "rollout.eval_sampled=0",
