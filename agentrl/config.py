@@ -531,11 +531,11 @@ class ClusterConfig:
         self.rollout.validate(f"{p}.rollout")
         self.env.validate(f"{p}.env")
         if self.schedule == "async":
-            # Trainer and rollout ranks are one MPI world, started as one MPMD srun step across het groups.
-            # Jobs per role would need MPI's port mode between separately started steps (TrainerChannel.accept);
-            # the async jobs do not use it, so the Slurm launch asks for the hetjob instead.
+            # Trainer and rollout ranks start, stop and requeue together: one MPMD srun step across het groups
+            # (MPI channel), or steps of the same job (file channel). In jobs of their own, a preempted trainer
+            # would stop the rollout ranks (their job ends) while only its own job is requeued.
             _check(self.hetjob, f"{p}.hetjob", "must be true with cluster.schedule=async: its trainer and "
-                   "rollout ranks are one MPI world, started as one MPMD srun step across het groups")
+                   "rollout ranks are started, stopped and requeued together, as steps of one heterogeneous job")
             _check(self.trainer.world_size == 1, f"{p}.trainer.ranks_per_node",
                    f"the asynchronous trainer runs one rank (the MPI hub): nodes x ranks_per_node must be 1, "
                    f"not {self.trainer.world_size}")

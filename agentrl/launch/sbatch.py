@@ -156,12 +156,13 @@ def _restartable_lines(step: Step, het: bool, image: str, binds: tuple[str, ...]
         f'    echo "agentrl: {fn} $1 exited with $rc; starting it again ($left restarts left)"',
         "  done",
         "}",
-        f"# {fn}s N: tasks 0..N-1, each under {fn}; SIGTERM stops them all",
+        f"# {fn}s N: tasks 0..N-1, each under {fn}; SIGTERM stops them all. Exit status: the last failure's",
         f"{fn}s() {{",
-        "  local pids=() i",
+        "  local pids=() i rc=0",
         "  trap 'kill \"${pids[@]}\" 2>/dev/null; wait; exit 0' TERM",
         f'  for ((i = 0; i < $1; i++)); do {fn} "$i" & pids+=($!); done',
-        "  wait",
+        '  for i in "${pids[@]}"; do wait "$i" || rc=$?; done',
+        '  return "$rc"',
         "}",
     ]
 

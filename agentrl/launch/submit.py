@@ -126,8 +126,9 @@ def _start_steps(cfg: RunConfig, run_dir: Path, group: int | None) -> dict[str, 
 def _finish(tasks: dict[str, _Task], ends: list[str], run_dir: Path, poll_s: float = 0.5) -> None:
     """Wait for the `ends` roles, starting a failed restartable task again meanwhile (at most its bound; past
     it the run goes on without it); then stop the rest (srun passes SIGTERM on; the roles drain and exit)."""
+    ends = [name for name in tasks if name in ends or name.rpartition("-")[0] in ends]  # a role's tasks too
     try:
-        while any(tasks[role].proc.poll() is None for role in ends):
+        while True:
             for name, t in tasks.items():
                 rc = t.proc.poll()
                 if rc not in (None, 0) and t.restarts_left > 0:
@@ -135,8 +136,10 @@ def _finish(tasks: dict[str, _Task], ends: list[str], run_dir: Path, poll_s: flo
                     print(f"agentrl: {name} exited with {rc}; starting it again ({t.restarts_left} restarts left)",
                           flush=True)
                     t.proc = subprocess.Popen(t.argv)
+            if all(tasks[name].proc.poll() is not None for name in ends):
+                break
             time.sleep(poll_s)
-        codes = {role: tasks[role].proc.returncode for role in ends}
+        codes = {name: tasks[name].proc.returncode for name in ends}
     finally:
         for t in tasks.values():
             if t.proc.poll() is None:
@@ -214,7 +217,7 @@ class RoleJob(_Preemptible):
             time.sleep(2)  # the trainer job builds it
         tasks = _start_steps(cfg, path, self.group)
         self.trainer = tasks["trainer"].proc if "trainer" in tasks else None
-        ends = [r for r in ("rollout", "trainer") if r in tasks] or list(tasks)
+        ends = [r for r in ("rollout", "trainer") if any(n == r or n.startswith(f"{r}-") for n in tasks)] or list(tasks)
         _finish(tasks, ends, path)
         if self.group != topology.ROLLOUT:
             return None

@@ -11,7 +11,8 @@ asynchronous one (`cluster.schedule: async`) trainer and rollout ranks are one M
 across het groups 0 and 1 (`srun --mpi=pmi2 --het-group=0 ... : --het-group=1 ...`), whose programs run
 under `python -m mpi4py` and take their ranks from MPI (the trainer is world rank 0, rollout rank r is
 world rank r + 1). They skip the slurm_env wrapper: in a step that spans some of the job's groups, Slurm's
-variables do not say where one component's tasks start.
+variables do not say where one component's tasks start. With `transport.channel: files` there is no MPI
+world: the trainer and each rollout rank are steps of their own, every rollout rank restartable alone.
 
 Standard library only (plus agentrl.config): this runs on login nodes.
 """
@@ -113,7 +114,14 @@ def plan(cfg: RunConfig) -> Plan:
         Step("env_worker", ENV, cfg.envs.workers, "jobs.env_worker", restarts=c.max_restarts,
              task_args=("--worker-id", "worker-{task}")),
     )
-    if c.schedule == "async":  # one MPI world: the trainer (world rank 0), then the rollout ranks
+    if c.schedule == "async" and cfg.transport.channel == "files":
+        # no MPI: the trainer and every rollout rank are steps of their own; a rollout rank that fails is
+        # started again alone (it resumes through the file channel, as under the local launcher)
+        rollout = Step("rollout", ROLLOUT, c.rollout.ranks, "jobs.rollout_async", ends_run=True,
+                       gpus_per_task=rollout_gpus, env=(("OMP_NUM_THREADS", str(c.engine_threads)),),
+                       restarts=c.max_restarts, task_args=("--rank", "{task}"))
+        steps = (*services, rollout, Step("trainer", TRAINER, 1, "jobs.trainer_async", ends_run=True))
+    elif c.schedule == "async":  # one MPI world: the trainer (world rank 0), then the rollout ranks
         rollout = Step("rollout", ROLLOUT, c.rollout.ranks, "jobs.rollout_async", gpus_per_task=rollout_gpus,
                        mpi=True, env=(("OMP_NUM_THREADS", str(c.engine_threads)),))
         steps = (*services, Step("trainer", TRAINER, 1, "jobs.trainer_async", ends_run=True, mpi=True,

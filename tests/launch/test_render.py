@@ -26,6 +26,8 @@ CASES = {  # golden file: (preset, overrides)
     "smoke-hetjob.sbatch": ("smoke", SMALL),
     "smoke-per-role.sh": ("smoke", [*SMALL, "cluster.hetjob=false"]),
     "smoke-async-hetjob.sbatch": ("smoke", [*SMALL, "cluster.schedule=async", "cluster.rollout.ranks=2"]),
+    "smoke-async-files-hetjob.sbatch": ("smoke", [*SMALL, "cluster.schedule=async", "cluster.rollout.ranks=2",
+                                                  "transport.channel=files"]),
     "agentbench-qwen2.5-7b-async.sbatch": ("agentbench-qwen2.5-7b", [
         "cluster.schedule=async", "cluster.trainer.nodes=1", "cluster.trainer.gpus_per_node=1",
         "cluster.trainer.ranks_per_node=1"]),
@@ -106,6 +108,20 @@ def test_async_trainer_and_rollout_are_one_mpmd_step(capsys: pytest.CaptureFixtu
     assert "agentrl.launch.slurm_env" not in mpmd  # MPI gives these ranks their places
     assert text.count("\nTRAINER=$!") == 1 and "ROLLOUT=$!" not in text  # USR1 goes to the MPMD step
     assert 'wait_step "$TRAINER"' in text and "jobs.trainer --" not in text and "jobs.rollout --" not in text
+
+
+def test_async_file_channel_runs_every_rank_as_its_own_restartable_step(capsys: pytest.CaptureFixture[str]) -> None:
+    text = render("smoke", ["cluster.schedule=async", "transport.channel=files", "cluster.rollout.ranks=3",
+                            "cluster.rollout.nodes=1", "cluster.max_restarts=2"], capsys)
+    assert "mpi4py" not in text and " : " not in text  # no MPI world
+    steps = [shlex.split(line.strip()) for line in text.splitlines() if line.strip().startswith("srun --mpi=pmi2")]
+    rollout = next(s for s in steps if "jobs.rollout_async" in s)
+    assert rollout[2:6] == ["--het-group=1", "--ntasks=1", "--exact", "--output=$RUN_DIR/logs/rollout-$1.log"]
+    assert rollout[-5:] == ["--run-dir", "$RUN_DIR", "--rank", "$1", "&"] and "OMP_NUM_THREADS=2" in rollout
+    trainer = next(s for s in steps if "jobs.trainer_async" in s)
+    assert trainer[2:4] == ["--het-group=0", "--ntasks=1"]
+    assert "\nrollouts 3 &\nROLLOUT=$!" in text and "  local left=2 rc step" in text
+    assert 'wait_step "$TRAINER"' in text and 'wait_step "$ROLLOUT"' in text  # rank 0 writes the summary last
 
 
 @pytest.mark.parametrize("overrides, field", [

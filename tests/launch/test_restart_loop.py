@@ -64,6 +64,7 @@ def test_a_failed_worker_is_restarted_within_the_bound(tmp_path: Path) -> None:
 def test_a_worker_past_the_bound_stays_down(tmp_path: Path) -> None:
     proc = run(supervisor(max_restarts=1, workers=2), tmp_path, FAILS_1="5")
     out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 3  # the supervisor reports the failure it gave up on
     assert len(calls(tmp_path, 1)) == 2  # the first start and one restart, no more
     assert len(calls(tmp_path, 0)) == 1
     assert out.count("starting it again") == 1

@@ -4,7 +4,8 @@ Trainer and rollout ranks are one MPI world started as one MPMD srun step across
 controller and env worker are steps of group 2 (agentrl.launch.topology). Checked:
 
 * through submitit (`submit.submit`, the HetSlurmExecutor): the smoke run with two rollout ranks trains to
-  the end, and the trainer's ledger accounts for every trajectory in the shards exactly once;
+  the end, and the trainer's ledger accounts for every trajectory in the shards exactly once (also with
+  `transport.channel=files`, where trainer and rollout ranks are separate steps without MPI);
 * through the rendered sbatch script: USR1 mid-run → the trainer finishes its step, checkpoints, stops the
   rollout ranks; the script requeues; the run resumes where it stopped and ends with the ledger intact;
 * an env worker killed mid-run is started again by the script (cluster.max_restarts) and the run finishes.
@@ -59,14 +60,18 @@ def taken(trainer: dict) -> int:
     return int(trainer["trajectories_trained"] + sum(v for k, v in trainer.items() if k.startswith("dropped_")))
 
 
-def test_async_smoke_run_as_one_hetjob(slurm, job_env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """~40-60 s. The smoke run on the asynchronous schedule through submitit: trainer (group 0) and two rollout
-    ranks (group 1) in one MPI world, trained to the end; `job.result()` is the summary."""
+@pytest.mark.parametrize("channel", ["mpi", "files"])
+def test_async_smoke_run_as_one_hetjob(slurm, job_env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       channel: str) -> None:
+    """~50-60 s each. The smoke run on the asynchronous schedule through submitit, trained to the end;
+    `job.result()` is the summary. mpi: trainer (group 0) and two rollout ranks (group 1) in one MPI world;
+    files: the trainer and each rollout rank steps of their own, no MPI."""
     from agentrl.launch import submit
 
     monkeypatch.chdir(tmp_path)
-    cfg = load_config("smoke", ASYNC)
-    (job,) = submit.submit(cfg, "smoke", ASYNC, tmp_path / "submitit")
+    overrides = [*ASYNC, f"transport.channel={channel}"]
+    cfg = load_config("smoke", overrides)
+    (job,) = submit.submit(cfg, "smoke", overrides, tmp_path / "submitit")
     summary = job.result()
     run_dir = tmp_path / "runs" / f"smoke-{job.job_id}"
     assert (run_dir / "report" / "summary.json").exists()
@@ -74,16 +79,20 @@ def test_async_smoke_run_as_one_hetjob(slurm, job_env, tmp_path: Path, monkeypat
     trainer = read_json(run_dir / "report" / "trainer.json")
     assert trainer["schedule"] == "async"
     assert trainer["steps_done"] == trainer["steps"] == cfg.trainer.steps == 2
-    # both rollout ranks joined the trainer's world and were stopped by it
+    # both rollout ranks joined the trainer and were stopped by it
     assert {read_json(run_dir / "report" / f"rollout-{r}.json")["rank"] for r in range(2)} == {0, 1}
     ledger = reconcile(run_dir)
     per_step = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
     assert len(ledger.consumed) == taken(trainer) == cfg.trainer.steps * per_step  # each once
     assert trainer["left_at_end/held"] == len(ledger.held)
-    log = (run_dir / "logs" / "pipeline.log").read_text()
-    assert "[trainer]" in log and "[rollout-0]" in log and "[rollout-1]" in log
-    assert sorted(p.name for p in (run_dir / "logs").iterdir()) == ["controller-0.log", "env_worker-0.log",
-                                                                   "pipeline.log"]
+    logs = sorted(p.name for p in (run_dir / "logs").iterdir())
+    if channel == "mpi":
+        assert logs == ["controller-0.log", "env_worker-0.log", "pipeline.log"]
+        log = (run_dir / "logs" / "pipeline.log").read_text()
+        assert "[trainer]" in log and "[rollout-0]" in log and "[rollout-1]" in log
+    else:
+        assert logs == ["controller-0.log", "env_worker-0.log", "rollout-0.log", "rollout-1.log", "trainer-0.log"]
+        assert "[rollout-1]" in (run_dir / "logs" / "rollout-1.log").read_text()
 
 
 def test_async_usr1_checkpoints_requeues_and_resumes(slurm, job_env, tmp_path: Path) -> None:

@@ -51,12 +51,13 @@ env_worker() {
     echo "agentrl: env_worker $1 exited with $rc; starting it again ($left restarts left)"
   done
 }
-# env_workers N: tasks 0..N-1, each under env_worker; SIGTERM stops them all
+# env_workers N: tasks 0..N-1, each under env_worker; SIGTERM stops them all. Exit status: the last failure's
 env_workers() {
-  local pids=() i
+  local pids=() i rc=0
   trap 'kill "${pids[@]}" 2>/dev/null; wait; exit 0' TERM
   for ((i = 0; i < $1; i++)); do env_worker "$i" & pids+=($!); done
-  wait
+  for i in "${pids[@]}"; do wait "$i" || rc=$?; done
+  return "$rc"
 }
 # env_worker: 1 task, a step each
 env_workers 1 &
