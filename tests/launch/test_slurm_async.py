@@ -96,7 +96,7 @@ def test_async_smoke_run_as_one_hetjob(slurm, job_env, tmp_path: Path, monkeypat
 
 
 def test_async_usr1_checkpoints_requeues_and_resumes(slurm, job_env, tmp_path: Path) -> None:
-    """~2-2.7 min (cred_expire=10 s before the requeued job may start). The rendered async script gets USR1
+    """~2-3.5 min (cred_expire=10 s before the requeued job may start). The rendered async script gets USR1
     mid-run: the trainer checkpoints after its step and stops the rollout ranks, the script requeues, the
     job resumes in the same run dir: the step counter goes on, nothing consumed before is lost, nothing twice."""
     steps = 12
