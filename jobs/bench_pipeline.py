@@ -31,8 +31,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jobs import bench_agent_loop
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -138,8 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     consumed = max(tr["queue"].get("consumed", 0), 1)
     busy = max(tr["rl_wall_s"], 1e-9)
     rollout_tok_s = sum(r["action_tokens"] / max(r["wall_s"], 1e-9) for r in asyn["rollout"])
-    loop = bench_agent_loop.measure(asyn["run_dir"] / "model", "smoke", common, episodes=args.loop_episodes,
-                                    concurrency=cfg.rollout.concurrency, work=root / "agent_loop")
+    loop_out = root / "agent_loop.json"  # jobs.bench_agent_loop, as its own entry point
+    subprocess.run([sys.executable, "-m", "jobs.bench_agent_loop", "--model", str(asyn["run_dir"] / "model"),
+                    "--preset", "smoke", "--episodes", str(args.loop_episodes), "--concurrency",
+                    str(cfg.rollout.concurrency), "--work", str(root / "agent_loop"), "--out", str(loop_out),
+                    *common], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    loop = json.loads(loop_out.read_text())
     print(f"agent loop vs raw vLLM: {loop['agent_loop_over_raw']}", flush=True)
     result = {
         "sync_traj_per_s": round(sync_tps, 3), "async_traj_per_s": round(async_tps, 3),
