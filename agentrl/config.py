@@ -536,9 +536,6 @@ class ClusterConfig:
             # would stop the rollout ranks (their job ends) while only its own job is requeued.
             _check(self.hetjob, f"{p}.hetjob", "must be true with cluster.schedule=async: its trainer and "
                    "rollout ranks are started, stopped and requeued together, as steps of one heterogeneous job")
-            _check(self.trainer.world_size == 1, f"{p}.trainer.ranks_per_node",
-                   f"the asynchronous trainer runs one rank (the MPI hub): nodes x ranks_per_node must be 1, "
-                   f"not {self.trainer.world_size}")
 
 
 @dataclass(frozen=True)
@@ -581,6 +578,15 @@ class RunConfig:
                f"must be >= cluster.env.nodes ({self.cluster.env.nodes}): every env node runs a worker")
         _check(bool(self.model.path) or self.rollout.max_model_len <= self.model.max_position,
                "rollout.max_model_len", "must be <= model.max_position")
+        trainer_ranks = self.cluster.trainer.world_size
+        if self.cluster.schedule == "async" and trainer_ranks > 1:
+            # Data-parallel trainer ranks meet through the MPMD world (their ranks and rendezvous come from MPI);
+            # the file channel's trainer is a process of its own, which nothing starts T of yet.
+            _check(self.transport.channel == "mpi", "cluster.trainer.ranks_per_node",
+                   f"the asynchronous trainer runs {trainer_ranks} ranks (nodes x ranks_per_node) only with "
+                   f"transport.channel=mpi; with {self.transport.channel} it runs one")
+            _check(self.trainer.parallel != "none", "trainer.parallel",
+                   f"must be ddp or fsdp2 with {trainer_ranks} trainer ranks (cluster.trainer nodes x ranks_per_node)")
 
 
 # ---------------------------------------------------------------------------------------------- building

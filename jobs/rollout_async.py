@@ -7,7 +7,8 @@ bound), trajectories go to shards/rollout-<rank>/ and over MPI, weights are swap
     srun --mpi=pmi2 --het-group=0 python -m mpi4py -m jobs.trainer_async --run-dir R : \\
          --het-group=1 python -m mpi4py -m jobs.rollout_async --run-dir R
 
-The rollout rank is the MPI world rank minus 1 (the trainer is world rank 0). With transport.channel=files
+The rollout rank is the MPI world rank minus T, the number of trainer ranks (cluster.trainer nodes x
+ranks_per_node; the trainer's hub is world rank 0). With transport.channel=files
 there is no MPI world: each rank is a process (or job) of its own, told its rank, and may be restarted alone:
 
     python -m jobs.rollout_async --run-dir R --rank 1
@@ -34,7 +35,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.rank is None:
         from mpi4py import MPI  # early: in an MPMD world every rank's MPI_Init waits for all the others
 
-        rank = MPI.COMM_WORLD.Get_rank() - 1
+        from agentrl.config import load_config
+
+        rank = MPI.COMM_WORLD.Get_rank() - load_config(str(args.run_dir / "config.yaml")).cluster.trainer.world_size
     else:
         rank = args.rank
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(name)s %(levelname)s [rollout-{rank}] %(message)s")

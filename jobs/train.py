@@ -132,7 +132,8 @@ def main() -> int:
     try:
         if cfg.cluster.schedule == "async":  # one MPI world, or (files) separate roles (docs/pipeline.md)
             ends = start_async_run(launcher, cfg.envs.workers, build_model, cfg.cluster.rollout.ranks,
-                                   cfg.cluster.engine_threads, echo=echo, channel=cfg.transport.channel)
+                                   cfg.cluster.engine_threads, echo=echo, channel=cfg.transport.channel,
+                                   trainer_ranks=cfg.cluster.trainer.world_size)
             restartable: tuple[str, ...] = ("env_worker-", PIPELINE) if cfg.transport.channel == "mpi" else \
                 ("env_worker-", TRAINER, ROLLOUT_PREFIX)  # files: each alone, the others go on
         else:

@@ -6,7 +6,12 @@ rollout rank while it trains; each step takes the complete groups available, tra
     srun --mpi=pmi2 --het-group=0 python -m mpi4py -m jobs.trainer_async --run-dir R : --het-group=1 ...
     python -m jobs.trainer_async --run-dir R          # transport.channel=files: no MPI, a job of its own
 
-The trainer is MPI world rank 0; weights go out as versioned directories, or (transport.weights=broadcast)
+With T = cluster.trainer.nodes x ranks_per_node data-parallel trainer ranks (MPI channel only), the trainer
+is the first program of the world with T ranks (`mpiexec -n T ... : -n R ...`): world ranks 0..T-1 form
+the trainer's own process group (rank, world size and rendezvous address from MPI, trainer.parallel picks
+DDP or FSDP2), and world rank 0 is the hub that alone talks to the rollout ranks.
+
+The hub is MPI world rank 0; weights go out as versioned directories, or (transport.weights=broadcast)
 also over the in-job gloo broadcast whose TCPStore address it puts into rendezvous.json. With
 transport.channel=files it reads the rollout ranks' shard segments and writes a notice file instead.
 
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
 
 
@@ -28,12 +34,23 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     cfg = load_config(str(args.run_dir / "config.yaml"))
     files = cfg.transport.channel == "files"
+    trainer_ranks = cfg.cluster.trainer.world_size
+    torch_env: dict[str, str] = {}
     if not files:
         from mpi4py import MPI  # early: in an MPMD world every rank's MPI_Init waits for all the others
 
-        if MPI.COMM_WORLD.Get_rank() != 0:
-            raise SystemExit("jobs.trainer_async must be MPI world rank 0 (the first program of the MPMD world)")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s [trainer] %(message)s")
+        world = MPI.COMM_WORLD
+        if world.Get_rank() >= trainer_ranks:
+            raise SystemExit(f"jobs.trainer_async must be one of MPI world ranks 0..{trainer_ranks - 1} (the first "
+                             f"program of the MPMD world, with cluster.trainer nodes x ranks_per_node ranks); it is "
+                             f"rank {world.Get_rank()}")
+        if trainer_ranks > 1:
+            from agentrl.trainer.parallel import mpi_torch_env
+
+            torch_env = mpi_torch_env(world, trainer_ranks)
+    rank = int(torch_env.get("RANK", 0))
+    tag = "trainer" if rank == 0 else f"trainer-{rank}"
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(name)s %(levelname)s [{tag}] %(message)s")
 
     from agentrl.launch import rendezvous, slurm_env
     from agentrl.launch.preempt import Preemption
@@ -41,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     from agentrl.rollout.async_weights import STORE_KEY
     from agentrl.trainer import async_role
     from agentrl.trainer.from_config import plan
+    from agentrl.trainer.parallel import Parallel, close_distributed, dist_env, init_distributed
     from agentrl.transport import file_channel
 
     run_dir: Path = args.run_dir
@@ -72,14 +90,21 @@ def main(argv: list[str] | None = None) -> None:
         rendezvous.publish(run_dir, **{STORE_KEY: {"host": "127.0.0.1", "port": store.port}})
         return WeightBroadcast(store, 0, cfg.cluster.rollout.ranks + 1, timeout_s=timeout)
 
-    monitor = make_monitor(run_dir, "trainer", cfg.monitor.tensorboard)
+    # The trainer ranks' own process group (gloo or NCCL; one rank: none). Its timeout covers the other ranks'
+    # longest wait: for the hub's first batch, which may take up to role_timeout_s.
+    os.environ.update(torch_env)  # env:// reads MASTER_ADDR and MASTER_PORT from the environment
+    env = dist_env(torch_env) if torch_env else dist_env({})
+    device = init_distributed(env, timeout_s=max(1800.0, timeout + 60.0))
+    par = Parallel(cfg.trainer.parallel, env, device, cfg.trainer.mixed_precision)
+    monitor = make_monitor(run_dir, "trainer", cfg.monitor.tensorboard, rank=par.rank)
     # Outside Slurm a SIGTERM keeps its plain meaning (the local launcher stops the MPI world).
     preemption = Preemption().install() if slurm_env.job_id() else None
     try:
-        async_role.run(run_dir, model_dir, schedule, hyper, pipe, cfg.trainer.threads, monitor, channel,
+        async_role.run(run_dir, model_dir, schedule, hyper, pipe, cfg.trainer.threads, monitor, channel, par=par,
                        broadcast_factory=broadcast, should_stop=(lambda: preemption.requested) if preemption else None)
     finally:
         monitor.close()
+        close_distributed()
     if preemption is not None and preemption.requested:
         preemption.exit_for_requeue()
 

@@ -173,28 +173,33 @@ def mpiexec() -> str:
 
 
 def mpmd_command(python: str, run_dir: Path, rollout_ranks: int, engine_threads: int,
-                 trainer_module: str = "jobs.trainer_async", rollout_module: str = "jobs.rollout_async") -> list[str]:
-    """One MPMD world: the trainer is world rank 0, rollout rank r is world rank r + 1. Every rank starts
-    under `python -m mpi4py`, so an uncaught exception aborts the world instead of leaving it waiting;
-    OMP_NUM_THREADS is explicit for the engine ranks (mpiexec would start them with 1, platform.md)."""
+                 trainer_module: str = "jobs.trainer_async", rollout_module: str = "jobs.rollout_async",
+                 trainer_ranks: int = 1) -> list[str]:
+    """One MPMD world: the trainer's ranks are world ranks 0..T-1 (T = `trainer_ranks`; its hub is rank 0),
+    rollout rank r is world rank T + r. Every rank starts under `python -m mpi4py`, so an uncaught exception
+    aborts the world instead of leaving it waiting; OMP_NUM_THREADS is explicit for the engine ranks
+    (mpiexec would start them with 1, platform.md)."""
     rd = str(run_dir)
-    return [mpiexec(), "-n", "1", python, "-m", "mpi4py", "-m", trainer_module, "--run-dir", rd, ":",
+    return [mpiexec(), "-n", str(trainer_ranks), python, "-m", "mpi4py", "-m", trainer_module, "--run-dir", rd, ":",
             "-n", str(rollout_ranks), "-env", "OMP_NUM_THREADS", str(engine_threads),
             python, "-m", "mpi4py", "-m", rollout_module, "--run-dir", rd]
 
 
 def start_async_run(launcher: LocalLauncher, workers: int, build_model: bool, rollout_ranks: int,
                     engine_threads: int, echo: Callable[[str, str], None] | None = None,
-                    channel: str = "mpi") -> list[str]:
+                    channel: str = "mpi", trainer_ranks: int = 1) -> list[str]:
     """The asynchronous schedule: the services as `start_run`'s, then the trainer and the rollout ranks.
 
-    channel "mpi": one MPI world under mpiexec (role `pipeline`, its ranks' lines tagged [trainer] /
-    [rollout-r]); "files": no MPI, the trainer and each rollout rank a role of its own (`trainer`,
-    `rollout-<r>`, each with its own log), so that one can be restarted without the others.
+    channel "mpi": one MPI world under mpiexec (role `pipeline`, its ranks' lines tagged [trainer] (the hub),
+    [trainer-k] (the other data-parallel trainer ranks, `trainer_ranks` in all) and [rollout-r]); "files"
+    (one trainer rank): no MPI, the trainer and each rollout rank a role of its own (`trainer`, `rollout-<r>`,
+    each with its own log), so that one can be restarted without the others.
 
     Returns:
         The names of the roles started for the pipeline.
     """
+    if channel == "files" and trainer_ranks != 1:
+        raise ValueError(f"transport.channel=files runs one trainer rank, not {trainer_ranks}")
     start_services(launcher, workers, build_model, echo)
     if channel == "files":
         launcher.start(TRAINER, "jobs.trainer_async")
@@ -204,7 +209,8 @@ def start_async_run(launcher: LocalLauncher, workers: int, build_model: bool, ro
                            env={"OMP_NUM_THREADS": str(engine_threads)})
             names.append(f"{ROLLOUT_PREFIX}{r}")
         return names
-    launcher.start_command(PIPELINE, mpmd_command(launcher.python, launcher.run_dir, rollout_ranks, engine_threads))
+    launcher.start_command(PIPELINE, mpmd_command(launcher.python, launcher.run_dir, rollout_ranks, engine_threads,
+                                                  trainer_ranks=trainer_ranks))
     return [PIPELINE]
 
 

@@ -9,10 +9,11 @@ variables come from one reader of Slurm's.
 On the synchronous schedule every role is its own srun step (trajectories travel as HDF5 shards). On the
 asynchronous one (`cluster.schedule: async`) trainer and rollout ranks are one MPI world: one MPMD step
 across het groups 0 and 1 (`srun --mpi=pmi2 --het-group=0 ... : --het-group=1 ...`), whose programs run
-under `python -m mpi4py` and take their ranks from MPI (the trainer is world rank 0, rollout rank r is
-world rank r + 1). They skip the slurm_env wrapper: in a step that spans some of the job's groups, Slurm's
-variables do not say where one component's tasks start. With `transport.channel: files` there is no MPI
-world: the trainer and each rollout rank are steps of their own, every rollout rank restartable alone.
+under `python -m mpi4py` and take their ranks from MPI (the trainer's T ranks are world ranks 0..T-1, its
+hub rank 0; rollout rank r is world rank T + r). They skip the slurm_env wrapper: in a step that spans
+some of the job's groups, Slurm's variables do not say where one component's tasks start. With
+`transport.channel: files` there is no MPI world: the trainer (one rank) and each rollout rank are steps of
+their own, every rollout rank restartable alone.
 
 Standard library only (plus agentrl.config): this runs on login nodes.
 """
@@ -121,11 +122,11 @@ def plan(cfg: RunConfig) -> Plan:
                        gpus_per_task=rollout_gpus, env=(("OMP_NUM_THREADS", str(c.engine_threads)),),
                        restarts=c.max_restarts, task_args=("--rank", "{task}"))
         steps = (*services, rollout, Step("trainer", TRAINER, 1, "jobs.trainer_async", ends_run=True))
-    elif c.schedule == "async":  # one MPI world: the trainer (world rank 0), then the rollout ranks
+    elif c.schedule == "async":  # one MPI world: the trainer's ranks (its hub is world rank 0), then the rollout's
         rollout = Step("rollout", ROLLOUT, c.rollout.ranks, "jobs.rollout_async", gpus_per_task=rollout_gpus,
                        mpi=True, env=(("OMP_NUM_THREADS", str(c.engine_threads)),))
-        steps = (*services, Step("trainer", TRAINER, 1, "jobs.trainer_async", ends_run=True, mpi=True,
-                                 mpmd=(rollout,)))
+        steps = (*services, Step("trainer", TRAINER, c.trainer.world_size, "jobs.trainer_async", ends_run=True,
+                                 mpi=True, mpmd=(rollout,)))
     else:
         steps = (*services,
                  Step("rollout", ROLLOUT, c.rollout.ranks, "jobs.rollout", ends_run=True, gpus_per_task=rollout_gpus),

@@ -7,9 +7,12 @@ available (`min_groups`..`max_groups`), trains once, publishes v<N+1> and tells 
     close the channel: rollout ranks stop; what arrives after the last step is counted `left_at_end`
 
 What is shared with the synchronous role (warm start, model loading, data selection, publishing) is
-imported from `agentrl.trainer.role`; only the schedule differs. The queue (`TrajectoryQueue`) holds the
-exactly-once ledger; it is saved beside each checkpoint (`queue.json`), and a restarted trainer drains the
-rollout shards into it, so nothing consumed is trained twice and nothing produced is lost silently.
+imported from `agentrl.trainer.role`; only the schedule differs. With several (data-parallel) trainer ranks,
+rank 0 is the hub: it alone talks to the rollout ranks, keeps the queue and publishes; each step it sends
+the batch it selected to the other ranks (`torch.distributed`), and every rank takes its share of the update.
+The queue (`TrajectoryQueue`) holds the exactly-once ledger; it is saved beside each checkpoint
+(`queue.json`), and a restarted trainer drains the rollout shards into it, so nothing consumed is trained
+twice and nothing produced is lost silently.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from agentrl.trainer.role import (
     Schedule,
     WarmStart,
     load_model,
+    publish_weights,
     reference_model,
     select_training_data,
 )
@@ -140,35 +144,41 @@ def drain_shards(run_dir: Path, q: TrajectoryQueue) -> Counter[str]:
 def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, p: Pipeline, threads: int, monitor,
         channel_factory: Any, par: Parallel | None = None, broadcast_factory: Any = None,
         should_stop: Callable[[], bool] | None = None) -> TrainerState:
-    """Warm start (unless resuming), then `s.steps` asynchronous steps.
+    """Warm start (unless resuming), then `s.steps` asynchronous steps. Every trainer rank runs it.
+
+    Rank 0 is the hub: it alone opens the channel, holds the queue and its ledger, publishes weights and
+    writes the reports. Each step it selects the training data and sends it to the other ranks over
+    torch.distributed; every rank then takes the same `rl_step` on it (`par` splits the micro-batches).
 
     Args:
-        channel_factory: `version -> TrainerChannel` (the MPI world, or a port; called once v<version> exists).
-        broadcast_factory: `() -> WeightBroadcast` (sender side) when `p.weights == "broadcast"`.
-        should_stop: asked after every step (preemption): when true, the step just trained is checkpointed
-            and the run ends early the way a finished run does (the rollout ranks are told to stop, the
-            ledger is written), so that a restarted trainer resumes from that step.
+        channel_factory: `version -> TrainerChannel` (the MPI world, or a port; called once v<version> exists;
+            on the hub only).
+        broadcast_factory: `() -> WeightBroadcast` (sender side) when `p.weights == "broadcast"` (hub only).
+        should_stop: asked after every step (preemption; the hub's answer counts): when true, the step just
+            trained is checkpointed and the run ends early the way a finished run does (the rollout ranks are
+            told to stop, the ledger is written), so that a restarted trainer resumes from that step.
     """
     par = par or Parallel()
-    if par.world_size > 1:
-        raise NotImplementedError("the asynchronous trainer runs one rank for now (the hub); use the sync schedule "
-                                  "for data-parallel trainers")
+    hub = par.is_main
     torch.manual_seed(s.seed)
-    model = load_model(model_dir, threads)
+    model = par.wrap(load_model(model_dir, threads))
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    resume = checkpoint.latest(run_dir)
+    resume = par.broadcast_object(checkpoint.latest(run_dir))  # the hub decides: every rank takes the same path
     ws: WarmStart | None = None
     sft_done = 0
-    if resume is None and s.sft_steps > 0:
+    if resume is None and s.sft_steps > 0:  # every rank: each runs its share of the same warm-start batches
         demos = ShardReader(run_dir / "shards" / "expert-0").wait(0, timeout_s=s.wait_timeout_s, poll_s=s.poll_s)
         log.info("warm start on %d expert trajectories", len(demos))
         ws = WarmStart(model, demos, s, h, pad_id, par)
         sft_done = int(ws.run(monitor)["sft_steps_done"])
         if h.kl_coef > 0:
-            checkpoint.save_reference(run_dir, par.full_state_dict(model))
+            ref_state = par.full_state_dict(model)
+            if hub:
+                checkpoint.save_reference(run_dir, ref_state)
+            par.barrier()
     ref_model = reference_model(run_dir, model_dir, threads, par, s.sft_steps > 0) if h.kl_coef > 0 else None
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
     warmup = max(s.warmup_steps, 1)
@@ -179,18 +189,24 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, p: Pipeline, th
                         lagging_max_staleness=s.lagging_max_staleness)
     if resume is not None:
         state = checkpoint.load(resume, model, opt, sched, par)
-        if (resume / QUEUE_FILE).exists():
-            q.load_state_dict(json.loads((resume / QUEUE_FILE).read_text()))
-        q.set_version(state.policy_version)
-        discarded = weights_io.discard_newer(run_dir, state.policy_version)
-        drained = drain_shards(run_dir, q)
-        log.info("resumed from %s: step %d, policy v%d (weights %s discarded); drained the shards: %d held "
-                 "again, %s", resume, state.step, state.policy_version, discarded or "none", q.depth, dict(drained))
-    if weights_io.latest_version(run_dir) < state.policy_version or resume is None:
-        weights_io.publish(run_dir, state.policy_version, model.state_dict())
+        if hub:
+            if (resume / QUEUE_FILE).exists():
+                q.load_state_dict(json.loads((resume / QUEUE_FILE).read_text()))
+            q.set_version(state.policy_version)
+            discarded = weights_io.discard_newer(run_dir, state.policy_version)
+            drained = drain_shards(run_dir, q)
+            log.info("resumed from %s: step %d, policy v%d (weights %s discarded); drained the shards: %d held "
+                     "again, %s", resume, state.step, state.policy_version, discarded or "none", q.depth,
+                     dict(drained))
+    if par.broadcast_object(resume is None or weights_io.latest_version(run_dir) < state.policy_version):
+        publish_weights(run_dir, state.policy_version, model, par)
     if resume is None and s.checkpoint_every:
         checkpoint.save(run_dir, state, model, opt, sched, par, s.keep_checkpoints)
-        save_queue(run_dir, q)
+        if hub:
+            save_queue(run_dir, q)
+    if not hub:  # the other ranks train what the hub sends them, step by step
+        _follow(run_dir, model, opt, sched, ref_model, ws, state, s, h, pad_id, par)
+        return state
     ch = channel_factory(state.policy_version)
     publisher = Publisher(run_dir, broadcast_factory() if p.weights == "broadcast" else None)
     # A failure propagates as it is (under `python -m mpi4py` it aborts the world): nothing to announce then.
@@ -208,9 +224,58 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, p: Pipeline, th
     return state
 
 
+def _train(model: torch.nn.Module, opt: Any, ref_model: Any, ws: WarmStart | None, s: Schedule, h: RLHyper,
+           pad_id: int, par: Parallel, usable: list[Trajectory], rewards: list[float]) -> dict[str, float]:
+    """One step's update, the same on every rank: an imitation step (the control run), an RL step on the
+    batch, or none when nothing was usable."""
+    if ws is not None and s.update == "sft":
+        return ws.step()
+    if usable:
+        model.train()
+        return rl_step(model, opt, collate(usable, rewards, pad_id), h, ref_model, par)
+    return {}
+
+
+def _end_step(run_dir: Path, model: torch.nn.Module, opt: Any, sched: Any, state: TrainerState, s: Schedule,
+              par: Parallel, publish: Callable[[dict[str, torch.Tensor]], None] | None = None,
+              should_stop: Callable[[], bool] | None = None) -> tuple[bool, bool]:
+    """After an update, on every rank: advance the schedule and the version, hand the whole weights to
+    `publish` (the hub's), agree on the hub's stop signal, checkpoint when due.
+
+    Returns:
+        (stop, checkpointed).
+    """
+    sched.step()
+    state.step += 1
+    state.policy_version += 1
+    weights = par.full_state_dict(model) if par.distributed else model.state_dict()  # whole on the hub only
+    if publish is not None:
+        publish(weights)
+    stop = bool(par.broadcast_object(par.is_main and should_stop is not None and should_stop()))
+    due = stop or bool(s.checkpoint_every) and (state.step % s.checkpoint_every == 0 or state.step == s.steps)
+    if due:
+        checkpoint.save(run_dir, state, model, opt, sched, par, s.keep_checkpoints)
+    return stop, due
+
+
+def _follow(run_dir: Path, model: torch.nn.Module, opt: Any, sched: Any, ref_model: Any, ws: WarmStart | None,
+            state: TrainerState, s: Schedule, h: RLHyper, pad_id: int, par: Parallel) -> None:
+    """A trainer rank other than the hub: each step the hub's selected batch arrives over torch.distributed
+    and this rank takes its share of the same update, until the steps are done or the hub says stop."""
+    log.info("trainer rank %d of %d: taking its share of each step the hub selects (from step %d)", par.rank,
+             par.world_size, state.step)
+    while state.step < s.steps:
+        usable, rewards = par.broadcast_object(None)
+        _train(model, opt, ref_model, ws, s, h, pad_id, par, usable, rewards)
+        if _end_step(run_dir, model, opt, sched, state, s, par)[0]:
+            break
+    log.info("trainer rank %d: done after step %d (policy v%d)", par.rank, state.step, state.policy_version)
+
+
 def _loop(run_dir: Path, model: torch.nn.Module, opt: Any, sched: Any, ref_model: Any, ws: WarmStart | None,
           state: TrainerState, q: TrajectoryQueue, ch: Any, publisher: Publisher, s: Schedule, h: RLHyper,
           p: Pipeline, pad_id: int, monitor, par: Parallel, should_stop: Callable[[], bool] | None = None) -> None:
+    """The hub's steps: receive, select, send the batch to the other ranks, train, publish, report."""
     # Idle time counts from the first batch on: the wait for it (engines starting, the first episodes) is the
     # pipeline's fill, logged apart as pipeline/fill_s.
     t_start: float | None = None
@@ -227,30 +292,26 @@ def _loop(run_dir: Path, model: torch.nn.Module, opt: Any, sched: Any, ref_model
         trajs = [t for g in groups for t in g]
         stale = [trajectory_staleness(t, state.policy_version) for t in trajs]
         usable, rewards, counts = select_training_data(trajs, state.policy_version, s)
-        stats: dict[str, float] = {}
         if ws is not None and s.update == "sft":  # the control run: imitation instead of RL
-            stats = ws.step()
             counts["dropped_control"] = len(usable)  # the rollout's episodes are left out, and counted
-            usable = []
-        elif usable:
-            model.train()
-            stats = rl_step(model, opt, collate(usable, rewards, pad_id), h, ref_model, par)
+            usable, rewards = [], []
+        par.broadcast_object((usable, rewards))  # the other trainer ranks' batch (see _follow)
+        stats = _train(model, opt, ref_model, ws, s, h, pad_id, par, usable, rewards)
         lr = opt.param_groups[0]["lr"]
-        sched.step()
-        state.step += 1
-        state.policy_version += 1
         state.consumed.update(t.traj_id for t in trajs)
         n_tok = sum(t.num_tokens for t in usable)
         for k, v in {"trajectories_trained": len(usable), "tokens_trained": n_tok, "rl_steps": float(bool(stats)),
                      **counts}.items():
             if k != "staleness_max":
                 state.stats[k] = state.stats.get(k, 0.0) + float(v)
-        write_report(run_dir, state, s.steps, q)
-        publisher.publish(state.policy_version, model.state_dict())
-        q.set_version(state.policy_version)
-        stop = should_stop is not None and should_stop()
-        if stop or s.checkpoint_every and (state.step % s.checkpoint_every == 0 or state.step == s.steps):
-            checkpoint.save(run_dir, state, model, opt, sched, par, s.keep_checkpoints)
+
+        def publish(weights: dict[str, torch.Tensor]) -> None:
+            write_report(run_dir, state, s.steps, q)
+            publisher.publish(state.policy_version, weights)
+            q.set_version(state.policy_version)
+
+        stop, checkpointed = _end_step(run_dir, model, opt, sched, state, s, par, publish, should_stop)
+        if checkpointed:
             save_queue(run_dir, q)
         dt = time.perf_counter() - t0
         wall = time.perf_counter() - t_start

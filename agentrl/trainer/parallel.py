@@ -5,6 +5,7 @@ What this module is: the one place that knows how many ranks there are and how g
 - `dist_env` reads rank / world size from the launcher's environment (torchrun's RANK, WORLD_SIZE,
   LOCAL_RANK; or Slurm's SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID when MASTER_ADDR/MASTER_PORT are set);
   `init_distributed` starts the default process group from it (env:// rendezvous): NCCL on GPU, gloo on CPU.
+  Under mpiexec (the asynchronous schedule's MPMD world) `mpi_torch_env` makes those variables from MPI.
 - `Parallel` wraps the model (DDP replicas, or FSDP2 `fully_shard` per decoder layer), picks the mixed
   precision, decides which micro-batches a rank runs, and reduces statistics.
 
@@ -48,6 +49,49 @@ def dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and "MASTER_ADDR" in env and "MASTER_PORT" in env:
         return DistEnv(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)))
     return DistEnv()
+
+
+def mpi_torch_env(comm: Any, trainer_ranks: int) -> dict[str, str]:
+    """torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) for a trainer rank of an
+    MPMD world whose first `trainer_ranks` ranks are the trainer's (mpiexec and `srun --mpi=pmi2` set none).
+
+    The rank is the world rank; the local rank is the rank among the trainer ranks on this host. Trainer rank
+    0 picks the rendezvous address (its host, loopback when every trainer rank is on it; a free port) and
+    shares it, unless MASTER_ADDR and MASTER_PORT are set there already. Collective over the trainer ranks
+    only (`Create_group`): the rollout ranks of the same world take no part.
+
+    Args:
+        comm: the MPMD world (mpi4py `COMM_WORLD`).
+        trainer_ranks: T, the number of trainer ranks (world ranks 0..T-1).
+    """
+    import socket
+
+    rank = comm.Get_rank()
+    if not 0 <= rank < trainer_ranks <= comm.Get_size():
+        raise ValueError(f"world rank {rank} of {comm.Get_size()} is not one of the {trainer_ranks} trainer ranks")
+    group = comm.Get_group().Range_incl([(0, trainer_ranks - 1, 1)])
+    trainers = comm.Create_group(group)
+    group.Free()
+    try:
+        from mpi4py import MPI
+
+        host = trainers.Split_type(MPI.COMM_TYPE_SHARED)
+        local_rank, on_one_host = host.Get_rank(), host.Get_size() == trainer_ranks
+        host.Free()
+        address = None
+        if rank == 0:
+            if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
+                address = (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])
+            else:
+                with socket.socket() as s:  # a port free now; the process group binds it moments later
+                    s.bind(("", 0))
+                    port = s.getsockname()[1]
+                address = ("127.0.0.1" if on_one_host else socket.gethostname(), str(port))
+        addr, port = trainers.bcast(address, root=0)
+    finally:
+        trainers.Free()
+    return {"RANK": str(rank), "WORLD_SIZE": str(trainer_ranks), "LOCAL_RANK": str(local_rank),
+            "MASTER_ADDR": addr, "MASTER_PORT": str(port)}
 
 
 def init_distributed(env: DistEnv, backend: str | None = None, timeout_s: float = 1800.0) -> torch.device:

@@ -124,12 +124,26 @@ def test_async_file_channel_runs_every_rank_as_its_own_restartable_step(capsys: 
     assert 'wait_step "$TRAINER"' in text and 'wait_step "$ROLLOUT"' in text  # rank 0 writes the summary last
 
 
+def test_async_data_parallel_trainer_ranks_lead_the_mpmd_step(capsys: pytest.CaptureFixture[str]) -> None:
+    text = render("smoke", ["cluster.schedule=async", "cluster.trainer.nodes=2", "cluster.trainer.ranks_per_node=2",
+                            "cluster.rollout.ranks=3", "cluster.rollout.nodes=1"], capsys)
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n" in text.split("#SBATCH hetjob\n")[0]
+    steps = [shlex.split(line.strip()) for line in text.splitlines() if line.strip().startswith("srun --mpi=pmi2")]
+    mpmd = steps[2]
+    trainer, rollout = mpmd[:mpmd.index(":")], mpmd[mpmd.index(":") + 1:]
+    assert trainer[2:4] == ["--het-group=0", "--ntasks=4"]  # world ranks 0..3; rollout ranks follow from 4
+    assert rollout[:2] == ["--het-group=1", "--ntasks=3"] and "jobs.trainer_async" in trainer
+
+
 @pytest.mark.parametrize("overrides, field", [
     (["cluster.hetjob=false"], "cluster.hetjob: must be true with cluster.schedule=async"),
-    (["cluster.trainer.ranks_per_node=2"], "cluster.trainer.ranks_per_node: the asynchronous trainer runs one rank"),
+    (["cluster.trainer.ranks_per_node=2", "transport.channel=files"],
+     "cluster.trainer.ranks_per_node: the asynchronous trainer runs 2 ranks (nodes x ranks_per_node) only with "
+     "transport.channel=mpi"),
+    (["cluster.trainer.ranks_per_node=2", "trainer.parallel=none"], "trainer.parallel: must be ddp or fsdp2"),
 ])
-def test_async_needs_one_hetjob_and_one_trainer_rank(overrides: list[str], field: str,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_async_needs_one_hetjob_and_mpi_for_several_trainer_ranks(overrides: list[str], field: str,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     assert launch.main(["--preset", "smoke", "--render-sbatch", "cluster.schedule=async", *overrides]) == 2
     assert field in capsys.readouterr().err
 

@@ -95,6 +95,30 @@ def test_async_smoke_run_as_one_hetjob(slurm, job_env, tmp_path: Path, monkeypat
         assert "[rollout-1]" in (run_dir / "logs" / "rollout-1.log").read_text()
 
 
+def test_async_two_trainer_ranks_as_one_hetjob(slurm, job_env, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The MPI smoke run with two data-parallel (DDP) trainer ranks in group 0: world ranks 0-1 make their
+    process group from MPI under `srun --mpi=pmi2`, the hub alone talks to the rollout ranks (world ranks 2-3)."""
+    from agentrl.launch import submit
+
+    monkeypatch.chdir(tmp_path)
+    overrides = [*ASYNC, "cluster.trainer.ranks_per_node=2", "trainer.parallel=ddp"]
+    cfg = load_config("smoke", overrides)
+    (job,) = submit.submit(cfg, "smoke", overrides, tmp_path / "submitit")
+    summary = job.result()
+    run_dir = tmp_path / "runs" / f"smoke-{job.job_id}"
+    assert summary["schedule"] == "async" and summary["rl_steps"] == cfg.trainer.steps
+    trainer = read_json(run_dir / "report" / "trainer.json")
+    assert trainer["steps_done"] == cfg.trainer.steps == 2
+    assert {read_json(run_dir / "report" / f"rollout-{r}.json")["rank"] for r in range(2)} == {0, 1}
+    ledger = reconcile(run_dir)
+    assert len(ledger.consumed) == taken(trainer) == cfg.trainer.steps * cfg.rollout.prompts_per_step * \
+        cfg.rollout.samples_per_prompt
+    assert read_json(run_dir / "ckpt" / f"step-{cfg.trainer.steps}" / "trainer.json")["world_size"] == 2
+    log = (run_dir / "logs" / "pipeline.log").read_text()
+    assert "[trainer]" in log and "[trainer-1]" in log and "[rollout-0]" in log and "[rollout-1]" in log
+
+
 def test_async_usr1_checkpoints_requeues_and_resumes(slurm, job_env, tmp_path: Path) -> None:
     """~2-3.5 min (cred_expire=10 s before the requeued job may start). The rendered async script gets USR1
     mid-run: the trainer checkpoints after its step and stops the rollout ranks, the script requeues, the

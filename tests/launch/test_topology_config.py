@@ -66,3 +66,16 @@ def test_paper_presets(size: str, trainer_gpus: int, rollout_gpus: int) -> None:
 def test_local_default_is_unchanged() -> None:
     c = load_config("smoke").cluster
     assert (c.launcher, c.hetjob, c.trainer.world_size, c.rollout.ranks, c.env.nodes) == ("local", True, 1, 1, 1)
+
+
+def test_async_data_parallel_trainer_loads_and_leads_the_local_mpmd_world(tmp_path) -> None:
+    """Several trainer ranks on the asynchronous schedule (MPI channel): accepted, and the local launcher's
+    world starts them first (world ranks 0..T-1), then the rollout ranks."""
+    from agentrl.launch.local import mpmd_command
+
+    cfg = load_config("smoke", ["cluster.schedule=async", "cluster.trainer.ranks_per_node=2", "cluster.rollout.ranks=3"])
+    assert cfg.cluster.trainer.world_size == 2
+    cmd = mpmd_command("py", tmp_path, cfg.cluster.rollout.ranks, 2, trainer_ranks=cfg.cluster.trainer.world_size)
+    trainer, rollout = cmd[:cmd.index(":")], cmd[cmd.index(":") + 1:]
+    assert trainer[1:3] == ["-n", "2"] and "jobs.trainer_async" in trainer
+    assert rollout[:2] == ["-n", "3"] and "jobs.rollout_async" in rollout

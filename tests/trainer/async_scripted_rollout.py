@@ -1,10 +1,11 @@
 """A scripted rollout rank for the asynchronous trainer's tests (a program run under mpiexec, not a test).
 
-    mpiexec -n 1 python -m mpi4py -m jobs.trainer_async --run-dir R : -n 1 python -m mpi4py THIS R STEPS [broadcast]
+    mpiexec -n 1 python -m mpi4py -m jobs.trainer_async --run-dir R : -n 1 python -m mpi4py THIS R STEPS [broadcast] \
+            [first=K]
 
 It plays a synchronous rollout over the real channel: for step k it waits for the notice of v<k>, then writes
 and sends `test_resume._trajs(k)` (sampled "by v<k>"), exactly the data the synchronous trainer test feeds
-through shards; then it waits for the trainer's stop and closes. The shards go to shards/rollout-0 as the
+through shards; then it waits for the trainer's stop and closes (`first=K`: from step K on, for a resumed trainer). The shards go to shards/rollout-0 as the
 real rollout's do. With `broadcast` it also joins the trainer's weight broadcast as the real rollout does
 (`BroadcastWeights`) and writes report/broadcast.json: the version it holds at the end and the largest
 difference from the directory's weights of that version.
@@ -29,11 +30,11 @@ from agentrl.transport.mpi_channel import RolloutChannel  # noqa: E402
 from agentrl.transport.shards import ShardWriter, shard_dir  # noqa: E402
 
 
-def main(run_dir: Path, steps: int, broadcast: bool) -> None:
+def main(run_dir: Path, steps: int, broadcast: bool, first: int = 0) -> None:
     ch = RolloutChannel.world(0, trainer=0, timeout_s=300)
     received = BroadcastWeights(run_dir, 0, 1, lambda: rendezvous.read(run_dir), 120) if broadcast else None
     writer = ShardWriter(shard_dir(run_dir, "rollout", 0))
-    for k in range(steps):
+    for k in range(first, steps):  # first > 0: a resumed run, whose earlier steps' shards are written already
         while ch.version < k:
             ch.poll_notices()
             time.sleep(0.01)
@@ -57,4 +58,6 @@ def main(run_dir: Path, steps: int, broadcast: bool) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:] == ["broadcast"])
+    opts = sys.argv[3:]
+    main(Path(sys.argv[1]), int(sys.argv[2]), "broadcast" in opts,
+         next((int(o.split("=")[1]) for o in opts if o.startswith("first=")), 0))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from test_resume import STEPS, _trajs, one_thread
 
 from agentrl.config import dump_config, load_config
@@ -21,6 +22,7 @@ from agentrl.trainer import role
 from agentrl.trainer.batch import collate
 from agentrl.trainer.step import rl_step
 from agentrl.transport import weights
+from agentrl.transport.shards import write_shard
 from jobs import trainer as trainer_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,18 +37,24 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny.save(model, tok, tmp_path_factory.mktemp("model"))
 
 
-def _run_world(run_dir: Path, model_dir: Path, extra: list[str], broadcast: bool = False
-               ) -> subprocess.CompletedProcess:
-    cfg = load_config(None, [f"model.path={model_dir}", f"trainer.steps={STEPS}", "trainer.sft_steps=0",
+def _run_world(run_dir: Path, model_dir: Path, extra: list[str], broadcast: bool = False, trainer_ranks: int = 1,
+               sft_steps: int = 0, steps: int = STEPS, first: int = 0) -> subprocess.CompletedProcess:
+    """The trainer's `trainer_ranks` ranks and one scripted rollout rank in one mpiexec world (`first` > 0: the
+    same run dir again, the rollout rank sending steps first..steps-1)."""
+    cfg = load_config(None, [f"model.path={model_dir}", f"trainer.steps={steps}", f"trainer.sft_steps={sft_steps}",
                              "trainer.checkpoint_every=1", "trainer.threads=1", "trainer.lr=0.003",
                              "trainer.warmup_steps=2", "trainer.micro_batch_tokens=64", "monitor.tensorboard=false",
                              "cluster.role_timeout_s=120", "transport.poll_s=0.02", "cluster.schedule=async",
-                             "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", *extra])
-    run_dir.mkdir(parents=True)
+                             "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "trainer.sft_batch=4",
+                             f"cluster.trainer.ranks_per_node={trainer_ranks}", *extra])
+    run_dir.mkdir(parents=True, exist_ok=bool(first))
     dump_config(cfg, run_dir / "config.yaml")
-    cmd = [mpiexec(), "-n", "1", sys.executable, "-m", "mpi4py", "-m", "jobs.trainer_async", "--run-dir", str(run_dir),
-           ":", "-n", "1", sys.executable, "-m", "mpi4py", str(HERE / "async_scripted_rollout.py"), str(run_dir),
-           str(STEPS), *(["broadcast"] if broadcast else [])]
+    if sft_steps and not first:  # the expert's demonstrations, as test_resume's
+        (run_dir / "shards" / "expert-0").mkdir(parents=True)
+        write_shard(run_dir / "shards" / "expert-0" / "000000.h5", _trajs(-1, 3))
+    cmd = [mpiexec(), "-n", str(trainer_ranks), sys.executable, "-m", "mpi4py", "-m", "jobs.trainer_async",
+           "--run-dir", str(run_dir), ":", "-n", "1", sys.executable, "-m", "mpi4py", str(HERE / "async_scripted_rollout.py"), str(run_dir),
+           str(steps), *(["broadcast"] if broadcast else []), f"first={first}"]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1",  # the script imports tests and jobs
                                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
@@ -100,6 +108,77 @@ def test_broadcast_delivers_the_published_weights(tmp_path: Path, model_dir: Pat
     published = dict(weights.iter_weights(weights.version_dir(run_dir, STEPS)))
     for k, v in expected.items():
         torch.testing.assert_close(published[k], v, rtol=0, atol=1e-7)
+
+
+def test_two_trainer_ranks_make_the_one_rank_update(tmp_path: Path, model_dir: Path) -> None:
+    """cluster.trainer.ranks_per_node=2 (DDP): the hub receives, selects and sends each step's batch to the second
+    rank, both take their share of the update, and the published weights are the plain update's (the ranks'
+    summed gradients differ from one rank's only in float rounding), with the ledger of a one-rank run."""
+    run_dir = tmp_path / "dp2"
+    proc = _run_world(run_dir, model_dir, ["algo.max_staleness=0", "transport.inflight=drain", "trainer.parallel=ddp"],
+                      trainer_ranks=2)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    schedule, hyper = trainer_job.plan(load_config(str(run_dir / "config.yaml")))
+    expected = _by_hand(model_dir, schedule, hyper)
+    published = dict(weights.iter_weights(weights.version_dir(run_dir, STEPS)))
+    before = role.load_model(model_dir, 1).state_dict()
+    for k, v in expected.items():
+        torch.testing.assert_close(published[k], v, rtol=0, atol=1e-6)
+    assert max(float((published[k] - before[k]).abs().max()) for k in expected) > 1e-3  # the steps moved them
+    final = run_dir / "ckpt" / f"step-{STEPS}"
+    assert json.loads((final / "trainer.json").read_text())["world_size"] == 2
+    assert sorted(p.name for p in (final / "state").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert "[trainer-1]" in proc.stderr and f"step {STEPS}/{STEPS} trained on 8 of 8" in proc.stderr
+    ledger = json.loads((run_dir / "report" / "ledger.json").read_text())
+    assert len(ledger["consumed"]) == 8 * STEPS and not ledger["excluded"] and not ledger["held_at_end"]
+
+
+def test_two_resumed_trainer_ranks_continue_the_update(tmp_path: Path, model_dir: Path) -> None:
+    """A 2-rank (DDP) run of 2 steps, then the same run dir with trainer.steps=4: both ranks load the checkpoint
+    (model, optimizer, scheduler), the hub drains the shards (the first steps' trajectories are consumed
+    already) and takes the new ones; the end is the uninterrupted 4-step update."""
+    run_dir = tmp_path / "resumed"
+    extra = ["algo.max_staleness=0", "transport.inflight=drain", "trainer.parallel=ddp"]
+    proc = _run_world(run_dir, model_dir, extra, trainer_ranks=2, steps=2)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = _run_world(run_dir, model_dir, extra, trainer_ranks=2, steps=STEPS, first=2)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "resumed from" in proc.stderr and "trainer rank 1 of 2: taking its share of each step the hub selects " \
+        "(from step 2)" in proc.stderr
+    schedule, hyper = trainer_job.plan(load_config(str(run_dir / "config.yaml")))
+    expected = _by_hand(model_dir, schedule, hyper)
+    published = dict(weights.iter_weights(weights.version_dir(run_dir, STEPS)))
+    for k, v in expected.items():
+        torch.testing.assert_close(published[k], v, rtol=0, atol=1e-6)
+    ledger = json.loads((run_dir / "report" / "ledger.json").read_text())
+    assert len(ledger["consumed"]) == 8 * STEPS and not ledger["excluded"] and not ledger["held_at_end"]
+    assert "drained the shards: 0 held again, {'duplicate': 16}" in proc.stderr  # steps 0-1: trained already
+
+
+def test_two_fsdp2_ranks_follow_one_rank_through_warm_start_and_kl(tmp_path: Path, model_dir: Path) -> None:
+    """Warm start (every rank runs its share of the same imitation batches), the KL reference saved by the hub
+    and loaded by every rank, then RL steps: 2 FSDP2 ranks end where 1 rank ends."""
+    extra = ["algo.max_staleness=0", "transport.inflight=drain", "algo.kl_coef=0.05"]
+    runs = {}
+    for ranks, parallel in ((1, "none"), (2, "fsdp2")):
+        run_dir = tmp_path / f"r{ranks}"
+        proc = _run_world(run_dir, model_dir, [*extra, f"trainer.parallel={parallel}"], trainer_ranks=ranks,
+                          sft_steps=2)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        runs[ranks] = run_dir
+    # the warm-started weights (the KL reference the hub saved), then the last version
+    one, two = (load_file(str(runs[r] / "ckpt" / "reference.safetensors")) for r in (1, 2))
+    initial = role.load_model(model_dir, 1).state_dict()
+    assert max(float((one[k] - initial[k]).abs().max()) for k in one) > 1e-4  # the warm start moved them
+    for k, v in one.items():
+        torch.testing.assert_close(two[k], v, rtol=0, atol=1e-6)
+    one, two = (dict(weights.iter_weights(weights.version_dir(runs[r], STEPS))) for r in (1, 2))
+    assert sorted(one) == sorted(two)
+    for k, v in one.items():
+        torch.testing.assert_close(two[k], v, rtol=0, atol=1e-6)
+    reports = [json.loads((runs[r] / "report" / "trainer.json").read_text()) for r in (1, 2)]
+    assert reports[0]["sft_steps"] == reports[1]["sft_steps"] == 2
+    assert reports[0]["trajectories_trained"] == reports[1]["trajectories_trained"] == 8 * STEPS
 
 
 def _by_hand(model_dir: Path, schedule: role.Schedule, hyper) -> dict[str, torch.Tensor]:
