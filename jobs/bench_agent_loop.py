@@ -87,7 +87,7 @@ async def ours(model_dir: Path, cfg: Any, episodes: int, concurrency: int) -> tu
             "generated_tokens": float(rec.generated)}, rec
 
 
-def raw(model_dir: Path, cfg: Any, rec: Recording, concurrency: int) -> dict[str, float]:
+def raw(model_dir: Path, cfg: Any, calls: list[tuple[list[int], int]], concurrency: int) -> dict[str, float]:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # as `VLLMEngine` sets them
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.rollout.kv_cache_gib))
     from transformers import AutoTokenizer
@@ -104,14 +104,14 @@ def raw(model_dir: Path, cfg: Any, rec: Recording, concurrency: int) -> dict[str
         return SamplingParams(max_tokens=budget, temperature=r.temperature, top_p=r.top_p, logprobs=0,
                               stop_token_ids=stops, skip_special_tokens=False)
 
-    prompts = [{"prompt_token_ids": p} for p, _ in rec.calls]
+    prompts = [{"prompt_token_ids": p} for p, _ in calls]
     result: dict[str, Any] = {}
 
     def generate() -> None:
-        llm.generate(prompts[:concurrency], [params(b) for _, b in rec.calls[:concurrency]], use_tqdm=False)  # warm-up
+        llm.generate(prompts[:concurrency], [params(b) for _, b in calls[:concurrency]], use_tqdm=False)  # warm-up
         for _ in range(REPEATS):
             t0 = time.perf_counter()
-            outs = llm.generate(prompts, [params(b) for _, b in rec.calls], use_tqdm=False)
+            outs = llm.generate(prompts, [params(b) for _, b in calls], use_tqdm=False)
             dt = time.perf_counter() - t0
             n = sum(len(o.outputs[0].token_ids) for o in outs)
             if not result or n / dt > result["n"] / result["dt"]:
@@ -148,15 +148,14 @@ def measure(model_dir: Path, preset: str, overrides: list[str], episodes: int, c
 
 def _phase(args: argparse.Namespace) -> None:
     cfg = load_config(args.preset, args.overrides)
-    calls = args.work / "calls.json"
+    calls_file = args.work / "calls.json"
     if args.phase == "ours":
         mine, rec = asyncio.run(ours(args.model, cfg, args.episodes, args.concurrency))
-        calls.write_text(json.dumps(rec.calls))
+        calls_file.write_text(json.dumps(rec.calls))
         (args.work / "ours.json").write_text(json.dumps(mine))
     else:
-        rec = Recording.__new__(Recording)
-        rec.calls = [(p, b) for p, b in json.loads(calls.read_text())]
-        (args.work / "raw.json").write_text(json.dumps(raw(args.model, cfg, rec, args.concurrency)))
+        recorded = [(p, b) for p, b in json.loads(calls_file.read_text())]
+        (args.work / "raw.json").write_text(json.dumps(raw(args.model, cfg, recorded, args.concurrency)))
 
 
 def main(argv: list[str] | None = None) -> int:

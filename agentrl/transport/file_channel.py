@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl.transport.mpi_channel import Notice
+from agentrl.transport.mpi_channel import Notice, NoticeInbox
 from agentrl.transport.shards import SHARD_NAME, rank_dirs, read_shard
 from agentrl.types import Trajectory
 
@@ -212,8 +212,10 @@ class FileTrainerChannel:
             time.sleep(self.poll_s)
 
 
-class FileRolloutChannel:
-    """One rollout rank's end: reads the trainer's notice file; its shards are its messages."""
+class FileRolloutChannel(NoticeInbox):
+    """One rollout rank's end: reads the trainer's notice file; its shards are its messages. Notices carry
+    the newest version only (versions in between are skipped); polling raises RuntimeError once the notice
+    file belongs to another life of the trainer."""
 
     def __init__(self, run_dir: Path, rollout_rank: int, nonce: str, poll_s: float) -> None:
         self.run_dir, self.rollout_rank, self.nonce, self.poll_s = run_dir, rollout_rank, nonce, poll_s
@@ -271,27 +273,6 @@ class FileRolloutChannel:
         if version > self.version or stop > self.stopped:
             self.version, self.stopped = max(version, self.version), self.stopped or stop
             self._notices.append(Notice(version, stop))
-
-    def poll_notices(self) -> list[Notice]:
-        """Notices not yet returned (the newest only: versions in between are skipped), without blocking.
-
-        Raises:
-            RuntimeError: the notice file now belongs to another life of the trainer.
-        """
-        self._pull()
-        out, self._notices = self._notices, []
-        return out
-
-    def wait_notice(self, timeout_s: float) -> Notice | None:
-        """The next notice not yet returned, waiting up to `timeout_s`; None on timeout."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            self._pull()
-            if self._notices:
-                return self._notices.pop(0)
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(self.poll_s)
 
     @property
     def pending(self) -> int:

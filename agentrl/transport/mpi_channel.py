@@ -66,6 +66,34 @@ class Notice:
     stop: bool = False
 
 
+class NoticeInbox:
+    """The rollout side's notice queue, shared by the MPI and the file channel: a subclass sets `poll_s` and
+    `_notices` and defines `_pull()`, which moves what has arrived into `_notices` (and may raise)."""
+
+    poll_s: float
+    _notices: list[Notice]
+
+    def _pull(self) -> None:
+        raise NotImplementedError
+
+    def poll_notices(self) -> list[Notice]:
+        """Notices not yet returned, oldest first, without blocking."""
+        self._pull()
+        out, self._notices = self._notices, []
+        return out
+
+    def wait_notice(self, timeout_s: float) -> Notice | None:
+        """The next notice not yet returned, waiting up to `timeout_s`; None on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._pull()
+            if self._notices:
+                return self._notices.pop(0)
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(self.poll_s)
+
+
 @dataclass
 class _Peer:
     comm: Any  # MPI.Comm (COMM_WORLD) or MPI.Intercomm (port mode)
@@ -281,8 +309,9 @@ class TrainerChannel:
         return late
 
 
-class RolloutChannel:
-    """One rollout rank's end: sends trajectories to the trainer and receives its notices."""
+class RolloutChannel(NoticeInbox):
+    """One rollout rank's end: sends trajectories to the trainer and receives its notices (polling them
+    also drives the pending sends)."""
 
     def __init__(self, comm: Any, trainer: int, rollout_rank: int, poll_s: float, max_pending: int,
                  port_mode: bool) -> None:
@@ -368,23 +397,6 @@ class RolloutChannel:
             self.version = max(self.version, n.version)
             self.stopped |= n.stop
             self._notices.append(n)
-
-    def poll_notices(self) -> list[Notice]:
-        """Notices not yet returned, oldest first (non-blocking; also drives sends)."""
-        self._pull()
-        out, self._notices = self._notices, []
-        return out
-
-    def wait_notice(self, timeout_s: float) -> Notice | None:
-        """The next notice not yet returned, waiting up to `timeout_s`; None on timeout."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            self._pull()
-            if self._notices:
-                return self._notices.pop(0)
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(self.poll_s)
 
     def close(self, timeout_s: float = 60.0) -> None:
         """Finish outstanding sends, say bye, and wait for the trainer's answer (then disconnect).
