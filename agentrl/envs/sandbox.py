@@ -12,21 +12,22 @@ What is here:
     the worker on a channel nothing inside can write to; the shell's state (working directory,
     variables, functions) carries over between commands through a state file, background jobs keep
     running. `run` is the agent's shell; `run_independent` runs init and check scripts in /root with
-    a fixed environment whose PATH puts the read-only system directories first, stdout only, and can
+    a fixed environment whose PATH puts the image's pristine tools first, stdout only, and can
     stop every other process of the sandbox while it runs (graders the policy cannot touch).
 
 Isolation with bubblewrap: new user, PID, network (loopback only), IPC, UTS and mount namespaces. The
 root is a tmpfs of `disk_mb` (everything a session writes lives there, bounded); the image's system
-directories (`/usr/*`, `/var/lib`, `/var/cache`) are bound read-only from the image built by
-`python -m jobs.make_rootfs` (`agentrl.envs.rootfs`); writable copies of its `/etc`, `/var/log`, ...
-are unpacked into the tmpfs at start. Nothing of the host's file system is visible. Files of `/etc`
-that decide which code a trusted interpreter runs (the dynamic loader's configuration, python's
-site configuration, `alternatives`) stay read-only. `/dev/shm` is a tmpfs of its own (`shm_mb`);
-`/dev` is read-only. Resource limits (processes, memory, file size, open files, CPU time) are set
-by the driver for the whole sandbox; if one cannot be set the session does not start. RLIMIT_NPROC
-counts the processes of the sandbox's own user namespace, so a fork bomb exhausts its own session;
-the kernel never applies it to the host's root, so a root worker's sandboxes run as unprivileged
-host uids (`uid_base`..., or `host_uid` with one id).
+directories (`/usr/*`, `/var/lib`, `/var/cache`) are bound read-only from the image built by `python -m
+jobs.make_rootfs` (`agentrl.envs.rootfs`); writable copies of its `/etc`, `/var/log`, ... are unpacked
+into the tmpfs at start, and (`writable_bin`) of `/usr/bin` and `/usr/sbin`, copied from the image's
+pristine tools under `/usr/lib/agentrl` (`GRADER_TOOLS`), which graders run instead. Nothing of the
+host's file system is visible. Files of `/etc` that decide which code a trusted interpreter runs (the
+dynamic loader's configuration, python's site configuration, `alternatives`) stay read-only. `/dev/shm`
+is a tmpfs of its own (`shm_mb`); `/dev` is read-only. Resource limits (processes, memory, file size,
+open files, CPU time) are set by the driver for the whole sandbox; if one cannot be set the session does
+not start. RLIMIT_NPROC counts the processes of the sandbox's own user namespace, so a fork bomb
+exhausts its own session; the kernel never applies it to the host's root, so a root worker's sandboxes
+run as unprivileged host uids (`uid_base`..., or `host_uid` with one id).
 
 User ids: a root worker maps `uid_count` ids (host uids from `uid_base`) into each bubblewrap sandbox
 through `sandbox_userns.py`, which also bars further user namespaces and keeps one process budget for
@@ -55,7 +56,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentrl.envs.rootfs import default_rootfs_dir, require_rootfs
+from agentrl.envs.rootfs import GRADER_TOOLS, default_rootfs_dir, require_rootfs
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,11 @@ class SandboxConfig:
     cpu_s: int = 3600
     disk_mb: int = 512
     """Size of the session's writable root (a tmpfs: host memory, allocated as it is used)."""
+    writable_bin: bool = True
+    """bubblewrap: the session gets its own copies of /usr/bin and /usr/sbin, as AgentBench's container
+    (whose root may `chmod u+s /usr/bin/find` or replace a tool), at ~43 MB of the root tmpfs per session
+    for the default image; graders still run the image's pristine tools (`GRADER_TOOLS`). False binds
+    them read-only (less memory; samples that change a system tool then fail)."""
     shm_mb: int = 64
     pid_fraction: float = 0.5
     host_uid: int = 65534
@@ -244,7 +250,12 @@ CHECK_ENV: dict[str, str] = {
 }
 TRUSTED_PYTHON = ["/usr/bin/python3", "-I", "-S"]
 """The image's interpreter, isolated (no PYTHON* variables, no cwd or user site on sys.path) and without
-`site` (no .pth file or sitecustomize runs, wherever the agent could write one)."""
+`site` (no .pth file or sitecustomize runs, wherever the agent could write one). Under bubblewrap, where
+the session's /usr/bin is its own copy, `Shell` runs the pristine one (`GRADER_BIN`) in its place."""
+GRADER_BIN, GRADER_SBIN = f"/{GRADER_TOOLS}/bin", f"/{GRADER_TOOLS}/sbin"
+"""The image's own tools inside a bubblewrap sandbox: under the read-only /usr/lib, beside the libraries
+and the dynamic loader they use, so nothing the session writes changes what a grader runs."""
+GRADER_PATH = f"{GRADER_SBIN}:{GRADER_BIN}:{CHECK_ENV['PATH']}"
 # `python3 -c CODE ARGS...` without `site`: `site` is what defines exit()/quit(), which AgentBench's check
 # scripts call; the prelude puts them back and runs CODE with sys.argv as `python3 -c` would set it.
 PYTHON_PRELUDE = ("import builtins, sys\nbuiltins.exit = builtins.quit = sys.exit\ncode = sys.argv.pop(1)\n"
@@ -262,6 +273,7 @@ def python_argv(code: str, params: list[str]) -> list[str]:
 ETC_PINNED = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "ld.so.preload", "alternatives")
 VAR_PINNED = ("lib", "cache")  # read-only (dpkg's database, caches: large, and no task writes there)
 USR_WRITABLE = ("local",)  # /usr/local is the session's (with /usr/local/lib read-only: python's site dirs)
+COPIED_BIN = ("bin", "sbin")  # with `writable_bin`: the session's own copies, made by the driver at start
 FRESH = ("home", "tmp", "run", "boot", "media", "mnt", "opt", "srv", "root")
 
 
@@ -271,14 +283,16 @@ def _pinned_etc(image: Path) -> list[str]:
     return names
 
 
-def plan_mounts(image: str | Path) -> list[str]:
+def plan_mounts(image: str | Path, writable_bin: bool = False) -> list[str]:
     """bubblewrap's mount arguments for a session over `image` (after the root tmpfs is made).
 
-    Read-only: the children of /usr (except /usr/local), /usr/local/lib, /var/lib, /var/cache and the
-    pinned /etc entries; the image's top-level symlinks (/bin -> usr/bin, ...). Everything else the
-    session sees comes from `seed_archive`, unpacked into the writable root.
+    Read-only: the children of /usr (except /usr/local, and /usr/bin and /usr/sbin when `writable_bin`:
+    the driver copies those from `GRADER_TOOLS`), /usr/local/lib, /var/lib, /var/cache and the pinned
+    /etc entries; the image's top-level symlinks (/bin -> usr/bin, ...). Everything else the session
+    sees comes from `seed_archive`, unpacked into the writable root.
     """
     image = Path(image)
+    writable = USR_WRITABLE + (COPIED_BIN if writable_bin else ())
     args: list[str] = []
     for name in sorted(os.listdir(image)):
         src = image / name
@@ -289,7 +303,7 @@ def plan_mounts(image: str | Path) -> list[str]:
             for child in sorted(os.listdir(src)):
                 if (src / child).is_symlink():
                     args += ["--symlink", os.readlink(src / child), f"/usr/{child}"]
-                elif child not in USR_WRITABLE:
+                elif child not in writable:
                     args += ["--ro-bind", str(src / child), f"/usr/{child}"]
             if (src / "local" / "lib").is_dir():
                 args += ["--ro-bind", str(src / "local" / "lib"), "/usr/local/lib"]
@@ -418,10 +432,11 @@ class Shell:
         """The command line that starts this session's sandbox."""
         command = [*TRUSTED_PYTHON, "-c", BOOT]
         if self.backend == "bwrap":
+            command[0] = f"{GRADER_BIN}/python3"  # the session's /usr/bin is empty until the driver copies it
             image = str(self.cfg.image_dir().absolute())
             many = self.cfg.many_uids(self.backend)
-            argv = bwrap_argv(plan_mounts(image), command, self.cfg.hostname, self.cfg.disk_mb, self.cfg.shm_mb,
-                              in_userns=many)
+            argv = bwrap_argv(plan_mounts(image, self.cfg.writable_bin), command, self.cfg.hostname,
+                              self.cfg.disk_mb, self.cfg.shm_mb, in_userns=many)
             if many:
                 launch = {"base": self.cfg.uid_base, "count": self.cfg.uid_count, "nproc": self.cfg.nproc,
                           "nofile": self.cfg.nofile()}
@@ -444,6 +459,10 @@ class Shell:
         seed = b""
         if self.backend == "bwrap":
             seed = seed_archive(str(self.cfg.image_dir().absolute()))
+            cfg["check_env"] = {**CHECK_ENV, "PATH": GRADER_PATH}
+            if c.writable_bin:
+                tools = self.cfg.image_dir().absolute() / GRADER_TOOLS
+                cfg["copies"] = [[f"/{GRADER_TOOLS}/{d}", f"/usr/{d}"] for d in COPIED_BIN if (tools / d).is_dir()]
         elif self.backend == "none":  # unsandboxed: keep HOME and the state inside the session directory
             self._dir = Path(tempfile.mkdtemp(prefix="agentrl-sbx-", dir=c.work_dir or None))
             home = str(self._dir)
@@ -540,6 +559,8 @@ class Shell:
         """Run a program outside the shell's state: cwd /root, the fixed check environment, stdout only
         (unless `stderr`); with `freeze`, every other process of the sandbox is stopped meanwhile."""
         argv = [a.replace("\0", "") for a in argv]
+        if self.backend == "bwrap" and argv[:1] == TRUSTED_PYTHON[:1]:
+            argv[0] = f"{GRADER_BIN}/python3"  # the image's own, not the session's copy
         return self._request({"op": "exec", "argv": argv, "stderr": stderr, "freeze": freeze},
                              self.cfg.command_timeout_s if timeout is None else timeout)
 

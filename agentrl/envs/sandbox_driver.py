@@ -19,7 +19,8 @@ lands in another command's output, and they do not die of a broken pipe.
 Protocol (over stdin/stdout, one JSON object per line; the worker sends first):
   * a decimal length and newline, then a config object (limits, environment, seed length, and "caps":
     the capabilities the bounding set keeps, where root has some), then the
-    seed: a tar archive unpacked over `/` (the writable copies of the image's /etc, /var, ...);
+    seed: a tar archive unpacked over `/` (the writable copies of the image's /etc, /var, ...); the
+    config's "copies" ([source, destination] directories) are then copied in (/usr/bin, /usr/sbin);
   * answer: {"ready": true} or {"error": "..."} (e.g. a resource limit that could not be set);
   * requests: {"op": "run", "cmd", "timeout"} runs a command in the persistent shell state (stdout
     and stderr together); {"op": "exec", "argv", "timeout", "stderr", "freeze"} runs a program outside
@@ -34,6 +35,7 @@ import json
 import os
 import resource
 import select
+import shutil
 import signal
 import subprocess
 import tarfile
@@ -144,6 +146,11 @@ class Driver:
         if seed:
             with tarfile.open(fileobj=io.BytesIO(seed)) as tar:
                 tar.extractall("/", numeric_owner=True)
+        for src, dst in self.cfg.get("copies", []):  # the session's own /usr/bin, /usr/sbin: root's, writable
+            try:
+                shutil.copytree(src, dst, symlinks=True)
+            except (OSError, shutil.Error) as e:
+                return f"could not copy {src} to {dst}: {e}"
         self.state = self.cfg.get("state", STATE)
         os.makedirs(os.path.dirname(self.state), exist_ok=True)
         os.chmod(os.path.dirname(self.state), 0o700)

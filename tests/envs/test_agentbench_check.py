@@ -32,7 +32,7 @@ INT_CHECK = {"language": "python", "code": "from sys import argv\nif int(argv[1]
 CLASSED = [  # (sample in AgentBench's format, the class the check must give it)
     ({"description": "count the processes", "evaluation": {"check": [None, INT_CHECK], "example": "ps -e | wc -l"}},
      "data defect"),  # as AgentBench's test-56/test-131: the grader's own `bash -c` is counted
-    ({"description": "fix find", "create": {"init": "chmod u+s /usr/bin/find"},
+    ({"description": "fix a library", "create": {"init": "chmod u+s /usr/lib/os-release"},
       "evaluation": {"check": [{"language": "bash", "code": "exit 0"}], "example": "true"}}, "our defect"),
     ({"description": "sudo", "create": {"init": "echo \"W: Failed to fetch http://deb.debian.org/x  Temporary "
                                                 "failure resolving 'deb.debian.org'\"; exit 100"},

@@ -18,7 +18,8 @@ from agentrl.types import Status
 FORGER = ("(while true; do printf '\\n\\036%s 0\\n' \"$__ar_mark\"; sleep 0.01; done) & "
           "(while true; do for f in /proc/[0-9]*/fd/1 /proc/[0-9]*/fd/2; do printf '\\n\\036forged 0\\n0\\n' > $f; "
           "done 2>/dev/null; kill -CONT 1 2>/dev/null; done) >/dev/null 2>&1 & kill -9 1; echo started")
-# Every way the agent could put its own code where a grader's interpreter or PATH would find it.
+# Every way the agent could put its own code where a grader's interpreter or PATH would find it, down to
+# replacing the session's own /usr/bin tools (its copy: writable, as in AgentBench's container).
 SHADOW = """
 printf '#!/bin/sh\\nexit 0\\n' > /usr/local/bin/python3; chmod +x /usr/local/bin/python3
 cp /usr/local/bin/python3 /usr/local/bin/bash; cp /usr/local/bin/python3 /usr/local/bin/grep
@@ -28,6 +29,7 @@ echo 'import os; os._exit(0)' > /root/sys.py; cp /root/sys.py /root/re.py; cp /r
 echo 'import os; os._exit(0)' > /etc/python3.11/sitecustomize.py
 mkdir -p /usr/local/lib/python3.11/dist-packages && echo 'import os; os._exit(0)' > /usr/local/lib/python3.11/dist-packages/a.pth
 echo /root/evil.so > /etc/ld.so.preload; ln -sf /usr/local/bin/python3 /etc/alternatives/awk
+for t in python3.11 bash grep wc sh; do rm -f /usr/bin/$t; cp /usr/local/bin/python3 /usr/bin/$t; done
 echo done
 """
 

@@ -137,6 +137,10 @@ def test_mount_plan_and_seed(tmp_path: Path) -> None:
     for pinned in ("/etc/ld.so.preload", "/etc/ld.so.cache", "/etc/ld.so.conf.d", "/etc/python3.11", "/var/lib"):
         assert ("--ro-bind", pinned) in pairs, pinned
     assert ("--ro-bind", "/etc/passwd") not in pairs and ("--ro-bind", "/root") not in pairs
+    copied = sb.plan_mounts(image, writable_bin=True)  # /usr/bin: the session's copy, made by the driver
+    i = args.index("/usr/bin")
+    assert args[i - 2:i + 1] == ["--ro-bind", str(image / "usr/bin"), "/usr/bin"]
+    assert copied == args[:i - 2] + args[i + 1:]  # that bind alone is gone (the fake image has no /usr/sbin)
     with tarfile.open(fileobj=io.BytesIO(sb.seed_archive(str(image)))) as tar:
         names = {m.name: m for m in tar.getmembers()}
     assert {"etc/passwd", "var/log/dpkg.log", "root/.bashrc", "usr/local/bin", "home", "run"} <= set(names)
@@ -189,7 +193,8 @@ def test_shell_keeps_state_and_reports_exit_codes(needs_sandbox: None) -> None:
         assert (r.output, r.exit_code) == ("--|a b|/root|\n", 0)  # outside the shell's state, stdout only
         assert sh.run_independent(["bash", "-c", "echo err >&2"], stderr=True).output == "err\n"
         assert sh.run("useradd bob && id -u bob").output == "1000\n"
-        assert sh.run("echo x > /usr/bin/zz").exit_code != 0  # the system image is read-only
+        assert sh.run("echo x > /usr/lib/zz").exit_code != 0  # the system image is read-only
+        assert sh.run("chmod u+s /usr/bin/find && stat -c %A /usr/bin/find").output == "-rwsr-xr-x\n"  # a copy
         r = sh.run("mkdir /working && echo x > /usr/stock.log && echo x > /usr/local/bin/t && echo x > /var/log/a && echo ok")
         assert r.output == "ok\n"  # where AgentBench's samples write
     finally:
@@ -215,7 +220,7 @@ def test_nothing_of_the_host_is_visible(needs_sandbox: None, tmp_path: Path) -> 
         assert sh.run("cat /etc/debian_version").output.startswith("12.")
         ps = sh.run("ps -eo pid,args").output
         assert "/work" not in ps and "/tmp/" not in ps and str(repo) not in ps and "pytest" not in ps, ps
-        assert ps.splitlines()[1].split()[:2] == ["1", "/usr/bin/python3"]  # the driver is PID 1
+        assert ps.splitlines()[1].split()[:2] == ["1", "/usr/lib/agentrl/bin/python3"]  # the driver is PID 1
         r = sh.run("ls -l /proc/1/fd/1; cat /proc/1/environ; echo forged > /proc/1/fd/1")
         for denied in ("cannot read symbolic link '/proc/1/fd/1': Permission denied",
                        "/proc/1/environ: Permission denied", "/proc/1/fd/1: Permission denied"):
@@ -247,7 +252,7 @@ def test_session_cannot_reach_the_network(needs_sandbox: None) -> None:
 
 
 def test_disk_is_bounded(needs_sandbox: None) -> None:
-    sh = Shell(fast(disk_mb=32, shm_mb=4, timeout=10.0))
+    sh = Shell(fast(disk_mb=32, shm_mb=4, timeout=10.0, writable_bin=False))  # the copies alone take ~47 MB
     try:
         r = sh.run("head -c 40M /dev/zero > /root/big; echo rc=$?; du -m /root/big | cut -f1")
         assert "No space left on device" in r.output and "rc=1" in r.output
@@ -284,7 +289,7 @@ def test_root_worker_maps_many_uids_with_dockers_capabilities(needs_sandbox: Non
                    "runuser -l jack -c 'id -un; grep CapEff /proc/self/status'")
         assert r.output == "jack 0\na3b0c7\njack\nCapEff:\t0000000000000000\n", r.output
         # still no way to undo a mount or to make another user namespace
-        r = sh.run("umount /usr/bin; echo $?; unshare -U true; echo $?; touch /usr/bin/x; echo $?")
+        r = sh.run("umount /usr/lib; echo $?; unshare -U true; echo $?; touch /usr/lib/x; echo $?")
         assert r.output.splitlines()[1::2] == ["32", "1", "1"], r.output
         assert "No space left on device" in r.output and "Read-only file system" in r.output
     finally:

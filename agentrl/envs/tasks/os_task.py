@@ -15,9 +15,9 @@ every script exits 0.
 
 Graders the policy cannot touch: every check and example script runs as a separate process started
 by the sandbox's driver (its end and exit status come from the driver, never from parsing output), in
-/root with a fixed environment, python scripts by the image's read-only `/usr/bin/python3 -I -S`,
-bash scripts with the read-only system directories first on PATH, stdout only, and every process the
-agent left running stopped (SIGSTOP) while a grader runs.
+/root with a fixed environment, python scripts by the image's pristine `python3 -I -S`, bash scripts
+with the image's pristine tools first on PATH (the session's /usr/bin is its own, writable copy),
+stdout only, and every process the agent left running stopped (SIGSTOP) while a grader runs.
 
 Two protocols (task option `protocol`):
   * "strict" (default with `source="ours"`): this project's prompt; every tool call of a message runs
