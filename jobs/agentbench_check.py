@@ -304,9 +304,9 @@ def _rejects_its_own_example(task: Task, index: str) -> str | None:
     as a grader in a fresh session (an independent program, stdout only), and the check then runs as
     the episode runs it (each script an independent program with the answer and the earlier scripts'
     outputs as arguments) with that output as the answer. A script of the sample's own (not the
-    example) that fails there rejects the very output it asks for; its last stderr line is shown (rerun
-    with stderr). On AgentBench main 578c5e9 this is dev-8: `size-match.py` does
-    `int(size_str[:-len(unit)])`, which raises on `du -h`'s "4.0K".
+    example) that fails there, while each `null` entry printed that same output again, rejects the very
+    output it asks for; its last stderr line is shown (rerun with stderr). On AgentBench main 578c5e9
+    this is dev-8: `size-match.py` does `int(size_str[:-len(unit)])`, which raises on `du -h`'s "4.0K".
     """
     with _fresh_episode(task, index) as episode:
         if episode is None or not _compares_with_example(episode.problem):
@@ -322,6 +322,8 @@ def _rejects_its_own_example(task: Task, index: str) -> str | None:
             argv = script_argv(problem.example if script is None else script, params)
             r = shell.run_independent(argv, timeout=SCRIPT_TIMEOUT_S, freeze=True)
             if r.exit_code == 0:
+                if script is None and r.output.strip() != answer:  # an example that varies: not this class
+                    return None
                 params.append(r.output)
                 continue
             if script is None or r.timed_out:  # the example itself failing, or a slow grader: not this class
