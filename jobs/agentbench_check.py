@@ -10,15 +10,22 @@ faithful protocol) and replays, through `Session` as the env worker would:
   * db: SELECT-type samples commit their label; INSERT/UPDATE/DELETE samples run their gold SQL, then
     commit (graded by the table hash);
   * os: the task's scripted expert (its example scripts), through the public Task API only.
-Each failure is classified: "data defect" (the sample cannot pass in AgentBench-FC's own setup either,
-with the evidence shown), "needs the network" (the sample installs or downloads), or "our defect"
-(everything else: a difference of ours to fix). For os the class comes from the episode itself: its
-`setup_failed` metric and last observation (a setup that printed a name-resolution or fetch failure
-needs the network; any other failed setup is a sandbox limit of ours), the expert's example script
-(`apt`, `curl`, ... needs the network), and for an example that counts processes a replay with the
-answer one higher (`_counts_its_grader`). Prints one line per (task, split) and the failures with
-their evidence; `--out` writes {task: {split: {passed, total, failures: {class: [ids]}}}} (plus the
-evidence under "details").
+Each failure is classified:
+  * "data defect": the sample cannot pass in AgentBench-FC's own setup either, with the evidence shown;
+  * "needs the network": the sample installs or downloads;
+  * "host limit": the sample needs more of the host than this worker may give its sandboxes (an init
+    that opens a file descriptor above the open-file limit the worker cannot raise);
+  * "our defect": everything else, a difference of ours to fix.
+For os the class comes from the episode itself and from replays of the sample's own scripts: the
+episode's `setup_failed` metric and last observation (a setup that printed a name-resolution or fetch
+failure needs the network; one that printed `N: Bad file descriptor` with N at or above the sandbox's
+`ulimit -n` is a host limit, `_beyond_open_files`; any other failed setup is a sandbox limit of ours),
+the expert's example script (`apt`, `curl`, ... needs the network), and for a check that compares the
+answer with the example's output: a replay with the answer one higher when the example counts
+processes (`_counts_its_grader`), the example replayed many times in one shell (`_varies_between_runs`),
+and the check scripts run on the example's own output (`_rejects_its_own_example`). Prints one line per
+(task, split) and the failures with their evidence; `--out` writes {task: {split: {passed, total,
+failures: {class: [ids]}}}} (plus the evidence under "details").
 """
 from __future__ import annotations
 
@@ -27,19 +34,25 @@ import json
 import logging
 import re
 import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from agentrl.envs.api import EnvError, Session, Task
 from agentrl.envs.tasks import get_task
 from agentrl.envs.tasks.db import MODIFY, DbSample, DbTask, answers_match
+from agentrl.envs.tasks.os_problems import OsProblem, script_argv
+from agentrl.envs.tasks.os_task import SCRIPT_TIMEOUT_S, OsEpisode
 from agentrl.envs.tasks.shared import call_message
 from agentrl.types import Status
 
 log = logging.getLogger("agentrl.jobs.agentbench_check")
 
-OURS, DATA, NETWORK = "our defect", "data defect", "needs the network"
+OURS, DATA, NETWORK, HOST = "our defect", "data defect", "needs the network", "host limit"
 NETWORK_COMMANDS = re.compile(r"\b(apt(-get)?|pip3?|curl|wget|git clone|npm|ping|nslookup|dig)\b")
 STRICT_ERRORS = re.compile(r"^Error (1292|1265|1366|1264|1406|1048):")
 """MySQL errors that strict sql_mode raises where the non-strict mode only warns (truncated or
@@ -133,6 +146,10 @@ NETWORK_ERRORS = re.compile(r"Temporary failure resolving|Could not resolve|Netw
                             r"index files failed to download")
 """What a setup script that needed the network prints here (the sandbox has a loopback only)."""
 COUNTS_PROCESSES = re.compile(r"\bps\b")
+BAD_FD = re.compile(r"\b(\d+): Bad file descriptor")
+"""bash's message for a redirection to a file descriptor it cannot open (e.g. `echo 123321>f`: fd 123321)."""
+DOCKER_NOFILE = 1048576  # the open-file limit of AgentBench's Docker containers
+REPLAYS, REPLAY_BUDGET_S = 12, 60.0  # `_varies_between_runs`: runs of the example, and their time bound
 
 
 def replay_os(task: Task, index: str) -> Outcome:
@@ -166,12 +183,17 @@ def replay_os(task: Task, index: str) -> Outcome:
         if NETWORK_COMMANDS.search(example):
             return False, NETWORK, (f"the example uses the network ({example.strip()[:80]!r}); the setup also "
                                     f"failed here: {last_line[:200]!r}")
+        limited = _beyond_open_files(task, index, last)
+        if limited:
+            return False, HOST, limited
         return False, OURS, f"setup fails here (a sandbox limit; AgentBench's container runs it): {last_line[:240]!r}"
     if NETWORK_COMMANDS.search(example):
         return False, NETWORK, f"the example uses the network: {example[:120]!r}"
-    counted = _counts_its_grader(task, index, example)
-    if counted:
-        return False, DATA, counted
+    for evidence in (_counts_its_grader(task, index, example),
+                     _varies_between_runs(task, index, session.episode),
+                     _rejects_its_own_example(task, index)):
+        if evidence:
+            return False, DATA, evidence
     return False, OURS, f"status {result.status.value}, reward {result.reward}"
 
 
@@ -217,6 +239,133 @@ def _counts_its_grader(task: Task, index: str, example: str) -> str | None:
                 f"its own `bash -c` (AgentBench: execute_independent), so the check wants one more than the "
                 f"shell prints: n fails, n + 1 passes")
     return None
+
+
+@contextmanager
+def _fresh_episode(task: Task, index: str) -> Iterator[OsEpisode | None]:
+    """A new session on the sample, its os episode set up (init and start run); None for another task's
+    episode or a setup that failed. The session is closed on leaving."""
+    session = Session(task, index)
+    try:
+        episode = session.episode
+        if not isinstance(episode, OsEpisode):
+            yield None
+            return
+        _ = episode.shell  # the sandbox, its init and start scripts run
+        yield None if episode.setup_error else episode
+    finally:
+        session.close()
+
+
+def _compares_with_example(problem: OsProblem) -> bool:
+    """Whether the check compares the answer with the example's output (a `null` entry stands for it)."""
+    return bool(problem.check) and None in (problem.check or []) and problem.example is not None
+
+
+def _varies_between_runs(task: Task, index: str, failed: Any) -> str | None:
+    """Evidence that the example's output is not a function of the sample's state, or None.
+
+    For a check that compares the answer with the example's output, the answer (the example run in the
+    agent's shell) and the reference (the example run again by the grader) can differ for no fault of
+    either side when the example's output varies between runs: a race in the example itself (test-57's
+    `ps -ef | grep -i bash | grep -v grep | wc -l` counts the pipeline's own forks that have not exec'd
+    `grep` yet, as AgentBench's shell would). The evidence: the example, run as the expert runs it
+    (`OsEpisode.bash`, the bash_action of the episode) `REPLAYS` times in one fresh session's shell
+    (bounded by `REPLAY_BUDGET_S`), plus its output in the failed episode `failed`, gives more than one
+    output.
+    """
+    if not isinstance(failed, OsEpisode) or not failed.ran_example or not _compares_with_example(failed.problem):
+        return None
+    outputs = [failed.last_output.strip()]
+    with _fresh_episode(task, index) as episode:
+        if episode is None or episode.example is None:
+            return None
+        deadline = time.monotonic() + REPLAY_BUDGET_S
+        for _ in range(REPLAYS):
+            r = episode.bash(episode.example)
+            if r.timed_out:
+                return None
+            outputs.append(r.output.strip())
+            if time.monotonic() > deadline:
+                break
+    counts = Counter(outputs)
+    if len(counts) < 2:
+        return None
+    shown = dict(sorted(counts.items(), key=lambda kv: -kv[1])[:6])
+    return (f"the example's output varies between runs of the same state: {shown} ({len(outputs)} runs: the "
+            f"failed episode's {outputs[0][:40]!r} and {len(outputs) - 1} in one fresh session's shell), so "
+            "the answer and the grader's own run of the example need not agree")
+
+
+def _rejects_its_own_example(task: Task, index: str) -> str | None:
+    """Evidence that the sample's check scripts fail an answer equal to its example's output, or None.
+
+    For a check that compares the answer with the example's output (a `null` entry), the example is run
+    as a grader in a fresh session (an independent program, stdout only), and the check then runs as
+    the episode runs it (each script an independent program with the answer and the earlier scripts'
+    outputs as arguments) with that output as the answer. A script of the sample's own (not the
+    example) that fails there, while each `null` entry printed that same output again, rejects the very
+    output it asks for; its last stderr line is shown (rerun with stderr). On AgentBench main 578c5e9
+    this is dev-8: `size-match.py` does `int(size_str[:-len(unit)])`, which raises on `du -h`'s "4.0K".
+    """
+    with _fresh_episode(task, index) as episode:
+        if episode is None or not _compares_with_example(episode.problem):
+            return None
+        problem, shell = episode.problem, episode.shell
+        assert problem.example is not None and problem.check is not None
+        run = shell.run_independent(script_argv(problem.example, []), timeout=SCRIPT_TIMEOUT_S, freeze=True)
+        if run.exit_code != 0:
+            return None
+        answer = run.output.strip()
+        params = [answer]
+        for n, script in enumerate(problem.check):
+            argv = script_argv(problem.example if script is None else script, params)
+            r = shell.run_independent(argv, timeout=SCRIPT_TIMEOUT_S, freeze=True)
+            if r.exit_code == 0:
+                if script is None and r.output.strip() != answer:  # an example that varies: not this class
+                    return None
+                params.append(r.output)
+                continue
+            if script is None or r.timed_out:  # the example itself failing, or a slow grader: not this class
+                return None
+            shown = shell.run_independent(argv, timeout=SCRIPT_TIMEOUT_S, stderr=True, freeze=True)
+            lines = [line for line in shown.output.strip().splitlines() if line.strip()]
+            error = lines[-1].strip() if lines else f"exit {r.exit_code}, no message"
+            return (f"the check rejects its own example's output: answer {answer[:60]!r} (the example "
+                    f"{problem.example[1].strip()[:60]!r} run as the grader runs it), and check script {n + 1} "
+                    f"of {len(problem.check)} fails on it: {error[:200]!r}")
+    return None
+
+
+def _beyond_open_files(task: Task, index: str, observation: str) -> str | None:
+    """Evidence that a failed setup opened a file descriptor above the sandbox's open-file limit, or None.
+
+    bash reads `echo 123321>f` as a redirection of fd 123321, which needs RLIMIT_NOFILE above 123321;
+    AgentBench's Docker containers allow 1048576, while a worker that may not raise its hard limit (no
+    CAP_SYS_RESOURCE) gives its sandboxes its own (`SandboxConfig.nofile()`). The evidence: the setup's
+    last observation says `N: Bad file descriptor`, and N is at least `ulimit -n` read in a fresh
+    session of the same sample (as an independent program in its sandbox).
+    """
+    fds = [int(m.group(1)) for m in BAD_FD.finditer(observation)]
+    if not fds:
+        return None
+    session = Session(task, index)
+    try:
+        episode = session.episode
+        if not isinstance(episode, OsEpisode):
+            return None
+        r = episode.shell.run_independent(["bash", "-c", "ulimit -n"], timeout=SCRIPT_TIMEOUT_S)
+    finally:
+        session.close()
+    if r.exit_code != 0 or not r.output.strip().isdigit():
+        return None
+    fd, limit = max(fds), int(r.output.strip())
+    if fd < limit:
+        return None
+    return (f"the setup redirects file descriptor {fd} ('{fd}: Bad file descriptor'), at or above the sandbox's "
+            f"open-file limit {limit} (`ulimit -n` in it; AgentBench's Docker containers allow {DOCKER_NOFILE}); "
+            f"fix: a worker allowed to raise RLIMIT_NOFILE above {fd} (root with CAP_SYS_RESOURCE, or a higher "
+            "`ulimit -Hn`; SandboxConfig.nofile(), sandbox_userns.py)")
 
 
 # --------------------------------------------------------------------------------------------- main

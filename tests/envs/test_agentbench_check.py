@@ -4,6 +4,7 @@ checkout in AgentBench's layout."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -64,3 +65,52 @@ def test_os_failures_are_classified_from_the_episode(tmp_path: Path) -> None:
     assert "Temporary failure resolving" in details[f"test-{first + 2}"]
     assert "curl" in details[f"test-{first + 3}"]
     assert details[f"test-{first + 4}"].endswith("status completed, reward 0.0")
+
+
+SIZE_CHECK = '''from sys import argv
+def size(text):
+    text = text.strip()
+    for unit, factor in {"K": 1024, "M": 1024 * 1024}.items():
+        if text.endswith(unit):
+            return int(text[:-len(unit)]) * factor
+    return int(text)
+exit(0 if size(argv[1]) == size(argv[2]) else 1)
+'''  # as AgentBench's size-match.py: int() of "4.0" raises
+REPLAYED = [  # failures shown by replaying the sample's own scripts: (sample, the class the check must give it)
+    ({"description": "size", "evaluation": {"check": [None, {"language": "python", "file": "check/size.py"}],
+                                            "example": "echo 4.0K"}}, "data defect"),
+    ({"description": "random", "evaluation": {"check": [None, INT_CHECK],
+                                              "example": "echo $((RANDOM * 32768 + RANDOM))"}}, "data defect"),
+    ({"description": "fd", "create": {"init": "echo 1 999999999>/tmp/x"}, "evaluation": {"match": "1"}}, "host limit"),
+    ({"description": "low fd", "create": {"init": "echo 1 >&9"}, "evaluation": {"match": "1"}}, "our defect"),
+]
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="the os task's sandbox needs bubblewrap")
+def test_os_failures_shown_by_replaying_the_samples_scripts(tmp_path: Path) -> None:
+    require_sandbox()
+    checkout = agentbench_checkout(tmp_path)
+    (checkout / "data/os_interaction/data/4").mkdir()
+    (checkout / "data/os_interaction/data/4/d.json").write_text(json.dumps([item for item, _ in REPLAYED]))
+    (checkout / "data/os_interaction/scripts/4/check").mkdir(parents=True)
+    (checkout / "data/os_interaction/scripts/4/check/size.py").write_text(SIZE_CHECK)
+    task = OsTask(source="agentbench", agentbench_dir=checkout, sandbox={"backend": "bwrap", "command_timeout_s": 5.0})
+    first = len(task.indices("test")) - len(REPLAYED)
+    result = check(task, "test", replay_os, limit=None, workers=2)
+    expected: dict[str, list[str]] = {}
+    for n, (_, kind) in enumerate(REPLAYED):
+        expected.setdefault(kind, []).append(f"test-{first + n}")
+    assert {k: sorted(v) for k, v in result["failures"].items()} == expected, result["details"]
+    assert result["passed"] == first == 4
+    details = result["details"]
+    size = details[f"test-{first}"]
+    assert "answer '4.0K'" in size and "check script 2 of 2" in size, size
+    assert size.endswith("\"ValueError: invalid literal for int() with base 10: '4.0'\""), size
+    random = details[f"test-{first + 1}"]  # 13 runs of a 30-bit random number: all different
+    assert "13 runs" in random and re.search(r"\{('\d+': 1, ){5}'\d+': 1\}", random), random
+    fd = details[f"test-{first + 2}"]
+    assert f"descriptor 999999999 ('999999999: Bad file descriptor'), at or above the sandbox's open-file limit " \
+           f"{task.sandbox.nofile()} " in fd, fd
+    assert "RLIMIT_NOFILE above 999999999" in fd, fd
+    low = details[f"test-{first + 3}"]  # fd 9 is within the limit: a setup failure of ours
+    assert low.startswith("our defect: setup fails here") and "9: Bad file descriptor" in low, low
