@@ -22,7 +22,7 @@ failure needs the network; one that printed `N: Bad file descriptor` with N at o
 `ulimit -n` is a host limit, `_beyond_open_files`; any other failed setup is a sandbox limit of ours),
 the expert's example script (`apt`, `curl`, ... needs the network), and for a check that compares the
 answer with the example's output: a replay with the answer one higher when the example counts
-processes (`_counts_its_grader`), the example replayed many times in one shell (`_varies_between_runs`),
+processes (`_counts_its_grader`), the example replayed in many fresh sessions (`_varies_between_runs`),
 and the check scripts run on the example's own output (`_rejects_its_own_example`). Prints one line per
 (task, split) and the failures with their evidence; `--out` writes {task: {split: {passed, total,
 failures: {class: [ids]}}}} (plus the evidence under "details").
@@ -148,7 +148,10 @@ NETWORK_ERRORS = re.compile(r"Temporary failure resolving|Could not resolve|Netw
 COUNTS_PROCESSES = re.compile(r"\bps\b")
 BAD_FD = re.compile(r"\b(\d+): Bad file descriptor")
 """bash's message for a redirection to a file descriptor it cannot open (e.g. `echo 123321>f`: fd 123321)."""
-DOCKER_NOFILE = 1048576  # the open-file limit of AgentBench's Docker containers
+DOCKER_NOFILE = 1048576
+"""The open-file limit Docker gave containers up to containerd 1.7. With Docker Engine 29 / containerd 2.1
+a container's soft limit is the host's, 1024 by default (moby/moby#51485): there AgentBench-FC's own
+container cannot make a redirection to fd 123321 either."""
 REPLAYS, REPLAY_BUDGET_S = 12, 60.0  # `_varies_between_runs`: runs of the example, and their time bound
 
 
@@ -270,30 +273,31 @@ def _varies_between_runs(task: Task, index: str, failed: Any) -> str | None:
     either side when the example's output varies between runs: a race in the example itself (test-57's
     `ps -ef | grep -i bash | grep -v grep | wc -l` counts the pipeline's own forks that have not exec'd
     `grep` yet, as AgentBench's shell would). The evidence: the example, run as the expert runs it
-    (`OsEpisode.bash`, the bash_action of the episode) `REPLAYS` times in one fresh session's shell
-    (bounded by `REPLAY_BUDGET_S`), plus its output in the failed episode `failed`, gives more than one
-    output.
+    (`OsEpisode.bash`, the bash_action of the episode) once in each of `REPLAYS` fresh sessions (each
+    from the sample's own starting state: an example that changes what it counts, such as one that
+    appends to PATH, prints the same first output every time; bounded by `REPLAY_BUDGET_S`), plus its
+    output in the failed episode `failed`, gives more than one output.
     """
     if not isinstance(failed, OsEpisode) or not failed.ran_example or not _compares_with_example(failed.problem):
         return None
     outputs = [failed.last_output.strip()]
-    with _fresh_episode(task, index) as episode:
-        if episode is None or episode.example is None:
-            return None
-        deadline = time.monotonic() + REPLAY_BUDGET_S
-        for _ in range(REPLAYS):
+    deadline = time.monotonic() + REPLAY_BUDGET_S
+    for _ in range(REPLAYS):
+        with _fresh_episode(task, index) as episode:
+            if episode is None or episode.example is None:
+                return None
             r = episode.bash(episode.example)
             if r.timed_out:
                 return None
             outputs.append(r.output.strip())
-            if time.monotonic() > deadline:
-                break
+        if time.monotonic() > deadline:
+            break
     counts = Counter(outputs)
     if len(counts) < 2:
         return None
     shown = dict(sorted(counts.items(), key=lambda kv: -kv[1])[:6])
     return (f"the example's output varies between runs of the same state: {shown} ({len(outputs)} runs: the "
-            f"failed episode's {outputs[0][:40]!r} and {len(outputs) - 1} in one fresh session's shell), so "
+            f"failed episode's {outputs[0][:40]!r} and {len(outputs) - 1} in fresh sessions), so "
             "the answer and the grader's own run of the example need not agree")
 
 
@@ -341,10 +345,11 @@ def _beyond_open_files(task: Task, index: str, observation: str) -> str | None:
     """Evidence that a failed setup opened a file descriptor above the sandbox's open-file limit, or None.
 
     bash reads `echo 123321>f` as a redirection of fd 123321, which needs RLIMIT_NOFILE above 123321;
-    AgentBench's Docker containers allow 1048576, while a worker that may not raise its hard limit (no
-    CAP_SYS_RESOURCE) gives its sandboxes its own (`SandboxConfig.nofile()`). The evidence: the setup's
-    last observation says `N: Bad file descriptor`, and N is at least `ulimit -n` read in a fresh
-    session of the same sample (as an independent program in its sandbox).
+    AgentBench's Docker containers allow 1048576 up to containerd 1.7 and 1024 after (`DOCKER_NOFILE`),
+    while a worker that may not raise its hard limit (no CAP_SYS_RESOURCE) gives its sandboxes its own
+    (`SandboxConfig.nofile()`). So the sample passes or fails by the host, here as in AgentBench-FC.
+    The evidence: the setup's last observation says `N: Bad file descriptor`, and N is at least
+    `ulimit -n` read in a fresh session of the same sample (as an independent program in its sandbox).
     """
     fds = [int(m.group(1)) for m in BAD_FD.finditer(observation)]
     if not fds:
@@ -363,7 +368,8 @@ def _beyond_open_files(task: Task, index: str, observation: str) -> str | None:
     if fd < limit:
         return None
     return (f"the setup redirects file descriptor {fd} ('{fd}: Bad file descriptor'), at or above the sandbox's "
-            f"open-file limit {limit} (`ulimit -n` in it; AgentBench's Docker containers allow {DOCKER_NOFILE}); "
+            f"open-file limit {limit} (`ulimit -n` in it; Docker containers allow {DOCKER_NOFILE} up to containerd "
+            "1.7, 1024 with Docker 29 / containerd 2.1, where AgentBench-FC fails this setup too); "
             f"fix: a worker allowed to raise RLIMIT_NOFILE above {fd} (root with CAP_SYS_RESOURCE, or a higher "
             "`ulimit -Hn`; SandboxConfig.nofile(), sandbox_userns.py)")
 

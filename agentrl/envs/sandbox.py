@@ -250,12 +250,11 @@ CHECK_ENV: dict[str, str] = {
 }
 TRUSTED_PYTHON = ["/usr/bin/python3", "-I", "-S"]
 """The image's interpreter, isolated (no PYTHON* variables, no cwd or user site on sys.path) and without
-`site` (no .pth file or sitecustomize runs, wherever the agent could write one). Under bubblewrap, where
-the session's /usr/bin is its own copy, `Shell` runs the pristine one (`GRADER_BIN`) in its place."""
-GRADER_BIN, GRADER_SBIN = f"/{GRADER_TOOLS}/bin", f"/{GRADER_TOOLS}/sbin"
-"""The image's own tools inside a bubblewrap sandbox: under the read-only /usr/lib, beside the libraries
-and the dynamic loader they use, so nothing the session writes changes what a grader runs."""
-GRADER_PATH = f"{GRADER_SBIN}:{GRADER_BIN}:{CHECK_ENV['PATH']}"
+`site` (no .pth file or sitecustomize runs, wherever the agent could write one). Under bubblewrap the
+session's /usr/bin is its own copy, which the driver makes the image's again before any grader runs."""
+GRADER_BIN = f"/{GRADER_TOOLS}/bin"
+"""The image's own tools inside a bubblewrap sandbox, under the read-only /usr/lib: the driver runs from
+here (the session's /usr/bin is empty until it copies these) and restores /usr/bin from here."""
 # `python3 -c CODE ARGS...` without `site`: `site` is what defines exit()/quit(), which AgentBench's check
 # scripts call; the prelude puts them back and runs CODE with sys.argv as `python3 -c` would set it.
 PYTHON_PRELUDE = ("import builtins, sys\nbuiltins.exit = builtins.quit = sys.exit\ncode = sys.argv.pop(1)\n"
@@ -283,23 +282,54 @@ def _pinned_etc(image: Path) -> list[str]:
     return names
 
 
-def plan_mounts(image: str | Path, writable_bin: bool = False) -> list[str]:
+def top_links(image: str | Path) -> dict[str, str]:
+    """The image's top-level symlinks that stay symlinks in a session (/bin -> usr/bin, /sbin -> usr/sbin):
+    those into usr/lib* are bound as directories instead (`plan_mounts`)."""
+    image = Path(image)
+    return {f"/{n}": os.readlink(image / n) for n in sorted(os.listdir(image))
+            if (image / n).is_symlink() and not os.readlink(image / n).startswith("usr/lib")}
+
+
+@functools.lru_cache(maxsize=4)
+def tools_bytes(image: str) -> int:
+    """What the copies of the image's tool directories take on a tmpfs (each file rounded up to pages)."""
+    total = 0
+    for d in COPIED_BIN:
+        root = Path(image) / GRADER_TOOLS / d
+        if root.is_dir():
+            for entry in os.scandir(root):
+                st = entry.stat(follow_symlinks=False)
+                total += (st.st_size + 4095) // 4096 * 4096 + 4096
+    return total
+
+
+def plan_mounts(image: str | Path, writable_bin: bool = False, disk_mb: int = 512) -> list[str]:
     """bubblewrap's mount arguments for a session over `image` (after the root tmpfs is made).
 
-    Read-only: the children of /usr (except /usr/local, and /usr/bin and /usr/sbin when `writable_bin`:
-    the driver copies those from `GRADER_TOOLS`), /usr/local/lib, /var/lib, /var/cache and the pinned
-    /etc entries; the image's top-level symlinks (/bin -> usr/bin, ...). Everything else the session
-    sees comes from `seed_archive`, unpacked into the writable root.
+    /usr and /etc are tmpfs mounts of their own (`disk_mb` each, /usr plus its tool copies), so that
+    neither can be renamed and rebuilt by the session (a mount point cannot be moved from inside): in
+    them, read-only, the children of /usr (except /usr/local, and /usr/bin and /usr/sbin when
+    `writable_bin`: the driver copies those from `GRADER_TOOLS`), /usr/local/lib and the pinned /etc
+    entries. Also read-only: /var/lib, /var/cache, and the image's top-level links into usr/lib* (/lib,
+    /lib64: where the dynamic loader is found), bound as directories. The other top-level links stay
+    links (`top_links`; the driver restores them before a grader runs). Everything else the session sees
+    comes from `seed_archive`, unpacked into the writable root.
     """
     image = Path(image)
     writable = USR_WRITABLE + (COPIED_BIN if writable_bin else ())
+    size = ["--size", str(disk_mb << 20)]
+    usr_size = ["--size", str((disk_mb << 20) + (tools_bytes(str(image)) if writable_bin else 0))]
     args: list[str] = []
     for name in sorted(os.listdir(image)):
         src = image / name
         if src.is_symlink():
-            args += ["--symlink", os.readlink(src), f"/{name}"]
+            target = os.readlink(src)
+            if target.startswith("usr/lib"):
+                args += ["--ro-bind", str(image / target), f"/{name}"]
+            else:
+                args += ["--symlink", target, f"/{name}"]
         elif name == "usr":
-            args += ["--perms", "0755", "--dir", "/usr"]  # bwrap would make it 0700: only root could enter
+            args += ["--perms", "0755", *usr_size, "--tmpfs", "/usr"]  # bwrap would make it 0700
             for child in sorted(os.listdir(src)):
                 if (src / child).is_symlink():
                     args += ["--symlink", os.readlink(src / child), f"/usr/{child}"]
@@ -310,6 +340,7 @@ def plan_mounts(image: str | Path, writable_bin: bool = False) -> list[str]:
         elif name == "var":
             args += [a for v in VAR_PINNED if (src / v).is_dir() for a in ("--ro-bind", str(src / v), f"/var/{v}")]
         elif name == "etc":
+            args += ["--perms", "0755", *size, "--tmpfs", "/etc"]
             args += [a for n in _pinned_etc(image) for a in ("--ro-bind", str(src / n), f"/etc/{n}")]
     return args
 
@@ -435,7 +466,7 @@ class Shell:
             command[0] = f"{GRADER_BIN}/python3"  # the session's /usr/bin is empty until the driver copies it
             image = str(self.cfg.image_dir().absolute())
             many = self.cfg.many_uids(self.backend)
-            argv = bwrap_argv(plan_mounts(image, self.cfg.writable_bin), command, self.cfg.hostname,
+            argv = bwrap_argv(plan_mounts(image, self.cfg.writable_bin, self.cfg.disk_mb), command, self.cfg.hostname,
                               self.cfg.disk_mb, self.cfg.shm_mb, in_userns=many)
             if many:
                 launch = {"base": self.cfg.uid_base, "count": self.cfg.uid_count, "nproc": self.cfg.nproc,
@@ -459,10 +490,11 @@ class Shell:
         seed = b""
         if self.backend == "bwrap":
             seed = seed_archive(str(self.cfg.image_dir().absolute()))
-            cfg["check_env"] = {**CHECK_ENV, "PATH": GRADER_PATH}
+            image = self.cfg.image_dir().absolute()
+            cfg["links"] = top_links(image)
             if c.writable_bin:
-                tools = self.cfg.image_dir().absolute() / GRADER_TOOLS
-                cfg["copies"] = [[f"/{GRADER_TOOLS}/{d}", f"/usr/{d}"] for d in COPIED_BIN if (tools / d).is_dir()]
+                cfg["copies"] = [[f"/{GRADER_TOOLS}/{d}", f"/usr/{d}"] for d in COPIED_BIN
+                                 if (image / GRADER_TOOLS / d).is_dir()]
         elif self.backend == "none":  # unsandboxed: keep HOME and the state inside the session directory
             self._dir = Path(tempfile.mkdtemp(prefix="agentrl-sbx-", dir=c.work_dir or None))
             home = str(self._dir)
@@ -559,8 +591,6 @@ class Shell:
         """Run a program outside the shell's state: cwd /root, the fixed check environment, stdout only
         (unless `stderr`); with `freeze`, every other process of the sandbox is stopped meanwhile."""
         argv = [a.replace("\0", "") for a in argv]
-        if self.backend == "bwrap" and argv[:1] == TRUSTED_PYTHON[:1]:
-            argv[0] = f"{GRADER_BIN}/python3"  # the image's own, not the session's copy
         return self._request({"op": "exec", "argv": argv, "stderr": stderr, "freeze": freeze},
                              self.cfg.command_timeout_s if timeout is None else timeout)
 

@@ -37,6 +37,7 @@ import resource
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import tarfile
 import time
@@ -91,6 +92,7 @@ class Driver:
         self.cfg = {}
         self.wake = -1
         self.state = STATE
+        self.tools = None
 
     # ------------------------------------------------------------------------------- worker channel
     def read_exact(self, n):
@@ -146,11 +148,10 @@ class Driver:
         if seed:
             with tarfile.open(fileobj=io.BytesIO(seed)) as tar:
                 tar.extractall("/", numeric_owner=True)
-        for src, dst in self.cfg.get("copies", []):  # the session's own /usr/bin, /usr/sbin: root's, writable
-            try:
-                shutil.copytree(src, dst, symlinks=True)
-            except (OSError, shutil.Error) as e:
-                return f"could not copy {src} to {dst}: {e}"
+        try:  # the session's own /usr/bin, /usr/sbin: root's, writable
+            self.tools = Tools(self.cfg.get("copies", []), self.cfg.get("links", {}))
+        except (OSError, shutil.Error) as e:
+            return f"could not copy the system tools: {e}"
         self.state = self.cfg.get("state", STATE)
         os.makedirs(os.path.dirname(self.state), exist_ok=True)
         os.chmod(os.path.dirname(self.state), 0o700)
@@ -173,25 +174,39 @@ class Driver:
             self.reap()
             if req["op"] == "run":
                 env = dict(self.cfg["env"], __AR_STATE=self.state, __AR_CMD=req["cmd"])
-                self.send(self.spawn(["bash"], env, req["timeout"], stderr=True, freeze=False, script=WRAPPER))
+                self.send(self._spawn(["bash"], env, req["timeout"], True, WRAPPER))
             elif req["op"] == "exec":
-                env = dict(self.cfg["check_env"])
-                # AgentBench's container always holds its interactive `bash`; graders that count
-                # processes (`ps -ef | grep bash`) expect it, so an idle one stands in meanwhile.
-                try:
-                    shell = subprocess.Popen(["bash"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                             stderr=subprocess.DEVNULL, env=env, cwd=self.cfg.get("home", "/root"),
-                                             start_new_session=True, close_fds=True)
-                except OSError:  # the sandbox's process limit is full: the grader's own spawn will say so
-                    shell = None
-                try:
-                    self.send(self.spawn(req["argv"], env, req["timeout"], bool(req.get("stderr")),
-                                         bool(req.get("freeze")), keep=shell and shell.pid))
-                finally:
-                    if shell is not None:
-                        self.end(shell)
+                self.send(self.grader(req))
             else:
                 self.send({"error": f"unknown op {req.get('op')!r}"})
+
+    def grader(self, req):
+        """An independent program (a grader, an init script): every other process stopped first (with
+        "freeze"), then the image's tools put back, then the program runs beside an idle shell."""
+        env = dict(self.cfg["check_env"])
+        stopped = self.freeze() if req.get("freeze") else []
+        try:
+            if self.tools is not None:
+                try:
+                    self.tools.restore()
+                except OSError as e:  # fail closed: no grader runs over tools that could not be checked
+                    return {"exit": 126, "output": base64.b64encode(f"agentrl: system tools: {e}".encode()).decode(),
+                            "timed_out": False, "truncated": False}
+            # AgentBench's container always holds its interactive `bash`; graders that count
+            # processes (`ps -ef | grep bash`) expect it, so an idle one stands in meanwhile.
+            try:
+                shell = subprocess.Popen(["bash"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL, env=env, cwd=self.cfg.get("home", "/root"),
+                                         start_new_session=True, close_fds=True)
+            except OSError:  # the sandbox's process limit is full: the grader's own spawn will say so
+                shell = None
+            try:
+                return self._spawn(req["argv"], env, req["timeout"], bool(req.get("stderr")), None)
+            finally:
+                if shell is not None:
+                    self.end(shell)
+        finally:
+            self.thaw(stopped)
 
     @staticmethod
     def end(shell):
@@ -203,13 +218,6 @@ class Driver:
             os.waitpid(shell.pid, 0)
         except ChildProcessError:
             pass
-
-    def spawn(self, argv, env, timeout, stderr, freeze, script=None, keep=None):
-        stopped = self.freeze(keep) if freeze else []
-        try:
-            return self._spawn(argv, env, timeout, stderr, script)
-        finally:
-            self.thaw(stopped)
 
     def _spawn(self, argv, env, timeout, stderr, script):
         r, w = os.pipe()
@@ -323,9 +331,9 @@ class Driver:
 
     # ------------------------------------------------------------------------------ freeze/thaw
     @staticmethod
-    def freeze(spare=None):
-        """Stop every other process of the sandbox (but `spare`); repeat until a pass finds none new."""
-        keep = {os.getpid(), os.getppid(), 1, spare}
+    def freeze():
+        """Stop every other process of the sandbox; repeat until a pass finds none new."""
+        keep = {os.getpid(), os.getppid(), 1}
         stopped = []
         for _ in range(50):
             new = 0
@@ -349,6 +357,102 @@ class Driver:
                 os.kill(pid, signal.SIGCONT)
             except OSError:
                 pass
+
+
+class Tools:
+    """The session's own copies of the image's tool directories, made whole again before each grader.
+
+    `copies`: [pristine, session] directory pairs (/usr/lib/agentrl/bin -> /usr/bin, ...), copied at
+    start; `links`: top-level symlinks of the image that must point where they did (/bin -> usr/bin).
+    `restore` puts back every name the image has whose content or link target the session changed
+    (a chmod or chown alone is kept: test-50's check reads /usr/bin/find's mode), a renamed or replaced
+    directory or link, and removes names the image has in another tool directory (a /usr/sbin/grep would
+    come first on PATH). Other new files stay. What is untouched since the last look (same inode and
+    ctime, which no process can set back) is not read again, so a restore costs a few hundred lstat calls.
+    """
+
+    def __init__(self, copies, links):
+        self.copies = [(src, dst) for src, dst in copies]
+        self.links = dict(links)
+        self.names = set()
+        for src, _ in self.copies:
+            self.names |= set(os.listdir(src))
+        self.seen = {}
+        for src, dst in self.copies:
+            shutil.copytree(src, dst, symlinks=True)
+            self.seen[dst] = self.snapshot(dst)
+
+    @staticmethod
+    def snapshot(d):
+        out = {}
+        with os.scandir(d) as entries:
+            for e in entries:
+                st = e.stat(follow_symlinks=False)
+                out[e.name] = (st.st_ino, st.st_ctime_ns)
+        return out
+
+    def restore(self):
+        for src, dst in self.copies:  # its owner may always chmod it back (no capability needed)
+            if os.path.isdir(dst) and not os.path.islink(dst):
+                os.chmod(dst, os.stat(src).st_mode & 0o7777)
+        for path, target in self.links.items():
+            if not (os.path.islink(path) and os.readlink(path) == target):
+                remove(path)
+                os.symlink(target, path)
+        for src, dst in self.copies:
+            if os.path.islink(dst) or not os.path.isdir(dst):
+                remove(dst)
+                shutil.copytree(src, dst, symlinks=True)
+                self.seen[dst] = self.snapshot(dst)
+                continue
+            before, now = self.seen[dst], self.snapshot(dst)
+            pristine = set(os.listdir(src))
+            for name in now.keys() | pristine:
+                if name in before and now.get(name) == before[name]:
+                    continue
+                s, d = os.path.join(src, name), os.path.join(dst, name)
+                if name not in pristine:
+                    if name in self.names:
+                        remove(d)
+                elif not same(s, d):
+                    remove(d)
+                    if os.path.islink(s):
+                        os.symlink(os.readlink(s), d)
+                    else:
+                        shutil.copy2(s, d)
+            os.chmod(dst, os.stat(src).st_mode & 0o7777)
+            self.seen[dst] = self.snapshot(dst)
+
+
+def remove(path):
+    """Remove whatever is at `path` (a file, a link, a directory tree; nothing is fine)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+def same(pristine, path):
+    """Whether `path` holds what `pristine` holds: the same link target, or a regular file with the same
+    bytes (read here, never a cached answer: a forged size and mtime prove nothing)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if os.path.islink(pristine):
+        return stat.S_ISLNK(st.st_mode) and os.readlink(path) == os.readlink(pristine)
+    if not stat.S_ISREG(st.st_mode) or st.st_size != os.lstat(pristine).st_size:
+        return False
+    try:
+        with open(pristine, "rb") as a, open(path, "rb") as b:
+            while True:
+                x, y = a.read(1 << 20), b.read(1 << 20)
+                if x != y:
+                    return False
+                if not x:
+                    return True
+    except OSError:  # unreadable (a mode of 000 without CAP_DAC_OVERRIDE): replaced, as if changed
+        return False
 
 
 if __name__ == "__main__":

@@ -231,6 +231,31 @@ def test_nothing_of_the_host_is_visible(needs_sandbox: None, tmp_path: Path) -> 
         host_tmp.unlink()
 
 
+def test_graders_run_the_images_tools_whatever_the_session_did(needs_sandbox: None) -> None:
+    """The session's root may change its own /usr/bin (as in AgentBench's container) but not what a grader
+    runs: the layout that decides which code runs (/usr, /etc, the loader's /lib64, pinned /etc files) is
+    made of mount points, which cannot be moved, and /usr/bin, /usr/sbin, /bin are the image's again
+    before a grader starts (a chmod alone stays: AgentBench's test-50 reads /usr/bin/find's mode)."""
+    sh = Shell(fast(timeout=10.0))
+    try:
+        r = sh.run("cd /; for p in /usr /etc /lib64 /etc/ld.so.preload; do mv $p /moved 2>&1 | grep -c busy; done")
+        assert r.output.split() == ["1", "1", "1", "1"], r.output
+        fake = "printf '#!/usr/bin/bash\\necho FAKE\\nexit 0\\n'"
+        r = sh.run(f"cp /usr/bin/bash /root/bash; {fake} > /root/fake; chmod +x /root/fake; "
+                   "for t in grep wc python3.11 sh; do rm -f /usr/bin/$t; cp /root/fake /usr/bin/$t; done; "
+                   "cp /root/fake /usr/sbin/ls; cp /root/fake /usr/bin/mytool; chmod u+s /usr/bin/find; "
+                   "rm /bin && mkdir /bin && cp /root/fake /bin/bash && /usr/bin/grep x; echo $?")
+        assert r.output == "FAKE\n0\n", r.output  # the session's own tools are the fakes now
+        r = sh.run_independent(["bash", "-c", "echo abc | grep -c b; printf 'a\\nb\\n' | wc -l; /bin/sh -c 'echo sh'; "
+                                "ls -d /root; stat -c %A /usr/bin/find; readlink /bin; command -v mytool"], freeze=True)
+        assert (r.exit_code, r.output) == (0, "1\n2\nsh\n/root\n-rwsr-xr-x\nusr/bin\n/usr/bin/mytool\n"), r.output
+        r = sh.run_independent(["/usr/bin/python3", "-I", "-S", "-c", "print(6 * 7)"])
+        assert (r.exit_code, r.output) == (0, "42\n")
+        assert sh.run("ls /usr/sbin/ls 2>&1; mytool").output.endswith("No such file or directory\nFAKE\n")
+    finally:
+        sh.close()
+
+
 def test_session_cannot_reach_the_network(needs_sandbox: None) -> None:
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -252,11 +277,13 @@ def test_session_cannot_reach_the_network(needs_sandbox: None) -> None:
 
 
 def test_disk_is_bounded(needs_sandbox: None) -> None:
-    sh = Shell(fast(disk_mb=32, shm_mb=4, timeout=10.0, writable_bin=False))  # the copies alone take ~47 MB
+    sh = Shell(fast(disk_mb=32, shm_mb=4, timeout=10.0))
     try:
-        r = sh.run("head -c 40M /dev/zero > /root/big; echo rc=$?; du -m /root/big | cut -f1")
-        assert "No space left on device" in r.output and "rc=1" in r.output
-        assert int(r.output.split()[-1]) < 32
+        for where in ("/root", "/usr", "/etc"):  # the root, and /usr and /etc (mounts of their own)
+            r = sh.run(f"head -c 40M /dev/zero > {where}/big; echo rc=$?; du -m {where}/big | cut -f1; rm {where}/big")
+            assert "No space left on device" in r.output and "rc=1" in r.output, where
+            assert int(r.output.split()[-1]) <= (32 if where != "/usr" else 39), where  # /usr: + an estimate of
+            # what its copies of /usr/bin and /usr/sbin take, rounded up
         r = sh.run("rm /root/big; head -c 8M /dev/zero > /dev/shm/big; echo rc=$?; touch /dev/x")
         assert "No space left on device" in r.output and "rc=1" in r.output and "Read-only file system" in r.output
         assert sh.run("df -m / | tail -1 | awk '{print $2}'").output == "32\n"
