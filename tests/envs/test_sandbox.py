@@ -244,11 +244,13 @@ def test_graders_run_the_images_tools_whatever_the_session_did(needs_sandbox: No
         r = sh.run(f"cp /usr/bin/bash /root/bash; {fake} > /root/fake; chmod +x /root/fake; "
                    "for t in grep wc python3.11 sh; do rm -f /usr/bin/$t; cp /root/fake /usr/bin/$t; done; "
                    "cp /root/fake /usr/sbin/ls; cp /root/fake /usr/bin/mytool; chmod u+s /usr/bin/find; "
+                   "chmod 000 /usr/bin/wc; rm /usr/bin/tr && mkfifo /usr/bin/tr; "
                    "rm /bin && mkdir /bin && cp /root/fake /bin/bash && /usr/bin/grep x; echo $?")
         assert r.output == "FAKE\n0\n", r.output  # the session's own tools are the fakes now
         r = sh.run_independent(["bash", "-c", "echo abc | grep -c b; printf 'a\\nb\\n' | wc -l; /bin/sh -c 'echo sh'; "
-                                "ls -d /root; stat -c %A /usr/bin/find; readlink /bin; command -v mytool"], freeze=True)
-        assert (r.exit_code, r.output) == (0, "1\n2\nsh\n/root\n-rwsr-xr-x\nusr/bin\n/usr/bin/mytool\n"), r.output
+                                "ls -d /root; stat -c %A /usr/bin/find; readlink /bin; command -v mytool; echo ab | tr a x"],
+                               freeze=True)
+        assert (r.exit_code, r.output) == (0, "1\n2\nsh\n/root\n-rwsr-xr-x\nusr/bin\n/usr/bin/mytool\nxb\n"), r.output
         r = sh.run_independent(["/usr/bin/python3", "-I", "-S", "-c", "print(6 * 7)"])
         assert (r.exit_code, r.output) == (0, "42\n")
         assert sh.run("ls /usr/sbin/ls 2>&1; mytool").output.endswith("No such file or directory\nFAKE\n")
