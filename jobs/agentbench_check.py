@@ -23,6 +23,7 @@ failure needs the network; one that printed `N: Bad file descriptor` with N at o
 the expert's example script (`apt`, `curl`, ... needs the network), and for a check that compares the
 answer with the example's output: a replay with the answer one higher when the example counts
 processes (`_counts_its_grader`), the example replayed in many fresh sessions (`_varies_between_runs`),
+the example run twice on one state (`_changes_what_it_reports`),
 and the check scripts run on the example's own output (`_rejects_its_own_example`). Prints one line per
 (task, split) and the failures with their evidence; `--out` writes {task: {split: {passed, total,
 failures: {class: [ids]}}}} (plus the evidence under "details").
@@ -194,6 +195,7 @@ def replay_os(task: Task, index: str) -> Outcome:
         return False, NETWORK, f"the example uses the network: {example[:120]!r}"
     for evidence in (_counts_its_grader(task, index, example),
                      _varies_between_runs(task, index, session.episode),
+                     _changes_what_it_reports(task, index),
                      _rejects_its_own_example(task, index)):
         if evidence:
             return False, DATA, evidence
@@ -299,6 +301,41 @@ def _varies_between_runs(task: Task, index: str, failed: Any) -> str | None:
     return (f"the example's output varies between runs of the same state: {shown} ({len(outputs)} runs: the "
             f"failed episode's {outputs[0][:40]!r} and {len(outputs) - 1} in fresh sessions), so "
             "the answer and the grader's own run of the example need not agree")
+
+
+def _changes_what_it_reports(task: Task, index: str) -> str | None:
+    """Evidence that the example changes the state it reports on, or None.
+
+    For a check that compares the answer with the example's output, the answer comes from the example
+    run in the agent's shell, and the grader then runs the example again on the state that run left
+    (AgentBench's grader too: it runs the example after the answer). An example that edits what it
+    counts (train-683 removes the duplicate lines it counted) prints less the second time, so no answer
+    from its first run passes. The evidence, in a fresh session: the example in the shell prints a,
+    the grader's own run of it right after prints b != a; and in a second fresh session the first run
+    prints a again (a function of the state, not a race: that is `_varies_between_runs`).
+    """
+    firsts: list[str] = []
+    second = ""
+    for attempt in range(2):
+        with _fresh_episode(task, index) as episode:
+            if episode is None or episode.example is None or not _compares_with_example(episode.problem):
+                return None
+            r = episode.bash(episode.example)
+            if r.timed_out:
+                return None
+            firsts.append(r.output.strip())
+            if attempt == 0:
+                assert episode.problem.example is not None
+                g = episode.shell.run_independent(script_argv(episode.problem.example, []), timeout=SCRIPT_TIMEOUT_S,
+                                                  freeze=True)
+                if g.exit_code != 0:
+                    return None
+                second = g.output.strip()
+    if firsts[0] != firsts[1] or second == firsts[0]:
+        return None
+    return (f"the example changes the state it reports on: in the agent's shell it prints {firsts[0][:40]!r}, and "
+            f"the grader's rerun on the state that run left prints {second[:40]!r} (a second fresh session's first "
+            "run prints the first again); AgentBench's grader also reruns the example after the answer")
 
 
 def _rejects_its_own_example(task: Task, index: str) -> str | None:

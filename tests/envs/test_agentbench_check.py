@@ -85,7 +85,7 @@ REPLAYED = [  # failures shown by replaying the sample's own scripts: (sample, t
     ({"description": "low fd", "create": {"init": "echo 1 >&9"}, "evaluation": {"match": "1"}}, "our defect"),
     # the example changes what it counts: the grader's rerun prints 2, but every fresh session's first run 1
     ({"description": "stateful", "evaluation": {"check": [None, INT_CHECK],
-                                                "example": "echo x >> /root/f; wc -l < /root/f"}}, "our defect"),
+                                                "example": "echo x >> /root/f; wc -l < /root/f"}}, "data defect"),
 ]
 
 
@@ -117,4 +117,6 @@ def test_os_failures_shown_by_replaying_the_samples_scripts(tmp_path: Path) -> N
     assert "RLIMIT_NOFILE above 999999999" in fd, fd
     low = details[f"test-{first + 3}"]  # fd 9 is within the limit: a setup failure of ours
     assert low.startswith("our defect: setup fails here") and "9: Bad file descriptor" in low, low
-    assert details[f"test-{first + 4}"] == "our defect: status completed, reward 0.0"  # not "varies"
+    stateful = details[f"test-{first + 4}"]  # not "varies": every fresh session prints 1 first
+    assert "changes the state it reports on: in the agent's shell it prints '1', and the grader's rerun on the " \
+           "state that run left prints '2'" in stateful, stateful
