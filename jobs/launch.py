@@ -6,9 +6,10 @@
     python -m jobs.launch --preset agentbench-qwen2.5-7b --render-sbatch > my.sbatch   # to submit by hand
 
 Under Slurm (the rendered scripts call it first, in the job): `--prepare-run RUN_DIR` writes
-RUN_DIR/config.yaml unless a requeued job left one. Through submitit the job's function is
-`agentrl.launch.submit.HetRun`; `job.result()` is the run's report/summary.json. Roles, steps and
-groups are those of `agentrl.launch.topology`, for all three ways.
+RUN_DIR/config.yaml unless a requeued job left one; `--clear-pipeline RUN_DIR` drops the asynchronous
+pipeline's keys from RUN_DIR/rendezvous.json before the script starts its dead MPI world again.
+Through submitit the job's function is `agentrl.launch.submit.HetRun`; `job.result()` is the run's
+report/summary.json. Roles, steps and groups are those of `agentrl.launch.topology`, for all three ways.
 """
 from __future__ import annotations
 
@@ -27,10 +28,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", help="run name (default: the preset's)")
     ap.add_argument("--render-sbatch", action="store_true", help="print the sbatch script and exit")
     ap.add_argument("--prepare-run", type=Path, metavar="RUN_DIR", help="(in a job) write RUN_DIR/config.yaml once")
+    ap.add_argument("--clear-pipeline", type=Path, metavar="RUN_DIR",
+                    help="(in a job) drop the pipeline's keys from RUN_DIR/rendezvous.json before it restarts")
     ap.add_argument("--folder", default="runs/submitit", help="submitit's folder (slurm launcher)")
     ap.add_argument("--no-wait", action="store_true", help="slurm launcher: print the job id and return")
     ap.add_argument("overrides", nargs="*", help="section.field=value, e.g. cluster.hetjob=false")
     args = ap.parse_args(argv)
+    if args.clear_pipeline:
+        from agentrl.launch import rendezvous
+
+        cleared = rendezvous.clear_pipeline(args.clear_pipeline)
+        print(f"agentrl: cleared the pipeline's rendezvous keys in {args.clear_pipeline}: "
+              f"{', '.join(cleared) or 'none were there'}", flush=True)
+        return 0
     overrides = list(args.overrides) + ([f"name={args.name}"] if args.name else [])
     try:
         if args.prepare_run:

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentrl.launch import rendezvous
+
 
 @dataclass
 class Role:
@@ -144,8 +146,6 @@ def start_run(launcher: LocalLauncher, workers: int, build_model: bool,
 def start_services(launcher: LocalLauncher, workers: int, build_model: bool,
                    echo: Callable[[str, str], None] | None = None) -> None:
     """Controller (and its address in rendezvous.json), env workers, the model build (waited for)."""
-    from agentrl.launch import rendezvous
-
     launcher.start("controller", "jobs.controller")
     rendezvous.wait_for(launcher.run_dir, "controller_url", timeout_s=60)
     for w in range(workers):
@@ -155,10 +155,7 @@ def start_services(launcher: LocalLauncher, workers: int, build_model: bool,
 
 
 PIPELINE = "pipeline"  # the role name of the asynchronous schedule's MPI world (trainer + rollout ranks)
-PIPELINE_KEYS = ("mpi_port", "weights_store", "file_channel")
-"""rendezvous.json keys the pipeline's trainer publishes (its MPI port, the weight broadcast's store, the file
-channel's nonce): cleared before the pipeline or its trainer restarts (tests check they are
-`mpi_channel.PORT_KEY`, `async_weights.STORE_KEY` and `file_channel.CHANNEL_KEY`)."""
+PIPELINE_KEYS = rendezvous.PIPELINE_KEYS  # the keys cleared before the pipeline or its trainer restarts
 TRAINER = "trainer"  # file mode's role names: the trainer, and rollout-<r> per rank
 ROLLOUT_PREFIX = "rollout-"
 

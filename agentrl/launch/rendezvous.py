@@ -13,6 +13,10 @@ from pathlib import Path
 from typing import Any
 
 FILENAME = "rendezvous.json"
+PIPELINE_KEYS = ("mpi_port", "weights_store", "file_channel")
+"""Keys the asynchronous pipeline's trainer publishes (its MPI port, the weight broadcast's store, the file
+channel's nonce): cleared before the pipeline or its trainer restarts (tests check they are
+`mpi_channel.PORT_KEY`, `async_weights.STORE_KEY` and `file_channel.CHANNEL_KEY`)."""
 
 
 def read(run_dir: str | Path) -> dict[str, Any]:
@@ -45,6 +49,14 @@ def remove(run_dir: str | Path, *keys: str) -> None:
     data = read(run_dir)
     if any(k in data for k in keys):
         _write(Path(run_dir), {k: v for k, v in data.items() if k not in keys})
+
+
+def clear_pipeline(run_dir: str | Path) -> list[str]:
+    """Drop the pipeline's keys (`PIPELINE_KEYS`) before its MPI world starts again: the new trainer publishes
+    its own, and no rank may reach for the dead one's. Returns the keys that were there."""
+    present = [k for k in PIPELINE_KEYS if k in read(run_dir)]
+    remove(run_dir, *PIPELINE_KEYS)
+    return present
 
 
 def wait_for(run_dir: str | Path, key: str, timeout_s: float = 120.0, poll_s: float = 0.05) -> Any:

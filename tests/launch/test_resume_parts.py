@@ -3,6 +3,8 @@ which runs may be continued with which options, the rendezvous keys cleared befo
 and the rollout rank's incarnation counter."""
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from agentrl.config import dump_config, load_config
@@ -13,6 +15,8 @@ from agentrl.rollout.async_weights import STORE_KEY
 from agentrl.transport.file_channel import CHANNEL_KEY
 from agentrl.transport.mpi_channel import PORT_KEY
 from jobs.train import resume_check
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(tmp_path: Path, *overrides: str) -> Path:
@@ -44,6 +48,20 @@ def test_pipeline_keys_are_the_ones_the_pipeline_publishes(tmp_path: Path) -> No
     rendezvous.remove(tmp_path, *PIPELINE_KEYS)
     assert rendezvous.read(tmp_path) == {"controller_url": "http://x"}
     rendezvous.remove(tmp_path, "absent")  # nothing to do
+    assert rendezvous.read(tmp_path) == {"controller_url": "http://x"}
+
+
+def test_clear_pipeline_from_the_command_line(tmp_path: Path) -> None:
+    """What the rendered async script runs before it starts a dead MPI world again: the pipeline's keys go,
+    the controller's address stays."""
+    rendezvous.publish(tmp_path, controller_url="http://x", mpi_port="tag#0", weights_store={"port": 1})
+    cmd = [sys.executable, "-m", "jobs.launch", "--clear-pipeline", str(tmp_path)]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert rendezvous.read(tmp_path) == {"controller_url": "http://x"}
+    assert f"cleared the pipeline's rendezvous keys in {tmp_path}: mpi_port, weights_store" in out.stdout
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and "none were there" in again.stdout
     assert rendezvous.read(tmp_path) == {"controller_url": "http://x"}
 
 
