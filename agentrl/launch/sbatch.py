@@ -181,14 +181,51 @@ def _step_line(plan: Plan, step: Step, het: bool, image: str, binds: tuple[str, 
     if step.mpmd:
         note = (f"# one MPI world (an MPMD step across het groups; world rank 0 is the {step.role}):\n{note}\n"
                 "# srun passes USR1 to every rank: the trainer checkpoints and stops the rollout ranks, who ignore it")
+    if step.step_restarts:
+        return "\n".join([note, *_pipeline_lines(step, _join(argv))])
     return f"{note}\n{_join(argv)} &\n{step.role.upper()}=$!"
 
 
-def _finish_lines(ends: list[str], others: list[str]) -> list[str]:
+def _pipeline_lines(step: Step, command: str) -> list[str]:
+    """The MPMD step as `pipeline` (start it, its srun's pid in $TRAINER, where the USR1 trap finds it) and
+    `wait_pipeline` (wait for it; when it fails and the job was not preempted, clear the pipeline's
+    rendezvous keys and start it again, at most `step.step_restarts` times). Both run in the script's own
+    shell: a restarted step is its child, and USR1 goes to the live one."""
+    var, n = step.role.upper(), step.step_restarts
+    return [
+        "pipeline() {",
+        f"  {command} &",
+        f"  {var}=$!",
+        "}",
+        "# wait_pipeline: wait for the MPI world; when it fails (a rank died) before the run finished and no USR1",
+        "# came, clear its rendezvous keys (the dead trainer's MPI port, broadcast store, channel nonce) and start",
+        f"# it again, at most {n} times: the trainer resumes from its newest checkpoint, the rollout ranks start a",
+        "# new incarnation. Exit status: the last step's",
+        "wait_pipeline() {",
+        f"  local left={n} rc",
+        "  while :; do",
+        f'    wait_step "${var}"; rc=$?',
+        '    [ "$rc" != 0 ] && [ "$preempted" = 0 ] && [ "$left" -gt 0 ] || return "$rc"',
+        '    [ ! -f "$RUN_DIR/report/summary.json" ] || return "$rc"  # finished: a failure on the way out stays one',
+        "    left=$((left - 1))",
+        '    echo "agentrl: the pipeline (trainer and rollout ranks, one MPI world) exited with $rc; clearing its '
+        'rendezvous keys and starting it again ($left restarts left)"',
+        '    "$PY" -m jobs.launch --clear-pipeline "$RUN_DIR" || return "$rc"',
+        '    [ "$preempted" = 0 ] || return "$rc"  # USR1 meanwhile: no step to checkpoint; the job requeues',
+        "    pipeline",
+        "  done",
+        "}",
+        "pipeline",
+    ]
+
+
+def _finish_lines(ends: list[str], others: list[str], restarted: bool = False) -> list[str]:
     """Wait for the trainer first: after a USR1 it checkpoints and exits while the rollout still runs,
-    and the job requeues at once. Then the other roles that end the run; then stop the rest."""
+    and the job requeues at once. Then the other roles that end the run; then stop the rest. `restarted`:
+    the trainer's step is the restartable pipeline, waited for by `wait_pipeline`."""
     ends = sorted(ends, key=lambda name: name != "TRAINER")
-    lines = ["status=0", f'wait_step "${ends[0]}" || status=$?']
+    first = "wait_pipeline" if restarted else f'wait_step "${ends[0]}"'
+    lines = ["status=0", f"{first} || status=$?"]
     lines += [
         'if [ "$preempted" = 1 ]; then',
         '  echo "agentrl: requeueing job $SLURM_JOB_ID"',
@@ -244,7 +281,7 @@ def render_hetjob(plan: Plan, preset: str, overrides: list[str], image: str = ""
     ends = [s.role.upper() for s in plan.steps if s.ends_run]
     others = [s.role.upper() for s in plan.steps if not s.ends_run]
     lines += ["", "# the run ends when rollout and trainer have; then the env side is stopped"]
-    lines += _finish_lines(ends, others)
+    lines += _finish_lines(ends, others, any(s.step_restarts for s in plan.steps))
     return "\n".join(lines) + "\n"
 
 

@@ -10,7 +10,8 @@ On the synchronous schedule every role is its own srun step (trajectories travel
 asynchronous one (`cluster.schedule: async`) trainer and rollout ranks are one MPI world: one MPMD step
 across het groups 0 and 1 (`srun --mpi=pmi2 --het-group=0 ... : --het-group=1 ...`), whose programs run
 under `python -m mpi4py` and take their ranks from MPI (the trainer's T ranks are world ranks 0..T-1, its
-hub rank 0; rollout rank r is world rank T + r). They skip the slurm_env wrapper: in a step that spans
+hub rank 0; rollout rank r is world rank T + r); when that step fails it is started again, at most
+`cluster.max_restarts` times. They skip the slurm_env wrapper: in a step that spans
 some of the job's groups, Slurm's variables do not say where one component's tasks start. With
 `transport.channel: files` there is no MPI world: the trainer (one rank) and each rollout rank are steps of
 their own, every rollout rank restartable alone.
@@ -60,6 +61,10 @@ class Step:
     goes on meanwhile). `task_args` tell the tasks apart."""
     task_args: tuple[str, ...] = ()
     """Arguments of one task of a restartable step; `{task}` stands for its index."""
+    step_restarts: int = 0
+    """> 0 (the MPMD step): when the whole step fails and the job was not preempted, its rendezvous keys are
+    cleared and it is started again, at most this many times (the trainer resumes from its newest checkpoint,
+    the rollout ranks start a new incarnation), as the local launcher restarts its `pipeline`."""
 
 
 @dataclass(frozen=True)
@@ -126,7 +131,7 @@ def plan(cfg: RunConfig) -> Plan:
         rollout = Step("rollout", ROLLOUT, c.rollout.ranks, "jobs.rollout_async", gpus_per_task=rollout_gpus,
                        mpi=True, env=(("OMP_NUM_THREADS", str(c.engine_threads)),))
         steps = (*services, Step("trainer", TRAINER, c.trainer.world_size, "jobs.trainer_async", ends_run=True,
-                                 mpi=True, mpmd=(rollout,)))
+                                 mpi=True, mpmd=(rollout,), step_restarts=c.max_restarts))
     else:
         steps = (*services,
                  Step("rollout", ROLLOUT, c.rollout.ranks, "jobs.rollout", ends_run=True, gpus_per_task=rollout_gpus),

@@ -106,8 +106,11 @@ def test_async_trainer_and_rollout_are_one_mpmd_step(capsys: pytest.CaptureFixtu
     assert rollout[3:5] == ["env", "OMP_NUM_THREADS=4"]  # srun would start the engine ranks with the step's CPUs
     assert rollout[5:] == ["$PY", "-m", "mpi4py", "-m", "jobs.rollout_async", "--run-dir", "$RUN_DIR", "&"]
     assert "agentrl.launch.slurm_env" not in mpmd  # MPI gives these ranks their places
-    assert text.count("\nTRAINER=$!") == 1 and "ROLLOUT=$!" not in text  # USR1 goes to the MPMD step
-    assert 'wait_step "$TRAINER"' in text and "jobs.trainer --" not in text and "jobs.rollout --" not in text
+    # USR1 goes to the MPMD step, started (and, when it fails, started again) by `pipeline`
+    assert text.count("TRAINER=$!") == 1 and "\npipeline() {\n  srun --mpi=pmi2 --het-group=0 " in text
+    assert "ROLLOUT=$!" not in text and "jobs.trainer --" not in text and "jobs.rollout --" not in text
+    assert '    wait_step "$TRAINER"; rc=$?' in text and "\nwait_pipeline || status=$?\n" in text
+    assert "  local left=3 rc\n" in text  # cluster.max_restarts' default bounds the restarts
 
 
 def test_async_file_channel_runs_every_rank_as_its_own_restartable_step(capsys: pytest.CaptureFixture[str]) -> None:
