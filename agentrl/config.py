@@ -495,7 +495,8 @@ class ClusterConfig:
     max_restarts: int = 3
     """Times a dead env worker is started again (per worker) before it counts as failed: by the local launcher
     (which also restarts the asynchronous MPI world as often) and by the rendered Slurm scripts (each worker
-    its own srun step; past the bound that worker stays down and the run goes on with the others)."""
+    its own srun step; past the bound that worker stays down and the run goes on with the others; the
+    asynchronous MPMD step is started again as often, after its rendezvous keys are cleared)."""
     schedule: str = "sync"
     """sync: rollout and trainer take turns, one shard per step; async: the trainer and
     `cluster.rollout.ranks` rollout ranks in one MPI world (mpiexec), trajectories over MPI, in-flight

@@ -220,3 +220,73 @@ def test_async_env_worker_killed_is_restarted(slurm, job_env, tmp_path: Path) ->
     assert trainer["steps_done"] == steps and trained_steps(run_dir) == list(range(steps))
     reconcile(run_dir)
     print(f"env worker started again {restart_s:.1f}s after the kill")
+
+
+def rollout_pids(run: str) -> list[int]:
+    """Live rollout rank processes (`python -m mpi4py -m jobs.rollout_async --run-dir run`, not srun) of run dir
+    `run`."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if entry.name.isdigit() and argv[1:7] == ["-m", "mpi4py", "-m", "jobs.rollout_async", "--run-dir", run] \
+                and state != "Z":
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
+def test_async_rollout_rank_killed_restarts_the_pipeline(slurm, job_env, tmp_path: Path) -> None:
+    """SIGKILL to one rollout rank mid-run (after two trainer steps): the MPMD step ends, the rendered script
+    clears the pipeline's rendezvous keys and starts the step again (cluster.max_restarts); the trainer
+    resumes from its newest checkpoint, trains to the end, and no trajectory is consumed twice."""
+    steps = 6
+    overrides = [*ASYNC, f"trainer.steps={steps}", "trainer.checkpoint_every=1", "rollout.env_latency_s=0.2",
+                 "rollout.eval_sampled=0", "cluster.max_restarts=1"]
+    cfg = load_config("smoke", overrides)
+    job = sbatch_script(sbatch.render_hetjob(topology.plan(cfg), "smoke", overrides), tmp_path / "async.sbatch")
+    run_dir = tmp_path / "runs" / f"smoke-{job}"
+    job_log = tmp_path / f"agentrl-smoke-{job}.out"
+
+    def steps_done() -> int:
+        try:
+            return int(read_json(run_dir / "report" / "trainer.json")["steps_done"])
+        except (OSError, ValueError, KeyError):
+            return 0
+
+    try:
+        wait_until(lambda: steps_done() >= 2, 240, "no RL steps")
+        at_kill = steps_done()
+        pids = wait_until(lambda: rollout_pids(f"runs/smoke-{job}"), 10, "no rollout rank process")
+        assert len(pids) == 2, pids
+        os.kill(pids[1], signal.SIGKILL)
+        t_kill = time.monotonic()
+        wait_until(lambda: job_log.exists() and "starting it again" in job_log.read_text(), 120,
+                   "the pipeline was not started again")
+        restart_s = time.monotonic() - t_kill
+        wait_until(lambda: job_gone(job), 300, f"job {job} did not finish")
+    finally:
+        subprocess.run(["scancel", job], check=False)  # a failed test leaves no job behind
+    log = job_log.read_text()
+    state = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+    assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, state + log[-3000:]
+    assert "Restarts=0" in state  # restarted in place, not requeued
+    assert log.count("agentrl: the pipeline (trainer and rollout ranks, one MPI world) exited with") == 1, log
+    assert "starting it again (0 restarts left)" in log and "requeueing" not in log
+    assert "agentrl: cleared the pipeline's rendezvous keys in" in log and "mpi_port" in log
+    pipeline = (run_dir / "logs" / "pipeline.log").read_text()
+    assert "resumed from" in pipeline, pipeline[-3000:]
+    trainer = read_json(run_dir / "report" / "trainer.json")
+    assert trainer["steps_done"] == trainer["steps"] == steps and trainer["policy_version"] == steps
+    trained = trained_steps(run_dir)
+    assert sorted(set(trained)) == list(range(steps))  # every step trained; one after the checkpoint maybe twice
+    assert len(trained) - steps <= 1, trained
+    assert (run_dir / "report" / "summary.json").exists()
+    ledger = reconcile(run_dir)  # every trajectory in the shards once: consumed, excluded or held
+    assert len(ledger.consumed) == taken(trainer)  # no trajectory consumed in two steps
+    assert trainer["queue"]["consumed"] == len(ledger.consumed)
+    for r in range(2):  # both ranks started a second incarnation
+        assert (run_dir / "shards" / f"rollout-{r}" / "incarnation").read_text() == "1"
+    print(f"rollout rank killed after step {at_kill}; the pipeline started again {restart_s:.1f}s after the kill")
