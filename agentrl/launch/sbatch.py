@@ -83,6 +83,8 @@ def _component_options(step: Step, het: bool, output: str = "") -> list[str]:
         argv.append(f"--gpus-per-task={step.gpus_per_task}")
     if step.overlap:
         argv.append("--overlap")
+    if step.mpi:  # a rank that dies (SIGKILL, OOM) ends the whole MPI world, as mpiexec does: srun alone leaves
+        argv.append("--kill-on-bad-exit=1")  # the others waiting on it (seen on Slurm 22.05)
     return argv
 
 

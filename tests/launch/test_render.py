@@ -101,10 +101,11 @@ def test_async_trainer_and_rollout_are_one_mpmd_step(capsys: pytest.CaptureFixtu
     trainer, rollout = mpmd[:mpmd.index(":")], mpmd[mpmd.index(":") + 1:]
     assert trainer[2:5] == ["--het-group=0", "--ntasks=1", "--exact"]
     assert trainer[5:] == ["--output=$RUN_DIR/logs/pipeline.log",  # one log for the MPI world's ranks
+                           "--kill-on-bad-exit=1",  # a dead rank ends the world (else the others wait on it)
                            "$PY", "-m", "mpi4py", "-m", "jobs.trainer_async", "--run-dir", "$RUN_DIR"]
-    assert rollout[:3] == ["--het-group=1", "--ntasks=3", "--exact"]
-    assert rollout[3:5] == ["env", "OMP_NUM_THREADS=4"]  # srun would start the engine ranks with the step's CPUs
-    assert rollout[5:] == ["$PY", "-m", "mpi4py", "-m", "jobs.rollout_async", "--run-dir", "$RUN_DIR", "&"]
+    assert rollout[:4] == ["--het-group=1", "--ntasks=3", "--exact", "--kill-on-bad-exit=1"]
+    assert rollout[4:6] == ["env", "OMP_NUM_THREADS=4"]  # srun would start the engine ranks with the step's CPUs
+    assert rollout[6:] == ["$PY", "-m", "mpi4py", "-m", "jobs.rollout_async", "--run-dir", "$RUN_DIR", "&"]
     assert "agentrl.launch.slurm_env" not in mpmd  # MPI gives these ranks their places
     # USR1 goes to the MPMD step, started (and, when it fails, started again) by `pipeline`
     assert text.count("TRAINER=$!") == 1 and "\npipeline() {\n  srun --mpi=pmi2 --het-group=0 " in text
