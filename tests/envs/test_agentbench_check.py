@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from os_fixtures import agentbench_checkout
@@ -45,21 +46,33 @@ CLASSED = [  # (sample in AgentBench's format, the class the check must give it)
 ]
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="the os task's sandbox needs bubblewrap")
-def test_os_failures_are_classified_from_the_episode(tmp_path: Path) -> None:
+def check_stand_ins(tmp_path: Path, group: int, samples: list[tuple[dict[str, Any], str]],
+                    scripts: dict[str, str] | None = None) -> tuple[OsTask, int, dict[str, str]]:
+    """`samples` as test group `group` of a stand-in checkout (with `scripts` under its scripts dir), checked:
+    each must fail with its class, the checkout's own 4 samples must pass. Returns (task, index of the first
+    sample, the evidence by id)."""
     require_sandbox()
     checkout = agentbench_checkout(tmp_path)
-    (checkout / "data/os_interaction/data/3").mkdir()
-    (checkout / "data/os_interaction/data/3/c.json").write_text(json.dumps([item for item, _ in CLASSED]))
+    (checkout / f"data/os_interaction/data/{group}").mkdir()
+    (checkout / f"data/os_interaction/data/{group}/s.json").write_text(json.dumps([item for item, _ in samples]))
+    for name, text in (scripts or {}).items():
+        path = checkout / f"data/os_interaction/scripts/{group}" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
     task = OsTask(source="agentbench", agentbench_dir=checkout, sandbox={"backend": "bwrap", "command_timeout_s": 5.0})
-    first = len(task.indices("test")) - len(CLASSED)  # the stand-in checkout's own samples come first
+    first = len(task.indices("test")) - len(samples)  # the stand-in checkout's own samples come first
     result = check(task, "test", replay_os, limit=None, workers=2)
     expected: dict[str, list[str]] = {}
-    for n, (_, kind) in enumerate(CLASSED):
+    for n, (_, kind) in enumerate(samples):
         expected.setdefault(kind, []).append(f"test-{first + n}")
     assert {k: sorted(v) for k, v in result["failures"].items()} == expected, result["details"]
     assert result["passed"] == first == 4
-    details = result["details"]
+    return task, first, result["details"]
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="the os task's sandbox needs bubblewrap")
+def test_os_failures_are_classified_from_the_episode(tmp_path: Path) -> None:
+    _, first, details = check_stand_ins(tmp_path, 3, CLASSED)
     assert "n fails, n + 1 passes" in details[f"test-{first}"]
     assert "Read-only file system" in details[f"test-{first + 1}"]
     assert "Temporary failure resolving" in details[f"test-{first + 2}"]
@@ -91,21 +104,7 @@ REPLAYED = [  # failures shown by replaying the sample's own scripts: (sample, t
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="the os task's sandbox needs bubblewrap")
 def test_os_failures_shown_by_replaying_the_samples_scripts(tmp_path: Path) -> None:
-    require_sandbox()
-    checkout = agentbench_checkout(tmp_path)
-    (checkout / "data/os_interaction/data/4").mkdir()
-    (checkout / "data/os_interaction/data/4/d.json").write_text(json.dumps([item for item, _ in REPLAYED]))
-    (checkout / "data/os_interaction/scripts/4/check").mkdir(parents=True)
-    (checkout / "data/os_interaction/scripts/4/check/size.py").write_text(SIZE_CHECK)
-    task = OsTask(source="agentbench", agentbench_dir=checkout, sandbox={"backend": "bwrap", "command_timeout_s": 5.0})
-    first = len(task.indices("test")) - len(REPLAYED)
-    result = check(task, "test", replay_os, limit=None, workers=2)
-    expected: dict[str, list[str]] = {}
-    for n, (_, kind) in enumerate(REPLAYED):
-        expected.setdefault(kind, []).append(f"test-{first + n}")
-    assert {k: sorted(v) for k, v in result["failures"].items()} == expected, result["details"]
-    assert result["passed"] == first == 4
-    details = result["details"]
+    task, first, details = check_stand_ins(tmp_path, 4, REPLAYED, {"check/size.py": SIZE_CHECK})
     size = details[f"test-{first}"]
     assert "answer '4.0K'" in size and "check script 2 of 2" in size, size
     assert size.endswith("\"ValueError: invalid literal for int() with base 10: '4.0'\""), size

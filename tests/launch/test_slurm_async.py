@@ -132,13 +132,7 @@ def test_async_usr1_checkpoints_requeues_and_resumes(slurm, job_env, tmp_path: P
     report = run_dir / "report" / "trainer.json"
     job_log = tmp_path / f"agentrl-smoke-{job}.out"
 
-    def steps_done() -> int:
-        try:
-            return int(read_json(report)["steps_done"])
-        except (OSError, ValueError, KeyError):
-            return 0
-
-    wait_until(lambda: steps_done() >= 2, 240, "no RL steps")
+    wait_until(lambda: steps_done(run_dir) >= 2, 240, "no RL steps")
     subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
     wait_until(lambda: job_log.exists() and "requeueing job" in job_log.read_text(), 120, "no requeue")
     # what the preempted trainer left: its ledger and report (the restarted one rewrites them when it ends)
@@ -169,8 +163,17 @@ def test_async_usr1_checkpoints_requeues_and_resumes(slurm, job_env, tmp_path: P
     assert sorted(shard_trajectories(run_dir)) == [0, 1]
 
 
-def worker_pids(run: str) -> list[int]:
-    """Live (not zombie) env worker processes of run dir `run` (not the srun steps that name them)."""
+def steps_done(run_dir: Path) -> int:
+    """The trainer's steps so far, from its report (0 before the first)."""
+    try:
+        return int(read_json(run_dir / "report" / "trainer.json")["steps_done"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def live_pids(*args: str) -> list[int]:
+    """Live (not zombie) python processes whose arguments after the interpreter start with `args` (the
+    programs themselves, not the srun steps that name them)."""
     pids = []
     for entry in Path("/proc").iterdir():
         try:
@@ -178,9 +181,14 @@ def worker_pids(run: str) -> list[int]:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
-        if entry.name.isdigit() and argv[1:5] == ["-m", "jobs.env_worker", "--run-dir", run] and state != "Z":
+        if entry.name.isdigit() and argv[1:1 + len(args)] == list(args) and state != "Z":
             pids.append(int(entry.name))
-    return pids
+    return sorted(pids)
+
+
+def worker_pids(run: str) -> list[int]:
+    """Env worker processes of run dir `run`."""
+    return live_pids("-m", "jobs.env_worker", "--run-dir", run)
 
 
 def test_async_env_worker_killed_is_restarted(slurm, job_env, tmp_path: Path) -> None:
@@ -193,14 +201,8 @@ def test_async_env_worker_killed_is_restarted(slurm, job_env, tmp_path: Path) ->
     job = sbatch_script(sbatch.render_hetjob(topology.plan(cfg), "smoke", overrides), tmp_path / "async.sbatch")
     run_dir = tmp_path / "runs" / f"smoke-{job}"
 
-    def steps_done() -> int:
-        try:
-            return int(read_json(run_dir / "report" / "trainer.json")["steps_done"])
-        except (OSError, ValueError, KeyError):
-            return 0
-
     try:
-        wait_until(lambda: steps_done() >= 1, 240, "no RL steps")
+        wait_until(lambda: steps_done(run_dir) >= 1, 240, "no RL steps")
         (pid,) = wait_until(lambda: worker_pids(f"runs/smoke-{job}"), 10, "no env worker process")
         os.kill(pid, signal.SIGKILL)
         t_kill = time.monotonic()
@@ -223,19 +225,8 @@ def test_async_env_worker_killed_is_restarted(slurm, job_env, tmp_path: Path) ->
 
 
 def rollout_pids(run: str) -> list[int]:
-    """Live rollout rank processes (`python -m mpi4py -m jobs.rollout_async --run-dir run`, not srun) of run dir
-    `run`."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if entry.name.isdigit() and argv[1:7] == ["-m", "mpi4py", "-m", "jobs.rollout_async", "--run-dir", run] \
-                and state != "Z":
-            pids.append(int(entry.name))
-    return sorted(pids)
+    """Rollout rank processes (`python -m mpi4py -m jobs.rollout_async --run-dir run`) of run dir `run`."""
+    return live_pids("-m", "mpi4py", "-m", "jobs.rollout_async", "--run-dir", run)
 
 
 def test_async_rollout_rank_killed_restarts_the_pipeline(slurm, job_env, tmp_path: Path) -> None:
@@ -250,15 +241,9 @@ def test_async_rollout_rank_killed_restarts_the_pipeline(slurm, job_env, tmp_pat
     run_dir = tmp_path / "runs" / f"smoke-{job}"
     job_log = tmp_path / f"agentrl-smoke-{job}.out"
 
-    def steps_done() -> int:
-        try:
-            return int(read_json(run_dir / "report" / "trainer.json")["steps_done"])
-        except (OSError, ValueError, KeyError):
-            return 0
-
     try:
-        wait_until(lambda: steps_done() >= 2, 240, "no RL steps")
-        at_kill = steps_done()
+        wait_until(lambda: steps_done(run_dir) >= 2, 240, "no RL steps")
+        at_kill = steps_done(run_dir)
         pids = wait_until(lambda: rollout_pids(f"runs/smoke-{job}"), 10, "no rollout rank process")
         assert len(pids) == 2, pids
         os.kill(pids[1], signal.SIGKILL)
