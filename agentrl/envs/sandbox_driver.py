@@ -374,9 +374,8 @@ class Tools:
     def __init__(self, copies, links):
         self.copies = [(src, dst) for src, dst in copies]
         self.links = dict(links)
-        self.names = set()
-        for src, _ in self.copies:
-            self.names |= set(os.listdir(src))
+        self.pristine = {src: set(os.listdir(src)) for src, _ in self.copies}  # read-only: listed once
+        self.names = set().union(*self.pristine.values())
         self.seen = {}
         for src, dst in self.copies:
             shutil.copytree(src, dst, symlinks=True)
@@ -405,8 +404,7 @@ class Tools:
                 shutil.copytree(src, dst, symlinks=True)
                 self.seen[dst] = self.snapshot(dst)
                 continue
-            before, now = self.seen[dst], self.snapshot(dst)
-            pristine = set(os.listdir(src))
+            before, now, pristine = self.seen[dst], self.snapshot(dst), self.pristine[src]
             for name in now.keys() | pristine:
                 if name in before and now.get(name) == before[name]:
                     continue
@@ -420,7 +418,6 @@ class Tools:
                         os.symlink(os.readlink(s), d)
                     else:
                         shutil.copy2(s, d)
-            os.chmod(dst, os.stat(src).st_mode & 0o7777)
             self.seen[dst] = self.snapshot(dst)
 
 
