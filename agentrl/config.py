@@ -13,7 +13,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -47,8 +47,18 @@ class ModelConfig:
     copy_init: float = 1.0
     """The built model's first attention layer starts as copy heads (value and output projections are
     identities, the value scaled by this); 0: plain random init. See `agentrl.models.tiny.init_copy_heads`."""
+    tool_parser: str = "auto"
+    """vLLM's tool-call parser for the model's output (`ToolParserManager` names: hermes, llama3_json, glm45,
+    mistral, qwen3_xml, ...); auto: by config.json's model_type (Qwen2/2.5/3 hermes, Llama-3.x llama3_json,
+    GLM-4.x glm45; see `agentrl.rollout.tool_calls.PARSER_BY_TYPE`). Our tiny model's calls are Hermes-shaped."""
+    stop_tokens: tuple[str, ...] = ()
+    """Stop tokens beyond the tokenizer's eos and generation_config.json's eos_token_id (token strings; one the
+    vocabulary lacks fails at load)."""
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra variables for the chat template, e.g. {enable_thinking: false} for Qwen3."""
 
     def validate(self, p: str) -> None:
+        _check(bool(self.tool_parser.strip()), f"{p}.tool_parser", "must name a vLLM tool parser or be auto")
         _check(self.rope_theta > 1, f"{p}.rope_theta", "must be > 1")
         _check(self.copy_init >= 0, f"{p}.copy_init", "must be >= 0 (0: off)")
         for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "vocab_size", "max_position"):
@@ -172,10 +182,16 @@ class RolloutConfig:
     with this median; 0: off. For benchmarks of the pipeline against tool calls with a long tail."""
     env_latency_sigma: float = 0.99
     """σ of that lognormal: p99 = median · exp(2.326 σ), so 0.99 makes p99 about 10× the median."""
+    template_check: Literal["strict", "warn", "off"] = "warn"
+    """Each finished episode's tokens against one whole re-render of its conversation by the chat template
+    (`agentrl.rollout.chat.Transcript.check`): strict raises, warn logs and counts them
+    (`rollout/<task>/template_mismatch`), off skips the check."""
 
     def validate(self, p: str) -> None:
         _check(self.env_latency_s >= 0 and self.env_latency_sigma >= 0, f"{p}.env_latency_s",
                "env_latency_s and env_latency_sigma must be >= 0")
+        _check(self.template_check in ("strict", "warn", "off"), f"{p}.template_check",
+               f"unknown mode {self.template_check!r} (strict | warn | off)")
         _check(self.engine in ("vllm", "expert"), f"{p}.engine", f"unknown engine {self.engine!r} (vllm | expert)")
         _check(self.max_turns >= 0, f"{p}.max_turns", "must be >= 0 (0: each task's own limit)")
         for name in ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "max_model_len",
@@ -593,7 +609,8 @@ class RunConfig:
 # ---------------------------------------------------------------------------------------------- building
 
 def _coerce(value: Any, tp: Any, path: str) -> Any:
-    """Check `value` against annotation `tp` (int, float, str, bool, tuple[X, ...], dict[K, V], Any, dataclass)."""
+    """Check `value` against annotation `tp` (int, float, str, bool, Literal[...], tuple[X, ...], dict[K, V], Any,
+    dataclass)."""
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
@@ -602,6 +619,11 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         return _build(tp, value, path)
     if tp is Any:
         return value.parsed if isinstance(value, Scalar) else value
+    if origin is Literal:  # a choice: checked here, at load, naming the field
+        choices = typing.get_args(tp)
+        value = str(value) if isinstance(value, Scalar) else value
+        _check(value in choices, path, f"expected one of {' | '.join(map(str, choices))}, got {value!r}")
+        return value
     if origin is dict:
         _check(isinstance(value, dict), path, f"expected a mapping, got {value!r}")
         key_tp, value_tp = typing.get_args(tp)

@@ -51,31 +51,29 @@ class Recording:
 
 
 async def ours(model_dir: Path, cfg: Any, episodes: int, concurrency: int) -> tuple[dict[str, float], Recording]:
-    from transformers import AutoTokenizer
-
     from agentrl.envs.inprocess import InProcessClient
     from agentrl.envs.tasks import get_task, task_name
     from agentrl.rollout import role
     from agentrl.rollout.engine import SamplingConfig, VLLMEngine
-    from agentrl.rollout.from_config import make_plan
+    from agentrl.rollout.from_config import chat_format, make_plan
 
     plan = make_plan(cfg)
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    fmt = chat_format(cfg, model_dir)
     tasks = {task_name(t): get_task(t, **cfg.envs.task_options.get(t, {})) for t in cfg.envs.tasks}
     client = InProcessClient(tasks)
     engine = VLLMEngine(str(model_dir), plan.limits.max_model_len, max_num_seqs=concurrency, seed=cfg.seed)
     try:
-        sampling = SamplingConfig(plan.limits.max_new_tokens, plan.temperature, plan.top_p, role.stop_ids(tok))
+        sampling = SamplingConfig(plan.limits.max_new_tokens, plan.temperature, plan.top_p, fmt.stop_ids)
         reqs = []
         for name in tasks:
             train = await client.indices(name, "train")
             reqs += [(name, train[i % len(train)], f"bench-{name}-{i}") for i in range(episodes // len(tasks))]
-        await role.collect(client, engine, tok, reqs[:concurrency], sampling, plan.limits, concurrency, 0)  # warm-up
+        await role.collect(client, engine, fmt, reqs[:concurrency], sampling, plan.limits, concurrency, 0)  # warm-up
         best: tuple[float, Recording, float, int] | None = None
         for _ in range(REPEATS):
             rec = Recording(engine)
             t0 = time.perf_counter()
-            trajs, _ = await role.collect(client, rec, tok, reqs, sampling, plan.limits, concurrency, 0)
+            trajs, _ = await role.collect(client, rec, fmt, reqs, sampling, plan.limits, concurrency, 0)
             dt = time.perf_counter() - t0
             if best is None or rec.generated / dt > best[0]:
                 best = (rec.generated / dt, rec, dt, sum(t.num_turns for t in trajs))
@@ -90,13 +88,12 @@ async def ours(model_dir: Path, cfg: Any, episodes: int, concurrency: int) -> tu
 def raw(model_dir: Path, cfg: Any, calls: list[tuple[list[int], int]], concurrency: int) -> dict[str, float]:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # as `VLLMEngine` sets them
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.rollout.kv_cache_gib))
-    from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
 
-    from agentrl.rollout import role
+    from agentrl.rollout.from_config import chat_format
 
     r = cfg.rollout
-    stops = list(role.stop_ids(AutoTokenizer.from_pretrained(str(model_dir))))
+    stops = list(chat_format(cfg, model_dir).stop_ids)
     llm = LLM(model=str(model_dir), dtype="float32", max_model_len=r.max_model_len, enforce_eager=True,
               max_num_seqs=concurrency, seed=cfg.seed, logprobs_mode="processed_logprobs")
 

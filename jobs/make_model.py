@@ -19,7 +19,7 @@ from agentrl.config import load_config
 from agentrl.envs.api import Session
 from agentrl.envs.tasks import get_task
 from agentrl.models import tiny
-from agentrl.rollout import chat
+from agentrl.models import tiny_chat as chat
 
 log = logging.getLogger("agentrl.make_model")
 
@@ -61,7 +61,8 @@ def main() -> None:
               for text in expert_conversations(t, args.corpus_episodes, cfg.seed, **cfg.envs.task_options.get(t, {}))]
     tok = build_tokenizer(list(cfg.envs.tasks), corpus, m.vocab_size)
     model = tiny.build_model(tok, m.hidden_size, m.num_layers, m.num_heads, m.intermediate_size, m.max_position,
-                             cfg.seed, rope_theta=m.rope_theta, copy_init=m.copy_init)
+                             cfg.seed, rope_theta=m.rope_theta, copy_init=m.copy_init,
+                             stop_tokens=(chat.IM_END, chat.EOS))
     out = tiny.save(model, tok, args.out or args.run_dir / "model", probe=corpus[0])
     lengths = [len(tok.encode(c)) for c in corpus[:200]]
     log.info("model at %s: %d parameters, vocab %d, expert episode %.0f tokens on average", out,

@@ -18,16 +18,14 @@ from agentrl.launch import rendezvous
 from agentrl.monitor.tensorboard import make_monitor
 from agentrl.rollout import role
 from agentrl.rollout.env_latency import maybe_slow
-from agentrl.rollout.from_config import engine_factory, make_plan
+from agentrl.rollout.from_config import chat_format, engine_factory, make_plan
 
 
 async def amain(run_dir: Path) -> None:
-    from transformers import AutoTokenizer
-
     cfg = load_config(str(run_dir / "config.yaml"))
     r = cfg.rollout
     model_dir = Path(cfg.model.path) if cfg.model.path else run_dir / "model"
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    fmt = chat_format(cfg, model_dir)  # the model's template, parser and stop tokens; bad settings fail here
     plan = make_plan(cfg)
 
     url = rendezvous.wait_for(run_dir, "controller_url", timeout_s=120)
@@ -35,8 +33,8 @@ async def amain(run_dir: Path) -> None:
     try:
         async with GatewayClient(url, keepalive_s=cfg.controller.keepalive_s, secret=run_secret(run_dir)) as gateway:
             client = maybe_slow(gateway, r.env_latency_s, r.env_latency_sigma, cfg.seed)  # off unless configured
-            make_engine = engine_factory(cfg, model_dir, client, tok)
-            summary = await role.run(run_dir, model_dir, client, tok, make_engine, plan, monitor)
+            make_engine = engine_factory(cfg, model_dir, client, fmt)
+            summary = await role.run(run_dir, model_dir, client, fmt, make_engine, plan, monitor)
     finally:
         monitor.close()
     logging.getLogger("agentrl.rollout").info("summary %s", json.dumps(summary))

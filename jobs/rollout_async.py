@@ -56,8 +56,6 @@ def _wait_for_the_trainer(signum: int, _frame: object) -> None:
 
 
 async def amain(run_dir: Path, rank: int, files: bool = False) -> dict:
-    from transformers import AutoTokenizer
-
     from agentrl.auth import run_secret
     from agentrl.config import load_config
     from agentrl.envs.client import GatewayClient
@@ -66,7 +64,7 @@ async def amain(run_dir: Path, rank: int, files: bool = False) -> dict:
     from agentrl.rollout import async_role
     from agentrl.rollout.async_weights import BroadcastWeights, DirWeights
     from agentrl.rollout.env_latency import maybe_slow
-    from agentrl.rollout.from_config import engine_factory, make_plan
+    from agentrl.rollout.from_config import chat_format, engine_factory, make_plan
     from agentrl.transport.file_channel import FileRolloutChannel
 
     cfg = load_config(str(run_dir / "config.yaml"))
@@ -78,7 +76,7 @@ async def amain(run_dir: Path, rank: int, files: bool = False) -> dict:
     if not 0 <= rank < cfg.cluster.rollout.ranks:
         raise SystemExit(f"rollout rank {rank} is outside 0..{cfg.cluster.rollout.ranks - 1} (cluster.rollout.ranks)")
     model_dir = Path(cfg.model.path) if cfg.model.path else run_dir / "model"
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    fmt = chat_format(cfg, model_dir)  # the model's template, parser and stop tokens; bad settings fail here
     plan = make_plan(cfg)
     ap = async_role.AsyncPlan(rank, cfg.cluster.rollout.ranks, cfg.algo.max_staleness, tr.inflight)
     timeout = cfg.cluster.role_timeout_s
@@ -100,8 +98,8 @@ async def amain(run_dir: Path, rank: int, files: bool = False) -> dict:
     try:
         async with GatewayClient(url, keepalive_s=cfg.controller.keepalive_s, secret=run_secret(run_dir)) as gateway:
             client = maybe_slow(gateway, r.env_latency_s, r.env_latency_sigma, cfg.seed * 100 + rank)
-            make_engine = engine_factory(cfg, model_dir, client, tok, rank=rank)
-            return await async_role.run(run_dir, client, tok, make_engine, plan, ap, monitor, channel, weights)
+            make_engine = engine_factory(cfg, model_dir, client, fmt, rank=rank)
+            return await async_role.run(run_dir, client, fmt, make_engine, plan, ap, monitor, channel, weights)
     finally:
         monitor.close()
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agentrl.rollout import chat
+from agentrl.models import tiny_chat as chat
 from agentrl.transport.shards import ShardWriter
 from agentrl.types import Status, Trajectory
 from jobs import check_task, show_trajectories

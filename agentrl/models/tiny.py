@@ -52,10 +52,13 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int, special_tokens: list
 
 def build_model(tokenizer: PreTrainedTokenizerFast, hidden_size: int, num_layers: int, num_heads: int,
                 intermediate_size: int, max_position: int, seed: int,
-                rope_theta: float = 10000.0, copy_init: float = 0.0) -> Qwen2ForCausalLM:
+                rope_theta: float = 10000.0, copy_init: float = 0.0,
+                stop_tokens: tuple[str, ...] = ()) -> Qwen2ForCausalLM:
     """A random-init Qwen2 with tied embeddings (so tokens seen only in context can still be emitted).
 
-    `copy_init` > 0 starts the first layer's attention as copy heads (see `init_copy_heads`)."""
+    `copy_init` > 0 starts the first layer's attention as copy heads (see `init_copy_heads`). `stop_tokens`
+    (end of turn, end of text) go into its generation config's eos_token_id, where vLLM's server, transformers'
+    `generate` and our rollout all read them."""
     torch.manual_seed(seed)
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,
@@ -65,6 +68,8 @@ def build_model(tokenizer: PreTrainedTokenizerFast, hidden_size: int, num_layers
         pad_token_id=tokenizer.pad_token_id, torch_dtype="float32",
     )
     model = Qwen2ForCausalLM(config)
+    if stop_tokens:
+        model.generation_config.eos_token_id = [tokenizer.convert_tokens_to_ids(t) for t in stop_tokens]
     if copy_init > 0:
         init_copy_heads(model, copy_init)
     return model

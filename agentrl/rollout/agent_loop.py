@@ -1,9 +1,10 @@
 """One agent loop: run one episode of one sample against the env gateway, recording a Trajectory.
 
-The loop keeps the token sequence exactly as the model saw and produced it: the prompt is rendered once,
-each assistant turn appends the sampled token ids (never re-tokenized), and each observation appends the
-rendered env messages. A tool call the model wrote badly becomes an error observation (the model learns
-from it); an env failure ends the episode as `env_error`, which the caller retries or counts, never trains on.
+The loop keeps the token sequence exactly as the model saw and produced it, in the model's own chat
+format (`agentrl.rollout.chat`): the prompt is the chat template's, each assistant turn appends the sampled
+token ids (never re-tokenized), and each observation appends the template's delta for the env messages. A
+tool call the model wrote badly becomes an error observation (the model learns from it); an env failure
+ends the episode as `env_error`, which the caller retries or counts, never trains on.
 """
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrl.envs.api import EnvError
-from agentrl.rollout import chat
+from agentrl.rollout.chat import ChatFormat, Transcript
 from agentrl.rollout.engine import Engine, SamplingConfig
+from agentrl.rollout.tool_calls import ToolCallError
 from agentrl.types import Status, Trajectory, TrajectoryBuilder, new_id
 
 
@@ -38,19 +40,18 @@ def turn_budget(task_max_turns: int | None, cap: int) -> tuple[int, bool]:
     return own, False
 
 
-async def run_episode(client: Any, engine: Engine, tokenizer: Any, task: str, index: str, group_id: str,
+async def run_episode(client: Any, engine: Engine, fmt: ChatFormat, task: str, index: str, group_id: str,
                       sampling: SamplingConfig, limits: EpisodeLimits) -> Trajectory:
-    """Play one episode; raises EnvError only if the session could not be started."""
+    """Play one episode; raises EnvError only if the session could not be started (and `TemplateMismatch`
+    when `rollout.template_check` is strict and the episode's tokens differ from the template's)."""
     t_start = time.perf_counter()
     timings = {"generate_s": 0.0, "env_s": 0.0}
     start = await client.start_sample(task, index)
     timings["env_s"] += time.perf_counter() - t_start
     sid = start.session_id
     b = TrajectoryBuilder()
-    prompt = tokenizer.encode(chat.render(start.messages, start.tools, add_generation_prompt=True),
-                              add_special_tokens=False)
-    b.add_context(prompt[: limits.max_model_len])  # an over-long prompt ends at once as context_limit
-    im_end = tokenizer.convert_tokens_to_ids(chat.IM_END)
+    talk = Transcript(fmt, start.messages, start.tools, max_prompt=limits.max_model_len)
+    b.add_context(talk.prompt)  # an over-long prompt ends at once as context_limit
     max_turns, capped = turn_budget(start.max_turns, limits.max_turns)
     # Reaching max_turns below: the task's own limit ends the episode as turn_limit (turns with unreadable
     # calls count, as the env's Session counts every assistant message); the run's cap, as truncated.
@@ -66,28 +67,23 @@ async def run_episode(client: Any, engine: Engine, tokenizer: Any, task: str, in
             t0 = time.perf_counter()
             s = SamplingConfig(min(limits.max_new_tokens, budget - 1), sampling.temperature, sampling.top_p,
                                sampling.stop_token_ids, sampling.seed)
-            gen = await engine.generate(b.tokens, s, session_id=sid)
+            gen = await engine.generate(b.tokens, s, session_id=sid, tools=start.tools, fmt=fmt)
             timings["generate_s"] += time.perf_counter() - t0
             b.add_action(gen.token_ids, gen.logprobs, gen.version, gen.engine_id)
+            talk.sampled(gen.token_ids)
             turns += 1
-            parsed = chat.parse_assistant(tokenizer.decode(gen.token_ids, skip_special_tokens=False),
-                                          call_id_prefix=f"call_{turns}")
-            if gen.finish_reason == "stop" and gen.token_ids and gen.token_ids[-1] != im_end:
-                # ended on EOS rather than <|im_end|>: close the turn (not trained on) so the next
-                # observation follows the chat format
-                b.add_context([im_end])
+            parsed = fmt.parse(gen.token_ids, start.tools, call_id_prefix=f"call_{turns}")
             if gen.finish_reason == "length":
                 if len(b) + 1 >= limits.max_model_len:
                     status = Status.CONTEXT_LIMIT
                     break
-                # The turn ran out of tokens before <|im_end|>: close it (not trained on) and let the
-                # observation tell the model, as with any malformed call.
-                b.add_context([im_end])
+                # The turn ran out of tokens before its end: the observation tells the model (the template's
+                # turn end comes first, as context), as with any malformed call.
                 if not parsed.errors:
-                    parsed.errors.append(chat.ToolCallError("", "the message was cut off at the token limit"))
+                    parsed.errors.append(ToolCallError("", "the message was cut off at the token limit"))
             if parsed.errors:
                 invalid += 1
-                observation = [{"role": "tool", "content": chat.format_errors(parsed.errors)}]
+                observation = fmt.error_observation(parsed.errors)
             else:
                 t0 = time.perf_counter()
                 res = await client.interact(sid, parsed.to_message())
@@ -96,11 +92,12 @@ async def run_episode(client: Any, engine: Engine, tokenizer: Any, task: str, in
                     done, reward, status, metrics = True, float(res.reward), Status(res.status), dict(res.metrics)
                     break
                 observation = res.messages
-            obs_ids = tokenizer.encode(chat.render_observation(observation), add_special_tokens=False)
+            obs_ids = talk.observation_ids(observation)
             if len(b) + len(obs_ids) >= limits.max_model_len:  # no room left for the next turn
                 status = Status.CONTEXT_LIMIT
                 break
             b.add_context(obs_ids)
+            talk.observed(observation, obs_ids)
     except EnvError:  # the worker died, the session expired or the gateway failed: infrastructure
         status, metrics = Status.ENV_ERROR, {"env_error": 1.0}  # not `done`: cancel below frees the slot
     finally:
@@ -111,6 +108,7 @@ async def run_episode(client: Any, engine: Engine, tokenizer: Any, task: str, in
                 pass
     metrics.setdefault("success", 0.0)
     metrics["invalid_calls"] = float(invalid)
+    metrics["template_mismatch"] = float(talk.verify(task))
     timings["total_s"] = time.perf_counter() - t_start
     return b.build(traj_id=new_id(), task=task, index=index, group_id=group_id, reward=reward,
                    status=status, num_turns=turns, timings=timings, metrics=metrics)

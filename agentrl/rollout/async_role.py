@@ -35,6 +35,7 @@ from agentrl.monitor.eval_summary import per_task_summary
 from agentrl.monitor.rollout_stats import rollout_metrics
 from agentrl.rollout import role
 from agentrl.rollout.async_weights import WeightSource
+from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.engine import ExpertEngine, SamplingConfig
 from agentrl.rollout.engine_pool import EnginePool
 from agentrl.transport.shards import ShardReader, ShardWriter, shard_dir
@@ -73,19 +74,19 @@ def next_incarnation(directory: Path) -> int:
     return n
 
 
-async def expert_demos(run_dir: Path, client: Any, tok: Any, plan: role.Plan, monitor) -> None:
+async def expert_demos(run_dir: Path, client: Any, fmt: ChatFormat, plan: role.Plan, monitor) -> None:
     """The scripted expert's train-split episodes for the warm start (as the synchronous role writes them).
     Written once per run: a restarted rank finds them and moves on."""
     if ShardReader(run_dir / "shards" / "expert-0").available():
         log.info("expert: demonstrations already written (a resumed run)")
         return
     rng = random.Random(plan.seed)
-    sampling = SamplingConfig(plan.limits.max_new_tokens, plan.temperature, plan.top_p, role.stop_ids(tok))
+    sampling = SamplingConfig(plan.limits.max_new_tokens, plan.temperature, plan.top_p, fmt.stop_ids)
     reqs = []
     for task in plan.tasks:
         train = await client.indices(task, "train")
         reqs += [(task, i, f"expert-{task}-{i}") for i in rng.sample(train, min(plan.expert_samples, len(train)))]
-    trajs, _ = await role.collect(client, ExpertEngine(client, tok), tok, reqs, sampling, plan.limits,
+    trajs, _ = await role.collect(client, ExpertEngine(client), fmt, reqs, sampling, plan.limits,
                                   plan.concurrency, plan.retry)
     ShardWriter(run_dir / "shards" / "expert-0").write(trajs)
     monitor.scalars(rollout_metrics(trajs, prefix="expert"), 0)
@@ -95,11 +96,11 @@ async def expert_demos(run_dir: Path, client: Any, tok: Any, plan: role.Plan, mo
 class Pipeline:
     """One rank's episodes: admission, weight swaps, and the path of each finished trajectory."""
 
-    def __init__(self, run_dir: Path, client: Any, tok: Any, engine: Any, plan: role.Plan, ap: AsyncPlan,
+    def __init__(self, run_dir: Path, client: Any, fmt: ChatFormat, engine: Any, plan: role.Plan, ap: AsyncPlan,
                  channel: Any, weights: WeightSource, monitor) -> None:
-        self.client, self.tok, self.engine, self.plan, self.ap = client, tok, engine, plan, ap
+        self.client, self.fmt, self.engine, self.plan, self.ap = client, fmt, engine, plan, ap
         self.ch, self.weights, self.monitor = channel, weights, monitor
-        self.sampling = SamplingConfig(plan.limits.max_new_tokens, plan.temperature, plan.top_p, role.stop_ids(tok))
+        self.sampling = SamplingConfig(plan.limits.max_new_tokens, plan.temperature, plan.top_p, fmt.stop_ids)
         self.writer = ShardWriter(shard_dir(run_dir, "rollout", ap.rank))
         self.incarnation = next_incarnation(shard_dir(run_dir, "rollout", ap.rank))
         self.base_version = engine.version  # the version this life of the rank started on
@@ -137,7 +138,7 @@ class Pipeline:
         self.running[task] = req
 
     async def _episode(self, req: tuple[str, str, str]) -> Trajectory:
-        trajs, _ = await role.collect(self.client, self.engine, self.tok, [req], self.sampling, self.plan.limits,
+        trajs, _ = await role.collect(self.client, self.engine, self.fmt, [req], self.sampling, self.plan.limits,
                                       1, self.plan.retry)
         return trajs[0]
 
@@ -237,12 +238,12 @@ class Pipeline:
         self.stats["rollout_idle_frac"] = self.stats["idle_s"] / max(self.stats["wall_s"], 1e-9)
 
 
-async def run(run_dir: Path, client: Any, tok: Any, make_engine: Callable[[], Any], plan: role.Plan,
+async def run(run_dir: Path, client: Any, fmt: ChatFormat, make_engine: Callable[[], Any], plan: role.Plan,
               ap: AsyncPlan, monitor, channel_factory: Callable[[], Any],
               weights_factory: Callable[[Any], WeightSource]) -> dict[str, Any]:
     """One rollout rank, start to stop. Returns this rank's statistics (rank 0: with the summary)."""
     if ap.rank == 0 and plan.expert_samples > 0:
-        await expert_demos(run_dir, client, tok, plan, monitor)
+        await expert_demos(run_dir, client, fmt, plan, monitor)
     ch = await asyncio.to_thread(channel_factory)  # waits through the trainer's warm start
     weights = weights_factory(ch)
     first = await asyncio.to_thread(weights.wait, ch.version, plan.wait_timeout_s)
@@ -253,9 +254,9 @@ async def run(run_dir: Path, client: Any, tok: Any, make_engine: Callable[[], An
         report = run_dir / "report"
         evaluating = ap.evaluate and ap.rank == 0
         if evaluating:
-            before, task_before, sampled_before = await _before_rl(client, policy, tok, plan, report, monitor)
+            before, task_before, sampled_before = await _before_rl(client, policy, fmt, plan, report, monitor)
         train_idx = {t: await client.indices(t, "train") for t in plan.tasks}
-        pipe = Pipeline(run_dir, client, tok, engine, plan, ap, ch, weights, monitor)
+        pipe = Pipeline(run_dir, client, fmt, engine, plan, ap, ch, weights, monitor)
         await pipe.run(train_idx, min(plan.poll_s, 0.02))
         ch.close(timeout_s=plan.wait_timeout_s)
         out: dict[str, Any] = {"rank": ap.rank, **pipe.stats}
@@ -275,7 +276,7 @@ async def run(run_dir: Path, client: Any, tok: Any, make_engine: Callable[[], An
             final = await asyncio.to_thread(weights.wait, ch.version, plan.wait_timeout_s)
             if final[0] > policy.version:
                 await policy.load_weights(final[1], final[0])
-            out["summary"] = await _final_report(client, policy, tok, plan, report, monitor, before, task_before,
+            out["summary"] = await _final_report(client, policy, fmt, plan, report, monitor, before, task_before,
                                                  sampled_before)
         return out
     finally:
@@ -283,7 +284,7 @@ async def run(run_dir: Path, client: Any, tok: Any, make_engine: Callable[[], An
         engine.close()
 
 
-async def _before_rl(client: Any, engine: Any, tok: Any, plan: role.Plan, report: Path, monitor
+async def _before_rl(client: Any, engine: Any, fmt: ChatFormat, plan: role.Plan, report: Path, monitor
                      ) -> tuple[dict[str, float], dict[str, Any], Any]:
     """Evaluate the first weights (greedy, and sampled if configured), once per run: a restarted rank 0 reads
     what its earlier life measured (the weights it would evaluate now are already trained)."""
@@ -292,10 +293,10 @@ async def _before_rl(client: Any, engine: Any, tok: Any, plan: role.Plan, report
         saved = json.loads(path.read_text())
         log.info("before-RL evaluation of v%d read from %s (a resumed run)", saved["version"], path)
         return saved["before"], saved["task_before"], saved["sampled_before"]
-    before, task_before = await role.evaluate(client, engine, tok, plan, engine.version, report, monitor)
+    before, task_before = await role.evaluate(client, engine, fmt, plan, engine.version, report, monitor)
     sampled_before = None
     if plan.eval_sampled:
-        m, sampled_before = await role.evaluate(client, engine, tok, plan, engine.version, report, monitor,
+        m, sampled_before = await role.evaluate(client, engine, fmt, plan, engine.version, report, monitor,
                                                 sampled=True)
         before.update(m)
     tmp = path.with_suffix(".tmp")
@@ -305,11 +306,11 @@ async def _before_rl(client: Any, engine: Any, tok: Any, plan: role.Plan, report
     return before, task_before, sampled_before
 
 
-async def _final_report(client: Any, engine: Any, tok: Any, plan: role.Plan, report: Path, monitor,
+async def _final_report(client: Any, engine: Any, fmt: ChatFormat, plan: role.Plan, report: Path, monitor,
                         before: dict[str, float], task_before: dict[str, Any], sampled_before: Any) -> dict[str, Any]:
     """Evaluate the final weights and write report/summary.json (the synchronous role's format)."""
     version = engine.version
-    after, task_after = await role.evaluate(client, engine, tok, plan, version, report, monitor)
+    after, task_after = await role.evaluate(client, engine, fmt, plan, version, report, monitor)
     trainer_report = role.read_json(report / "trainer.json")
     summary: dict[str, Any] = {
         "schedule": "async", "success_before_rl": before["eval/success"], "success_after_rl": after["eval/success"],
@@ -318,7 +319,7 @@ async def _final_report(client: Any, engine: Any, tok: Any, plan: role.Plan, rep
         "rl_steps": int(trainer_report.get("rl_steps", version)), "trainer": trainer_report}
     sampled_after = None
     if plan.eval_sampled:
-        m, sampled_after = await role.evaluate(client, engine, tok, plan, version, report, monitor, sampled=True)
+        m, sampled_after = await role.evaluate(client, engine, fmt, plan, version, report, monitor, sampled=True)
         after.update(m)
         summary.update({"sampled_success_before_rl": before["eval_sampled/success"],
                         "sampled_success_after_rl": after["eval_sampled/success"],

@@ -1,200 +1,234 @@
-"""The chat format of agentrl's models: rendering messages and tools to text, parsing tool calls back.
+"""The model's own conversation format: its chat template, its stop tokens and its tool-call parser.
 
-One format, written twice: as Python (what the agent loop uses, piece by piece, so that a trajectory's
-tokens are exactly what the model saw and sampled) and as a Jinja chat template saved with the tokenizer
-(what `tokenizer.apply_chat_template` and vLLM's chat API use). A test keeps the two identical.
+Nothing here knows a model family. A trajectory's tokens are built the way the model's template renders
+the conversation, without ever re-tokenizing what the model sampled:
 
-    <|im_start|>system\n{system}\n<tools>\n{one signature line per tool}\n</tools><|im_end|>\n
-    <|im_start|>user\n{content}<|im_end|>\n
-    <|im_start|>assistant\n{content}<tool_call>{"name": ..., "arguments": {...}}</tool_call><|im_end|>\n
-    <|im_start|>tool\n{content}<|im_end|>\n
-    <|im_start|>assistant\n                      <- generation prompt
+    prompt       tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
+    each turn    the sampled ids, exactly as sampled (stop token included)
+    observation  the template's *delta*: the conversation rendered with the new env messages and a
+                 generation prompt, from the end of the last sampled turn on
 
-Parsing never raises on model output: a malformed tool call comes back as a `ToolCallError` that the
-agent loop turns into an error observation for the model.
+To find where a sampled turn ends inside a rendering, every sampled turn stands in the rendered
+conversation as an assistant message whose content is `SAMPLED` (a marker no template changes); the delta
+is the text after the last marker. It starts with whatever the template puts after an assistant message
+(Qwen's `<|im_end|>\\n`, Llama's `<|eot_id|>`, GLM's next role token): when the model sampled that very
+token it is not repeated, otherwise (a turn cut at the token limit, or ended on another stop token) the
+template's own turn end follows as context. Consecutive env messages are rendered together, so templates
+that group tool results into one turn (Qwen2.5) or use their own role for them (Llama's `ipython`) get
+their own rendering.
+
+`Transcript.check` compares the finished episode with one whole re-render of the conversation: each
+context segment must equal the template's rendering there. Templates whose rendering of earlier turns
+depends on later ones (reasoning stripped from past turns, a date or counter in the system prompt) fail
+it; `rollout.template_check` decides whether that raises (strict), is counted (warn) or is skipped (off).
+What the check cannot see: the model's own tool-call text is kept as sampled, so a template that would
+re-render a call differently (other JSON spacing) is not a mismatch; that is the sampled-ids contract.
 """
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
-CALL_START = "<tool_call>"
-CALL_END = "</tool_call>"
-EOS = "<|endoftext|>"
-SPECIAL_TOKENS = [EOS, IM_START, IM_END, CALL_START, CALL_END]
-GENERATION_PROMPT = f"{IM_START}assistant\n"
-# The fixed JSON around tool-call arguments, as whole tokens for tokenizers trained here: tool calls get
-# 3x shorter, and a name copied from the question into a call is fewer tokens away from its source.
-CALL_SCAFFOLD = ['{"name": "', '", "arguments": {"', '": "', '", "', '"}}', '"}']
+from agentrl.rollout.tool_calls import ParsedTurn, ToolCallError, ToolCallParser, resolve_parser_name
+
+log = logging.getLogger("agentrl.rollout.chat")
+
+SAMPLED = "<<agentrl:sampled-turn>>"
+CHECK_MODES = ("strict", "warn", "off")
 
 
-def argument_key_tokens(tools: list[dict[str, Any]]) -> list[str]:
-    """Each argument key of `tools` with the JSON that follows it (`field": "`), for tokenizers trained here.
-
-    As one token, the key itself tells the model which argument comes next: without it, every string
-    argument is predicted after the same `": "` token, and a small model has to look one token back to
-    know whether to copy the name or the field from the question (a far later-learned skill).
-    """
-    keys: dict[str, None] = {}
-    for tool in tools:
-        for key, spec in ((tool["function"].get("parameters") or {}).get("properties") or {}).items():
-            keys[f'{key}": "' if spec.get("type") == "string" else f'{key}": '] = None
-    return list(keys)
+class TemplateMismatch(RuntimeError):
+    """An episode's tokens differ from the whole re-render of its conversation (`rollout.template_check: strict`)."""
 
 
-def _tool_call_text(name: str, arguments: str) -> str:
-    """Canonical text of one call; `arguments` is the OpenAI-style JSON string."""
-    args = json.dumps(json.loads(arguments), ensure_ascii=False) if arguments.strip() else "{}"
-    return f'{CALL_START}{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": {args}}}{CALL_END}'
-
-
-def tool_signature(tool: dict[str, Any]) -> str:
-    """One line per tool: `name(arg: type, opt?: type): description`.
-
-    Compact on purpose: a small model attends over a short prompt far more easily than over JSON
-    schemas, and the arguments are still validated against the full JSON Schema by the env.
-    """
-    f = tool["function"]
-    params = f.get("parameters") or {}
-    required = set(params.get("required") or [])
-    args = ", ".join(f"{k}{'' if k in required else '?'}: {v.get('type', 'any')}"
-                     for k, v in (params.get("properties") or {}).items())
-    return f"{f['name']}({args}): {f.get('description', '')}"
-
-
-def render_message(msg: dict[str, Any], tools: list[dict[str, Any]] | None = None) -> str:
-    role, content = msg["role"], msg.get("content") or ""
-    if role == "system":
-        text = content
-        if tools:
-            lines = "\n".join(tool_signature(t) for t in tools)
-            text += ("\n" if text else "") + f"<tools>\n{lines}\n</tools>"
-        return f"{IM_START}system\n{text}{IM_END}\n"
-    if role == "assistant":
-        calls = "".join(_tool_call_text(c["function"]["name"], c["function"]["arguments"])
-                        for c in msg.get("tool_calls") or [])
-        return f"{IM_START}assistant\n{content}{calls}{IM_END}\n"
-    if role in ("user", "tool"):
-        return f"{IM_START}{role}\n{content}{IM_END}\n"
-    raise ValueError(f"unknown message role {role!r}")
-
-
-def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-           add_generation_prompt: bool = False) -> str:
-    """The whole conversation as text (tools go into the system message; one is added if missing)."""
-    out = []
-    if tools and (not messages or messages[0]["role"] != "system"):
-        out.append(render_message({"role": "system", "content": ""}, tools))
-    out += [render_message(m, tools if i == 0 else None) for i, m in enumerate(messages)]
-    if add_generation_prompt:
-        out.append(GENERATION_PROMPT)
-    return "".join(out)
-
-
-def render_observation(messages: list[dict[str, Any]]) -> str:
-    """What follows an assistant turn's `<|im_end|>`: the newline, the env's messages, the next prompt."""
-    return "\n" + "".join(render_message(m) for m in messages) + GENERATION_PROMPT
-
-
-def render_assistant_body(msg: dict[str, Any]) -> str:
-    """An assistant message as the model would generate it: after the prompt, up to and with <|im_end|>."""
-    return render_message(msg)[len(GENERATION_PROMPT):-1]
+def model_stop_ids(tokenizer: Any, model_dir: str | Path | None, extra: tuple[str, ...] = ()) -> tuple[int, ...]:
+    """Stop ids: the tokenizer's eos, `generation_config.json`'s eos_token_id (one or a list) and `extra` token
+    strings (`model.stop_tokens`; one the vocabulary lacks is an error naming it)."""
+    ids: list[int] = []
+    if tokenizer.eos_token_id is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    gen = Path(model_dir) / "generation_config.json" if model_dir is not None else None
+    if gen is not None and gen.exists():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        ids += [int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
+    vocab = tokenizer.get_vocab()
+    for t in extra:
+        if t not in vocab:
+            raise ValueError(f"model.stop_tokens: {t!r} is not in the tokenizer's vocabulary")
+        ids.append(int(vocab[t]))
+    out = tuple(dict.fromkeys(ids))
+    if not out:
+        raise ValueError("model.stop_tokens: the model has no eos token (tokenizer or generation_config.json); "
+                         "name its end-of-turn token in model.stop_tokens")
+    return out
 
 
 @dataclass
-class ToolCallError:
-    """A tool call the model wrote that could not be read; `message` is shown to the model."""
+class ChatFormat:
+    """A tokenizer with its chat template, stop ids and tool parser: everything the rollout needs of a model."""
 
-    text: str
-    message: str
+    tokenizer: Any
+    parser: ToolCallParser
+    stop_ids: tuple[int, ...]
+    check_mode: str = "warn"
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, model_dir: str | Path, tool_parser: str = "auto", stop_tokens: tuple[str, ...] = (),
+             check_mode: str = "warn", template_kwargs: dict[str, Any] | None = None) -> ChatFormat:
+        """The format of the Hugging Face model directory `model_dir`."""
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        cfg_file = Path(model_dir) / "config.json"
+        model_type = json.loads(cfg_file.read_text()).get("model_type", "") if cfg_file.exists() else ""
+        return cls.of(tokenizer, tool_parser, model_stop_ids(tokenizer, model_dir, stop_tokens), check_mode,
+                      template_kwargs, model_type)
+
+    @classmethod
+    def of(cls, tokenizer: Any, tool_parser: str = "auto", stop_ids: tuple[int, ...] | None = None,
+           check_mode: str = "warn", template_kwargs: dict[str, Any] | None = None,
+           model_type: str = "") -> ChatFormat:
+        """The format of a tokenizer object (stop ids default to its eos alone)."""
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("model.path: the tokenizer has no chat template "
+                             "(tokenizer_config.json `chat_template` or chat_template.jinja)")
+        if check_mode not in CHECK_MODES:
+            raise ValueError(f"rollout.template_check: {check_mode!r} is not one of {', '.join(CHECK_MODES)}")
+        name = resolve_parser_name(tool_parser, model_type, tokenizer.get_vocab())
+        stops = stop_ids if stop_ids is not None else model_stop_ids(tokenizer, None)
+        return cls(tokenizer, ToolCallParser(name, tokenizer), tuple(stops), check_mode, dict(template_kwargs or {}))
+
+    # ------------------------------------------------------------------ rendering
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+               add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt,
+                                                  **self.template_kwargs)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        return self.encode(self.render(messages, tools, add_generation_prompt=True))
+
+    def assistant_ids(self, msg: dict[str, Any], tools: list[dict[str, Any]] | None) -> list[int]:
+        """`msg` as the model would write it after a generation prompt, ending with the token the template
+        puts after it (the scripted expert's demonstrations, which the warm start imitates)."""
+        base = [{"role": "user", "content": "?"}]
+        follow = [{"role": "tool", "content": "."}] if msg.get("tool_calls") else [{"role": "user", "content": "."}]
+        msg = _canonical_arguments(msg)
+        head = self.render(base, tools, add_generation_prompt=True)
+        marked = self.render(base + [{"role": "assistant", "content": SAMPLED}] + follow, tools, False)
+        before, after = marked.split(SAMPLED, 1)
+        whole = self.render(base + [msg] + follow, tools, False)
+        if not (whole.startswith(before) and whole.endswith(after)) or not before.startswith(head):
+            raise ValueError("the chat template renders an assistant message where the marker test cannot find it")
+        body = whole[len(before):len(whole) - len(after)] if after else whole[len(before):]
+        ids = self.encode(before[len(head):] + body)
+        end = self.encode(after)[:1]
+        return ids + end if end and end[0] in self._special_ids() else ids
+
+    def _special_ids(self) -> set[int]:
+        return set(self.tokenizer.all_special_ids) | {i for i, t in self.tokenizer.added_tokens_decoder.items()
+                                                       if t.special}
+
+    # ------------------------------------------------------------------ parsing
+    def parse(self, ids: list[int], tools: list[dict[str, Any]], call_id_prefix: str = "call") -> ParsedTurn:
+        """A sampled turn's content and tool calls (its stop token dropped first, as vLLM's server does)."""
+        if ids and ids[-1] in self.stop_ids:
+            ids = ids[:-1]
+        return self.parser.parse(self.decode(ids), tools, call_id_prefix)
+
+    def error_observation(self, errors: list[ToolCallError]) -> list[dict[str, Any]]:
+        return [{"role": "tool", "content": self.parser.format_errors(errors)}]
 
 
-@dataclass
-class ParsedTurn:
-    content: str
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
-    errors: list[ToolCallError] = field(default_factory=list)
-
-    def to_message(self) -> dict[str, Any]:
-        msg: dict[str, Any] = {"role": "assistant", "content": self.content}
-        if self.tool_calls:
-            msg["tool_calls"] = self.tool_calls
+def _canonical_arguments(msg: dict[str, Any]) -> dict[str, Any]:
+    """Tool-call arguments as objects, as transformers' chat templates expect them (the OpenAI wire format
+    carries a JSON string; templates such as GLM's iterate the arguments' items)."""
+    calls = msg.get("tool_calls")
+    if not calls:
         return msg
+    out = []
+    for c in calls:
+        args = c["function"].get("arguments") or "{}"
+        args = json.loads(args) if isinstance(args, str) else args
+        out.append({**c, "function": {**c["function"], "arguments": args}})
+    return {**msg, "tool_calls": out}
 
 
-def parse_assistant(text: str, call_id_prefix: str = "call") -> ParsedTurn:
-    """Split generated text into content and tool calls. Never raises on bad model output."""
-    text = text.split(IM_END, 1)[0].replace(EOS, "")
-    content_parts, calls, errors = [], [], []
-    rest = text
-    while CALL_START in rest:
-        before, after = rest.split(CALL_START, 1)
-        content_parts.append(before)
-        if CALL_END not in after:
-            errors.append(ToolCallError(CALL_START + after, f"tool call is not closed with {CALL_END}"))
-            rest = ""
-            break
-        body, rest = after.split(CALL_END, 1)
-        call = _parse_call(body)
-        if isinstance(call, str):
-            errors.append(ToolCallError(body, call))
-        else:
-            name, args = call
-            calls.append({"id": f"{call_id_prefix}_{len(calls)}", "type": "function",
-                          "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}})
-    content_parts.append(rest)
-    return ParsedTurn("".join(content_parts).strip(), calls, errors)
+class Transcript:
+    """One episode's conversation as the template sees it, beside the token segments built from it."""
+
+    def __init__(self, fmt: ChatFormat, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                 max_prompt: int | None = None) -> None:
+        self.fmt, self.tools = fmt, tools
+        self.messages = list(messages)
+        prompt = fmt.prompt_ids(self.messages, tools)
+        self.prompt = prompt[:max_prompt] if max_prompt is not None else prompt
+        self.segments: list[tuple[str, list[int]]] = [("context", list(self.prompt))]
+
+    def sampled(self, ids: list[int]) -> None:
+        self.segments.append(("sampled", list(ids)))
+        self.messages.append({"role": "assistant", "content": SAMPLED})
+
+    def observation_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        """The template's delta for env `messages` after the last sampled turn (not yet added)."""
+        text = self.fmt.render(self.messages + list(messages), self.tools, add_generation_prompt=True)
+        return self._after_turn(self.fmt.encode(text[text.rindex(SAMPLED) + len(SAMPLED):]))
+
+    def observed(self, messages: list[dict[str, Any]], ids: list[int]) -> None:
+        self.messages += list(messages)
+        self.segments.append(("context", list(ids)))
+
+    def _after_turn(self, tail: list[int], turn: list[int] | None = None) -> list[int]:
+        last = turn if turn is not None else self.segments[-1][1]
+        return tail[1:] if tail and last and last[-1] == tail[0] else tail
+
+    def check(self) -> list[str]:
+        """Where this episode's context tokens differ from one whole re-render of its conversation ([] if nowhere)."""
+        ends_open = self.messages[-1]["role"] != "assistant" if self.messages else True
+        whole = self.fmt.render(self.messages, self.tools, add_generation_prompt=ends_open)
+        pieces = whole.split(SAMPLED)
+        turns = [ids for kind, ids in self.segments if kind == "sampled"]
+        if len(pieces) != len(turns) + 1:
+            return [f"the whole render holds {len(pieces) - 1} sampled turns, the episode {len(turns)}"]
+        problems = []
+        want0 = self.fmt.encode(pieces[0])
+        if want0[:len(self.prompt)] != self.prompt:
+            problems.append(_diff("prompt", self.prompt, want0, self.fmt))
+        contexts = iter(self.segments[1:])
+        turn_i = 0
+        for kind, ids in contexts:
+            if kind == "sampled":
+                turn_i += 1
+                continue
+            want = self._after_turn(self.fmt.encode(pieces[turn_i]), turns[turn_i - 1])
+            if ids != want:
+                problems.append(_diff(f"after turn {turn_i}", ids, want, self.fmt))
+        return problems
+
+    def verify(self, task: str) -> int:
+        """Run the check as `check_mode` says; returns the number of mismatched segments (0 when off)."""
+        if self.fmt.check_mode == "off":
+            return 0
+        problems = self.check()
+        if problems and self.fmt.check_mode == "strict":
+            raise TemplateMismatch(f"{task}: the episode's tokens differ from the chat template's whole rendering: "
+                                   + "; ".join(problems))
+        for p in problems:
+            log.warning("template mismatch (%s): %s", task, p)
+        return len(problems)
 
 
-def _parse_call(body: str) -> tuple[str, dict[str, Any]] | str:
-    """(name, arguments) or an error message."""
-    try:
-        obj = json.loads(body)
-    except json.JSONDecodeError as e:
-        return f"tool call is not valid JSON ({e.msg} at char {e.pos})"
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return 'tool call must be a JSON object with a string "name"'
-    args = obj.get("arguments", {})
-    if not isinstance(args, dict):
-        return 'tool call "arguments" must be a JSON object'
-    return obj["name"], args
-
-
-def format_errors(errors: list[ToolCallError]) -> str:
-    return "Error: " + "; ".join(e.message for e in errors) + \
-        f'. Write tool calls as {CALL_START}{{"name": ..., "arguments": {{...}}}}{CALL_END}.'
-
-
-# The same format as a Jinja template for tokenizer_config.json (kept equal to `render` by a test).
-# transformers renders with trim_blocks, which eats a newline right after a block tag, so every newline
-# is written as the expression {{ nl }}.
-CHAT_TEMPLATE = (
-    "{% set nl = '\\n' %}"
-    "{% if tools and (messages | length == 0 or messages[0]['role'] != 'system') %}"
-    "<|im_start|>system{{ nl }}<tools>{% for t in tools %}{{ nl }}{{ t['function']['name'] }}({% set p = t['function'].get('parameters') or {} %}{% set req = p.get('required') or [] %}{% for k, v in (p.get('properties') or {}).items() %}{{ k }}{% if k not in req %}?{% endif %}: {{ v.get('type', 'any') }}{% if not loop.last %}, {% endif %}{% endfor %}): {{ t['function'].get('description', '') }}{% endfor %}"
-    "{{ nl }}</tools><|im_end|>{{ nl }}"
-    "{% endif %}"
-    "{% for m in messages %}"
-    "{% if m['role'] == 'system' %}"
-    "<|im_start|>system{{ nl }}{{ m['content'] or '' }}"
-    "{% if tools and loop.first %}{% if m['content'] %}{{ nl }}{% endif %}<tools>{% for t in tools %}{{ nl }}{{ t['function']['name'] }}({% set p = t['function'].get('parameters') or {} %}{% set req = p.get('required') or [] %}{% for k, v in (p.get('properties') or {}).items() %}{{ k }}{% if k not in req %}?{% endif %}: {{ v.get('type', 'any') }}{% if not loop.last %}, {% endif %}{% endfor %}): {{ t['function'].get('description', '') }}{% endfor %}"
-    "{{ nl }}</tools>{% endif %}"
-    "<|im_end|>{{ nl }}"
-    "{% elif m['role'] == 'assistant' %}"
-    "<|im_start|>assistant{{ nl }}{{ m['content'] or '' }}"
-    "{% for c in m.get('tool_calls') or [] %}"
-    "<tool_call>{\"name\": {{ c['function']['name'] | tojson }}, \"arguments\": "
-    "{% if c['function']['arguments'] is string %}{{ c['function']['arguments'] }}"
-    "{% else %}{{ c['function']['arguments'] | tojson }}{% endif %}"
-    "}</tool_call>"
-    "{% endfor %}"
-    "<|im_end|>{{ nl }}"
-    "{% else %}"
-    "<|im_start|>{{ m['role'] }}{{ nl }}{{ m['content'] or '' }}<|im_end|>{{ nl }}"
-    "{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant{{ nl }}{% endif %}"
-)
+def _diff(where: str, got: list[int], want: list[int], fmt: ChatFormat) -> str:
+    k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    return (f"{where}: token {k} of {len(got)} differs (episode {fmt.decode(got[k:k + 12])!r}, "
+            f"template {fmt.decode(want[k:k + 12])!r})")

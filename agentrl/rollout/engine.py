@@ -236,20 +236,17 @@ def _set_exception(fut: asyncio.Future[Any], e: BaseException) -> None:
 
 
 class ExpertEngine:
-    """The task's scripted expert as an engine: asks the env for the expert's message, returns its tokens."""
+    """The task's scripted expert as an engine: asks the env for the expert's message and returns it as the
+    model would write it in its own chat format (`ChatFormat.assistant_ids`, the `fmt` the agent loop passes)."""
 
-    def __init__(self, client: Any, tokenizer: Any, engine_id: int = -2) -> None:
-        from agentrl.rollout.chat import render_assistant_body
-
+    def __init__(self, client: Any, engine_id: int = -2) -> None:
         self._client = client
-        self._tok = tokenizer
-        self._render = render_assistant_body
         self.engine_id = engine_id
         self.version = -1
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingConfig, **context: Any) -> Generation:
         msg = await self._client.expert(context["session_id"])
-        ids = self._tok.encode(self._render(msg), add_special_tokens=False)
+        ids = context["fmt"].assistant_ids(msg, context.get("tools"))
         return Generation(ids, [0.0] * len(ids), "stop", self.version, self.engine_id)
 
     async def load_weights(self, weights: Callable[[], Any], version: int) -> None:

@@ -10,6 +10,7 @@ from agentrl.config import RunConfig
 from agentrl.envs.tasks import task_name
 from agentrl.rollout import role
 from agentrl.rollout.agent_loop import EpisodeLimits
+from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.engine import ExpertEngine
 from agentrl.rollout.engine_pool import EnginePool
 from agentrl.types import lagging_engine_id
@@ -29,7 +30,14 @@ def make_plan(cfg: RunConfig) -> role.Plan:
     )
 
 
-def engine_factory(cfg: RunConfig, model_dir: Path, client: Any, tok: Any, rank: int = 0) -> Callable[[], Any]:
+def chat_format(cfg: RunConfig, model_dir: Path) -> ChatFormat:
+    """The model's conversation format: its chat template, tool parser (`model.tool_parser`), stop tokens
+    (tokenizer, generation_config.json, `model.stop_tokens`) and the template check (`rollout.template_check`)."""
+    m = cfg.model
+    return ChatFormat.load(model_dir, m.tool_parser, m.stop_tokens, cfg.rollout.template_check, m.template_kwargs)
+
+
+def engine_factory(cfg: RunConfig, model_dir: Path, client: Any, fmt: ChatFormat, rank: int = 0) -> Callable[[], Any]:
     """Builds this rank's engines: an `EnginePool` of the current vLLM engine (id `rank`) and
     `cluster.rollout.lagging_engines_per_rank` lagging ones (ids from `agentrl.types.lagging_engine_id`), or
     the scripted expert alone (`rollout.engine: expert`, which has no weights to lag)."""
@@ -37,7 +45,7 @@ def engine_factory(cfg: RunConfig, model_dir: Path, client: Any, tok: Any, rank:
 
     def make_engine():
         if r.engine == "expert":  # the task's scripted expert plays every episode (pipeline checks)
-            return ExpertEngine(client, tok)
+            return ExpertEngine(client)
         from agentrl.rollout.engine import VLLMEngine
 
         def vllm(engine_id: int) -> VLLMEngine:

@@ -23,8 +23,8 @@ from typing import Any
 from agentrl.envs.api import EnvError
 from agentrl.monitor.eval_summary import per_task_summary, task_eval
 from agentrl.monitor.rollout_stats import rollout_metrics
-from agentrl.rollout import chat
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
+from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.engine import Engine, ExpertEngine, SamplingConfig
 from agentrl.rollout.engine_pool import EnginePool
 from agentrl.transport import weights as weights_io
@@ -75,7 +75,7 @@ class Plan:
     eval_sampled: int = 0
 
 
-async def collect(client: Any, engine: Engine, tok: Any, requests: list[tuple[str, str, str]],
+async def collect(client: Any, engine: Engine, fmt: ChatFormat, requests: list[tuple[str, str, str]],
                   sampling: SamplingConfig, limits: EpisodeLimits, concurrency: int,
                   max_retries: int | Retry) -> tuple[list[Trajectory], int]:
     """Run one episode per (task, index, group_id), at most `concurrency` at once.
@@ -93,7 +93,7 @@ async def collect(client: Any, engine: Engine, tok: Any, requests: list[tuple[st
         while True:
             async with sem:
                 try:
-                    traj = await run_episode(client, engine, tok, task, index, group, sampling, limits)
+                    traj = await run_episode(client, engine, fmt, task, index, group, sampling, limits)
                 except EnvError as e:  # could not even start a session
                     if e.code in FATAL_CODES:
                         raise
@@ -122,7 +122,7 @@ async def collect(client: Any, engine: Engine, tok: Any, requests: list[tuple[st
     return list(trajs), retries
 
 
-async def collect_step(client: Any, engine: Engine, tok: Any, reqs: list[tuple[str, str, str]],
+async def collect_step(client: Any, engine: Engine, fmt: ChatFormat, reqs: list[tuple[str, str, str]],
                        sampling: SamplingConfig, plan: Plan, step: int) -> tuple[list[Trajectory], int]:
     """One step's episodes. A batch in which the infrastructure ended every episode would be a step that
     trains on nothing: it is collected again (after a pause) until some episode ends on its own terms,
@@ -131,7 +131,7 @@ async def collect_step(client: Any, engine: Engine, tok: Any, reqs: list[tuple[s
     deadline = time.monotonic() + retry.capacity_wait_s
     total_retries = 0
     for attempt in itertools.count():
-        trajs, retries = await collect(client, engine, tok, reqs, sampling, plan.limits, plan.concurrency, retry)
+        trajs, retries = await collect(client, engine, fmt, reqs, sampling, plan.limits, plan.concurrency, retry)
         total_retries += retries
         if any(not t.status.is_infra for t in trajs):
             return trajs, total_retries
@@ -145,11 +145,7 @@ async def collect_step(client: Any, engine: Engine, tok: Any, reqs: list[tuple[s
                        "the env workers are down (see logs/env_worker-*.log and logs/controller.log)")
 
 
-def stop_ids(tok: Any) -> tuple[int, ...]:
-    return (tok.convert_tokens_to_ids(chat.IM_END), tok.eos_token_id)
-
-
-async def evaluate(client: Any, engine: Engine, tok: Any, plan: Plan, version: int, report_dir: Path,
+async def evaluate(client: Any, engine: Engine, fmt: ChatFormat, plan: Plan, version: int, report_dir: Path,
                    monitor, sampled: bool = False) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
     """Episodes on the first `eval_samples` held-out indices of each task: greedy, or (`sampled`) each
     index `eval_sampled` times at the rollout temperature, i.e. the stochastic policy RL optimizes.
@@ -162,9 +158,9 @@ async def evaluate(client: Any, engine: Engine, tok: Any, plan: Plan, version: i
         idx = (await client.indices(task, plan.eval_split))[: plan.eval_samples]
         reqs += [(task, i, f"{name}-{task}-{i}") for i in idx for _ in range(repeat)]
     temperature, top_p = (plan.temperature, plan.top_p) if sampled else (0.0, 1.0)
-    sampling = SamplingConfig(plan.limits.max_new_tokens, temperature, top_p, stop_ids(tok))
+    sampling = SamplingConfig(plan.limits.max_new_tokens, temperature, top_p, fmt.stop_ids)
     t0 = time.perf_counter()
-    trajs, _ = await collect(client, engine, tok, reqs, sampling, plan.limits, plan.concurrency, plan.retry)
+    trajs, _ = await collect(client, engine, fmt, reqs, sampling, plan.limits, plan.concurrency, plan.retry)
     m = rollout_metrics(trajs, prefix=name)
     scored = [t for t in trajs if not t.status.is_infra]  # env failures say nothing about the policy
     m[f"{name}/success"] = sum(t.metrics.get("success", 0.0) for t in scored) / max(len(scored), 1)
@@ -181,17 +177,17 @@ async def evaluate(client: Any, engine: Engine, tok: Any, plan: Plan, version: i
     return m, per_task
 
 
-async def run(run_dir: Path, model_dir: Path, client: Any, tok: Any, make_engine, plan: Plan, monitor) -> dict:
+async def run(run_dir: Path, model_dir: Path, client: Any, fmt: ChatFormat, make_engine, plan: Plan, monitor) -> dict:
     rng = random.Random(plan.seed)
     limits = plan.limits
-    sampling = SamplingConfig(limits.max_new_tokens, plan.temperature, plan.top_p, stop_ids(tok))
+    sampling = SamplingConfig(limits.max_new_tokens, plan.temperature, plan.top_p, fmt.stop_ids)
 
     if plan.expert_samples > 0:
         reqs = []
         for task in plan.tasks:
             train = await client.indices(task, "train")
             reqs += [(task, i, f"expert-{task}-{i}") for i in rng.sample(train, min(plan.expert_samples, len(train)))]
-        trajs, _ = await collect(client, ExpertEngine(client, tok), tok, reqs, sampling, limits,
+        trajs, _ = await collect(client, ExpertEngine(client), fmt, reqs, sampling, limits,
                                  plan.concurrency, plan.retry)
         ShardWriter(run_dir / "shards" / "expert-0").write(trajs)
         m = rollout_metrics(trajs, prefix="expert")
@@ -202,21 +198,21 @@ async def run(run_dir: Path, model_dir: Path, client: Any, tok: Any, make_engine
     path = await asyncio.to_thread(weights_io.wait_for, run_dir, 0, plan.wait_timeout_s, plan.poll_s)
     engine = make_engine()
     try:
-        return await _rl_loop(run_dir, client, tok, engine, path, plan, sampling, rng, monitor)
+        return await _rl_loop(run_dir, client, fmt, engine, path, plan, sampling, rng, monitor)
     finally:
         engine.close()
 
 
-async def _rl_loop(run_dir: Path, client: Any, tok: Any, engine: Any, path: Path, plan: Plan,
+async def _rl_loop(run_dir: Path, client: Any, fmt: ChatFormat, engine: Any, path: Path, plan: Plan,
                    sampling: SamplingConfig, rng: random.Random, monitor) -> dict:
     await engine.load_weights(lambda: weights_io.iter_weights(path), 0)
     # Evaluation uses the newest weights only; RL episodes may route turns to a lagging pool (engine_pool).
     policy = engine.current if isinstance(engine, EnginePool) else engine
     report = run_dir / "report"
-    before, task_before = await evaluate(client, policy, tok, plan, 0, report, monitor)
+    before, task_before = await evaluate(client, policy, fmt, plan, 0, report, monitor)
     sampled_before = None
     if plan.eval_sampled:
-        m, sampled_before = await evaluate(client, policy, tok, plan, 0, report, monitor, sampled=True)
+        m, sampled_before = await evaluate(client, policy, fmt, plan, 0, report, monitor, sampled=True)
         before.update(m)
 
     writer = ShardWriter(run_dir / "shards" / "rollout-0")
@@ -232,7 +228,7 @@ async def _rl_loop(run_dir: Path, client: Any, tok: Any, engine: Any, path: Path
             for index in rng.sample(train_idx[task], plan.prompts_per_step):
                 group = f"s{step}-{task}-{index}"
                 reqs += [(task, index, group)] * plan.samples_per_prompt
-        trajs, retries = await collect_step(client, engine, tok, reqs, sampling, plan, step)
+        trajs, retries = await collect_step(client, engine, fmt, reqs, sampling, plan, step)
         writer.write(trajs)
         dt = time.perf_counter() - t0
         n_act = sum(t.num_action_tokens for t in trajs)
@@ -242,13 +238,13 @@ async def _rl_loop(run_dir: Path, client: Any, tok: Any, engine: Any, path: Path
         if isinstance(engine, EnginePool):
             m.update(engine.take_metrics())
         monitor.scalars(m, step)
-        log.info("rollout step %d/%d: %d trajectories, reward %.3f, success %.3f, %.1f gen tok/s", step + 1,
+        log.info("rollout step %d/%d: %d trajectories, reward %.3f, success %.3f, %.1f gen fmt/s", step + 1,
                  plan.steps, len(trajs), sum(t.reward for t in trajs) / len(trajs),
                  sum(t.metrics.get("success", 0.0) for t in trajs) / len(trajs), n_act / dt)
         path = await asyncio.to_thread(weights_io.wait_for, run_dir, step + 1, plan.wait_timeout_s, plan.poll_s)
         await engine.load_weights(lambda p=path: weights_io.iter_weights(p), step + 1)
 
-    after, task_after = await evaluate(client, policy, tok, plan, plan.steps, report, monitor)
+    after, task_after = await evaluate(client, policy, fmt, plan, plan.steps, report, monitor)
     trainer_report = read_json(report / "trainer.json")
     summary: dict[str, Any] = {
         "success_before_rl": before["eval/success"], "success_after_rl": after["eval/success"],
@@ -258,7 +254,7 @@ async def _rl_loop(run_dir: Path, client: Any, tok: Any, engine: Any, path: Path
         "rl_steps": int(trainer_report.get("rl_steps", plan.steps)), "trainer": trainer_report}
     sampled_after = None
     if plan.eval_sampled:
-        m, sampled_after = await evaluate(client, policy, tok, plan, plan.steps, report, monitor, sampled=True)
+        m, sampled_after = await evaluate(client, policy, fmt, plan, plan.steps, report, monitor, sampled=True)
         after.update(m)
         summary.update({"sampled_success_before_rl": before["eval_sampled/success"],
                         "sampled_success_after_rl": after["eval_sampled/success"],

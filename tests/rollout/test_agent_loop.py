@@ -12,7 +12,7 @@ from agentrl.controller.server import start_controller
 from agentrl.envs.client import GatewayClient
 from agentrl.envs.tasks.lookup import make_sample
 from agentrl.envs.worker import start_worker
-from agentrl.rollout import chat
+from agentrl.models import tiny_chat as chat
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode, turn_budget
 from agentrl.rollout.engine import ExpertEngine, SamplingConfig, ScriptedEngine
 from agentrl.rollout.role import collect
@@ -42,18 +42,19 @@ async def _with_env(fn, cfg: RunConfig | None = None):
         await controller.stop()
 
 
-def _sampling(tok) -> SamplingConfig:
-    return SamplingConfig(48, 1.0, 1.0, (tok.convert_tokens_to_ids(chat.IM_END), tok.eos_token_id))
+def _sampling(fmt) -> SamplingConfig:
+    return SamplingConfig(48, 1.0, 1.0, fmt.stop_ids)
 
 
-def test_episode_tokens_masks_and_reward(lookup_tokenizer) -> None:
-    tok = lookup_tokenizer
+def test_episode_tokens_masks_and_reward(lookup_format) -> None:
+    fmt = lookup_format
+    tok = fmt.tokenizer
     s = make_sample(INDEX)
     replies = [call("lookup", name=s.target, field=s.field), call("submit_answer", answer=s.answer)]
     engine = ScriptedEngine(replies, tok)
 
     async def go(client, _):
-        return await run_episode(client, engine, tok, "lookup", INDEX, "g0", _sampling(tok), EpisodeLimits(4, 512, 48))
+        return await run_episode(client, engine, fmt, "lookup", INDEX, "g0", _sampling(fmt), EpisodeLimits(4, 512, 48))
 
     t = asyncio.run(_with_env(go))
     assert t.status == Status.COMPLETED and t.reward == 1.0 and t.metrics["success"] == 1.0
@@ -71,8 +72,9 @@ def test_episode_tokens_masks_and_reward(lookup_tokenizer) -> None:
     assert f"<|im_start|>tool\n{s.answer}<|im_end|>" in seen and seen.endswith("<|im_start|>assistant\n")
 
 
-def test_malformed_call_becomes_an_observation_and_the_episode_goes_on(lookup_tokenizer) -> None:
-    tok = lookup_tokenizer
+def test_malformed_call_becomes_an_observation_and_the_episode_goes_on(lookup_format) -> None:
+    fmt = lookup_format
+    tok = fmt.tokenizer
     s = make_sample(INDEX)
     replies = ['<tool_call>{"name": "lookup", "arguments": {"name": </tool_call><|im_end|>',
                call("lookup", name="nobody", field="code"),
@@ -80,7 +82,7 @@ def test_malformed_call_becomes_an_observation_and_the_episode_goes_on(lookup_to
     engine = ScriptedEngine(replies, tok)
 
     async def go(client, _):
-        return await run_episode(client, engine, tok, "lookup", INDEX, "g0", _sampling(tok), EpisodeLimits(4, 512, 48))
+        return await run_episode(client, engine, fmt, "lookup", INDEX, "g0", _sampling(fmt), EpisodeLimits(4, 512, 48))
 
     t = asyncio.run(_with_env(go))
     assert t.status == Status.COMPLETED and t.reward == 1.0
@@ -90,15 +92,16 @@ def test_malformed_call_becomes_an_observation_and_the_episode_goes_on(lookup_to
     assert "Error: no item named 'nobody'" in text  # the task's own observation
 
 
-def test_the_tasks_own_turn_limit_ends_the_episode_and_cancels(lookup_tokenizer) -> None:
+def test_the_tasks_own_turn_limit_ends_the_episode_and_cancels(lookup_format) -> None:
     """No global cap (max_turns 0): lookup's own limit of 4 turns applies, told by start_sample."""
-    tok = lookup_tokenizer
+    fmt = lookup_format
+    tok = fmt.tokenizer
     engine = ScriptedEngine([call("lookup", name="nobody", field="code")] * 4, tok)
 
     async def go(client, _):
         start = await client.start_sample("lookup", INDEX)
         await client.cancel(start.session_id)
-        t = await run_episode(client, engine, tok, "lookup", INDEX, "g0", _sampling(tok), EpisodeLimits(0, 512, 48))
+        t = await run_episode(client, engine, fmt, "lookup", INDEX, "g0", _sampling(fmt), EpisodeLimits(0, 512, 48))
         return start, t, await client.status()
 
     start, t, status = asyncio.run(_with_env(go))
@@ -107,12 +110,13 @@ def test_the_tasks_own_turn_limit_ends_the_episode_and_cancels(lookup_tokenizer)
     assert sum(status["sessions"].values()) == 0  # the session was ended, not leaked
 
 
-def test_a_global_cap_below_the_tasks_limit_truncates_and_cancels(lookup_tokenizer) -> None:
-    tok = lookup_tokenizer
+def test_a_global_cap_below_the_tasks_limit_truncates_and_cancels(lookup_format) -> None:
+    fmt = lookup_format
+    tok = fmt.tokenizer
     engine = ScriptedEngine([call("lookup", name="nobody", field="code")] * 2, tok)
 
     async def go(client, _):
-        t = await run_episode(client, engine, tok, "lookup", INDEX, "g0", _sampling(tok), EpisodeLimits(2, 512, 48))
+        t = await run_episode(client, engine, fmt, "lookup", INDEX, "g0", _sampling(fmt), EpisodeLimits(2, 512, 48))
         return t, await client.status()
 
     t, status = asyncio.run(_with_env(go))
@@ -128,24 +132,25 @@ def test_turn_budget() -> None:
     assert turn_budget(None, 0) == (20, False)  # a server that does not say: a default, not forever
 
 
-def test_context_limit(lookup_tokenizer) -> None:
-    tok = lookup_tokenizer
+def test_context_limit(lookup_format) -> None:
+    fmt = lookup_format
+    tok = fmt.tokenizer
     engine = ScriptedEngine(["x" * 400 + chat.IM_END], tok)
 
     async def go(client, _):
-        return await run_episode(client, engine, tok, "lookup", INDEX, "g0", _sampling(tok), EpisodeLimits(4, 96, 64))
+        return await run_episode(client, engine, fmt, "lookup", INDEX, "g0", _sampling(fmt), EpisodeLimits(4, 96, 64))
 
     t = asyncio.run(_with_env(go))
     assert t.status == Status.CONTEXT_LIMIT and t.num_tokens <= 96
 
 
-def test_expert_collection_through_the_gateway(lookup_tokenizer) -> None:
-    tok = lookup_tokenizer
+def test_expert_collection_through_the_gateway(lookup_format) -> None:
+    fmt = lookup_format
 
     async def go(client, _):
         idx = (await client.indices("lookup", "test"))[:20]
         reqs = [("lookup", i, f"g{i}") for i in idx]
-        return await collect(client, ExpertEngine(client, tok), tok, reqs, _sampling(tok), EpisodeLimits(4, 512, 48), 8, 1)
+        return await collect(client, ExpertEngine(client), fmt, reqs, _sampling(fmt), EpisodeLimits(4, 512, 48), 8, 1)
 
     trajs, retries = asyncio.run(_with_env(go))
     assert len(trajs) == 20 and retries == 0
@@ -153,8 +158,9 @@ def test_expert_collection_through_the_gateway(lookup_tokenizer) -> None:
     assert len({t.traj_id for t in trajs}) == 20
 
 
-def test_dead_worker_gives_env_error_trajectories_not_crashes(lookup_tokenizer) -> None:
-    tok = lookup_tokenizer
+def test_dead_worker_gives_env_error_trajectories_not_crashes(lookup_format) -> None:
+    fmt = lookup_format
+    tok = fmt.tokenizer
     s = make_sample(INDEX)
 
     class KillAfterFirstTurn(ScriptedEngine):
@@ -170,7 +176,7 @@ def test_dead_worker_gives_env_error_trajectories_not_crashes(lookup_tokenizer) 
 
     async def go(client, worker):
         engine.worker = worker
-        return await collect(client, engine, tok, [("lookup", INDEX, "g")], _sampling(tok),
+        return await collect(client, engine, fmt, [("lookup", INDEX, "g")], _sampling(fmt),
                              EpisodeLimits(4, 512, 48), 1, max_retries=0)
 
     (t,), retries = asyncio.run(_with_env(go))

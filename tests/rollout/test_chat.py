@@ -1,152 +1,188 @@
-"""The chat format: Python rendering equals the saved Jinja template; tool calls parse back; bad calls
-become readable errors, never exceptions."""
+"""The model's own format (`ChatFormat`, `Transcript`): prompts are the tokenizer's `apply_chat_template`,
+observations the template's delta, calls in each family's syntax reach the env with their arguments, bad
+calls become observations, and the whole-render check finds templates that change earlier turns.
+
+Stand-in models of three families (agentrl.models.standins) plus the tiny model's own format."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from agentrl.models import tiny
-from agentrl.rollout import chat
+from agentrl.models import standins
+from agentrl.rollout.chat import SAMPLED, ChatFormat, TemplateMismatch, Transcript, model_stop_ids
 
 TOOLS = [
     {"type": "function", "function": {"name": "lookup", "description": "Find an item.", "parameters": {
-        "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}},
+        "type": "object", "properties": {"name": {"type": "string", "description": "the item's name"},
+                                         "field": {"type": "string", "enum": ["code", "color"]}},
+        "required": ["name"]}}},
     {"type": "function", "function": {"name": "submit_answer", "description": "Answer.", "parameters": {
         "type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}}},
 ]
+START = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "What is the code of bako?"}]
 
 
-def _call(i: int, tool: str, **args: str) -> dict:
-    return {"id": f"call_{i}", "type": "function", "function": {"name": tool, "arguments": json.dumps(args)}}
-
-
-CONVERSATION = [
-    {"role": "system", "content": "You are an agent."},
-    {"role": "user", "content": "What is the code of bako?"},
-    {"role": "assistant", "content": "", "tool_calls": [_call(0, "lookup", name="bako")]},
-    {"role": "tool", "tool_call_id": "call_0", "name": "lookup", "content": "name=bako code=41"},
-    {"role": "assistant", "content": "Found it.", "tool_calls": [_call(1, "submit_answer", answer="41")]},
-    {"role": "user", "content": "Thanks ünïcödé"},
-]
+def _call(tool: str, **args: str) -> dict:
+    return {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c0", "type": "function", "function": {"name": tool, "arguments": json.dumps(args)}}]}
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    corpus = [chat.render(CONVERSATION, TOOLS)] * 20
-    return tiny.train_tokenizer(corpus, 400, chat.SPECIAL_TOKENS, chat.CHAT_TEMPLATE, chat.EOS, chat.EOS)
+def families(tmp_path_factory) -> dict[str, ChatFormat]:
+    root = tmp_path_factory.mktemp("standins")
+    return {f: ChatFormat.load(standins.build(f, root / f), check_mode="strict") for f in standins.FAMILIES}
 
 
-@pytest.mark.parametrize("n", [1, 2, 4, 5, 6])
-@pytest.mark.parametrize("gen", [True, False])
-def test_jinja_template_equals_python_render(tokenizer, n: int, gen: bool) -> None:
-    msgs = CONVERSATION[:n]
-    want = chat.render(msgs, TOOLS, add_generation_prompt=gen)
-    got = tokenizer.apply_chat_template(msgs, tools=TOOLS, tokenize=False, add_generation_prompt=gen)
-    assert got == want
+@pytest.mark.parametrize("family", list(standins.FAMILIES))
+def test_the_first_prompt_is_the_tokenizers_own_template(families, family: str) -> None:
+    fmt = families[family]
+    want = fmt.tokenizer.apply_chat_template(START, tools=TOOLS, add_generation_prompt=True, tokenize=True)
+    want = want["input_ids"] if isinstance(want, dict) or hasattr(want, "keys") else want
+    assert Transcript(fmt, START, TOOLS).prompt == list(want)
+    text = fmt.decode(Transcript(fmt, START, TOOLS).prompt)
+    assert '"enum": ["code", "color"]' in text and "the item's name" in text  # whole schemas, not signatures
 
 
-def test_jinja_template_without_system_message(tokenizer) -> None:
-    msgs = CONVERSATION[1:3]
-    assert tokenizer.apply_chat_template(msgs, tools=TOOLS, tokenize=False) == chat.render(msgs, TOOLS)
+@pytest.mark.parametrize("family, parser", [(f, standins.FAMILIES[f].parser) for f in standins.FAMILIES])
+def test_auto_picks_the_familys_parser_and_stop_tokens(families, family: str, parser: str) -> None:
+    fmt = families[family]
+    assert fmt.parser.name == parser
+    stops = {fmt.tokenizer.convert_ids_to_tokens(i) for i in fmt.stop_ids}
+    assert stops == set(standins.FAMILIES[family].stops) | {standins.FAMILIES[family].eos}
 
 
-def test_render_shape() -> None:
-    text = chat.render(CONVERSATION[:3], TOOLS, add_generation_prompt=True)
-    assert text.startswith("<|im_start|>system\nYou are an agent.\n<tools>\nlookup(name: string): Find an item.\n"
-                           "submit_answer(answer: string): Answer.\n</tools><|im_end|>\n")
-    assert '<tool_call>{"name": "lookup", "arguments": {"name": "bako"}}</tool_call><|im_end|>\n' in text
-    assert text.endswith("<|im_start|>assistant\n")
+@pytest.mark.parametrize("family", list(standins.FAMILIES))
+def test_multi_turn_episode_matches_the_whole_render(families, family: str) -> None:
+    """Expert calls, two tool results at once (grouped by Qwen's template), an error observation, a final
+    answer: every context segment equals the whole conversation's rendering, and parses come back whole."""
+    fmt = families[family]
+    talk = Transcript(fmt, START, TOOLS)
+    for msg, obs in [(_call("lookup", name="bako", field="code"),
+                      [{"role": "tool", "content": "code=41"}, {"role": "tool", "content": "color=red"}]),
+                     (_call("lookup", name="bako"), [{"role": "tool", "content": "name=bako code=41"}]),
+                     (_call("submit_answer", answer="41"), None)]:
+        ids = fmt.assistant_ids(msg, TOOLS)
+        parsed = fmt.parse(ids, TOOLS)
+        assert parsed.errors == [] and [c["function"]["name"] for c in parsed.tool_calls] == [
+            msg["tool_calls"][0]["function"]["name"]]
+        assert json.loads(parsed.tool_calls[0]["function"]["arguments"]) == json.loads(
+            msg["tool_calls"][0]["function"]["arguments"])
+        talk.sampled(ids)
+        if obs is not None:
+            delta = talk.observation_ids(obs)
+            talk.observed(obs, delta)
+    assert talk.check() == []
+    assert talk.verify("lookup") == 0
+    text = fmt.decode([i for _, seg in talk.segments for i in seg])
+    assert "code=41" in text and "color=red" in text and SAMPLED not in text
 
 
-def test_special_tokens_are_single_tokens(tokenizer) -> None:
-    for t in chat.SPECIAL_TOKENS:
-        assert len(tokenizer.encode(t, add_special_tokens=False)) == 1
+def test_a_cut_turn_gets_the_templates_turn_end_before_the_observation(families) -> None:
+    fmt = families["qwen2.5"]
+    talk = Transcript(fmt, START, TOOLS)
+    talk.sampled(fmt.encode("I will look"))  # stopped at the token limit: no <|im_end|>
+    delta = talk.observation_ids(fmt.error_observation([]))
+    assert fmt.decode(delta).startswith("<|im_end|>\n<|im_start|>user\n<tool_response>\nError: ")
+    talk.observed(fmt.error_observation([]), delta)
+    assert talk.check() == []
 
 
-def test_assistant_round_trip() -> None:
-    msg = CONVERSATION[4]
-    body = chat.render_assistant_body(msg)
-    assert body.endswith(chat.IM_END)
-    parsed = chat.parse_assistant(body, call_id_prefix="call")
-    assert parsed.errors == []
-    assert parsed.content == "Found it."
-    assert [c["function"]["name"] for c in parsed.tool_calls] == ["submit_answer"]
-    assert json.loads(parsed.tool_calls[0]["function"]["arguments"]) == {"answer": "41"}
-    assert chat.render_message(parsed.to_message()) == chat.render_message({**msg, "tool_calls": [
-        {**msg["tool_calls"][0], "id": "call_0"}]})
-
-
-def test_two_calls_in_one_message() -> None:
-    text = '<tool_call>{"name": "a", "arguments": {}}</tool_call> and <tool_call>{"name": "b", "arguments": {"x": 1}}</tool_call><|im_end|>'
-    p = chat.parse_assistant(text)
-    assert [c["function"]["name"] for c in p.tool_calls] == ["a", "b"]
-    assert [c["id"] for c in p.tool_calls] == ["call_0", "call_1"]
-    assert p.content == "and"
-
-
-@pytest.mark.parametrize("text, needle", [
-    ('<tool_call>{"name": "lookup", "arguments": {"name": "bako"</tool_call>', "not valid JSON"),
-    ('<tool_call>{"name": "lookup", "arguments": {"name": "bako"}}', "not closed"),
-    ('<tool_call>["lookup"]</tool_call>', 'string "name"'),
-    ('<tool_call>{"arguments": {}}</tool_call>', 'string "name"'),
-    ('<tool_call>{"name": "lookup", "arguments": "bako"}</tool_call>', '"arguments" must be a JSON object'),
+@pytest.mark.parametrize("family, text, args", [
+    ("qwen2.5", '<tool_call>\n{"name": "lookup", "arguments": {"name": "bako"}}\n</tool_call><|im_end|>', {"name": "bako"}),
+    ("llama3.1", '{"name": "lookup", "parameters": {"name": "bako", "field": "code"}}<|eot_id|>',
+     {"name": "bako", "field": "code"}),
+    ("llama3.1", '<|python_tag|>{"name": "lookup", "parameters": {"name": "bako"}}<|eom_id|>', {"name": "bako"}),
+    ("glm4", "<tool_call>lookup\n<arg_key>name</arg_key>\n<arg_value>bako</arg_value>\n</tool_call><|observation|>",
+     {"name": "bako"}),
 ])
-def test_malformed_calls_become_errors_not_exceptions(text: str, needle: str) -> None:
-    p = chat.parse_assistant(text + chat.IM_END)
-    assert p.tool_calls == []
-    assert len(p.errors) == 1 and needle in p.errors[0].message
-    observation = chat.format_errors(p.errors)
-    assert observation.startswith("Error: ") and needle in observation and chat.CALL_START in observation
+def test_calls_in_each_familys_syntax_keep_their_arguments(families, family: str, text: str, args: dict) -> None:
+    fmt = families[family]
+    p = fmt.parse(fmt.encode(text), TOOLS)
+    assert p.errors == [] and len(p.tool_calls) == 1
+    assert p.tool_calls[0]["function"]["name"] == "lookup"
+    assert json.loads(p.tool_calls[0]["function"]["arguments"]) == args
 
 
-def test_plain_text_has_no_calls() -> None:
-    p = chat.parse_assistant("I do not know.<|im_end|>")
-    assert p.tool_calls == [] and p.errors == [] and p.content == "I do not know."
+@pytest.mark.parametrize("family, text, needle", [
+    ("qwen2.5", '<tool_call>\n{"name": "lookup", "arguments": {"name": </tool_call><|im_end|>', "not valid JSON"),
+    ("qwen2.5", '<tool_call>{"arguments": {}}</tool_call><|im_end|>', 'string "name"'),
+    ("qwen2.5", '<tool_call>{"name": "lookup", "arguments": "bako"}</tool_call><|im_end|>', "must be a JSON object"),
+    ("qwen2.5", '<tool_call>["lookup"]</tool_call><|im_end|>', 'string "name"'),
+    ("llama3.1", '<|python_tag|>{"name": "lookup", "parameters": {"name": <|eom_id|>', "could not be read"),
+    ("glm4", "<tool_call>lookup\n<arg_key>name</arg_key>\n<arg_value>bako\n<|observation|>", "not closed"),
+])
+def test_a_call_that_cannot_be_read_is_an_error_observation(families, family: str, text: str, needle: str) -> None:
+    fmt = families[family]
+    p = fmt.parse(fmt.encode(text), TOOLS)
+    assert p.tool_calls == [] and len(p.errors) == 1 and needle in p.errors[0].message, p
+    (obs,) = fmt.error_observation(p.errors)
+    assert obs["role"] == "tool" and obs["content"].startswith("Error: ") and needle in obs["content"]
+    assert fmt.parser.syntax in obs["content"]  # tells the model its own call syntax
+
+
+@pytest.mark.parametrize("family", list(standins.FAMILIES))
+def test_plain_text_is_content_not_a_call(families, family: str) -> None:
+    fmt = families[family]
+    p = fmt.parse(fmt.encode("The answer is 41.") + [fmt.stop_ids[0]], TOOLS)
+    assert p.tool_calls == [] and p.errors == [] and p.content == "The answer is 41."
     assert "tool_calls" not in p.to_message()
 
 
-def test_observation_follows_im_end_and_opens_next_turn() -> None:
-    obs = chat.render_observation([{"role": "tool", "content": "x"}])
-    assert obs == "\n<|im_start|>tool\nx<|im_end|>\n<|im_start|>assistant\n"
-    # prompt + body + observation == whole rendered conversation (token pieces line up with the template)
-    msgs = CONVERSATION[:2]
-    whole = chat.render(msgs + [CONVERSATION[2], {"role": "tool", "content": "x"}], TOOLS, add_generation_prompt=True)
-    pieces = chat.render(msgs, TOOLS, add_generation_prompt=True) + chat.render_assistant_body(CONVERSATION[2]) + obs
-    assert pieces == whole
+def test_a_template_that_rewrites_earlier_turns_is_caught(families, tmp_path: Path) -> None:
+    """A template whose system prompt counts the messages (as date or reasoning-stripping templates change
+    what came before) renders each prefix differently from the whole: strict raises, warn counts."""
+    base = families["qwen2.5"]
+    tok = base.tokenizer
+    tok2 = type(tok).from_pretrained(tok.name_or_path) if tok.name_or_path else tok
+    tok2.chat_template = tok.chat_template.replace("'\\n\\n# Tools", "(messages | length | string) + '\\n\\n# Tools")
+    for mode, expect in [("strict", TemplateMismatch), ("warn", None)]:
+        fmt = ChatFormat.of(tok2, "hermes", base.stop_ids, check_mode=mode, model_type="qwen2")
+        talk = Transcript(fmt, START, TOOLS)
+        talk.sampled(base.assistant_ids(_call("lookup", name="bako"), TOOLS))
+        obs = [{"role": "tool", "content": "code=41"}]
+        talk.observed(obs, talk.observation_ids(obs))
+        talk.sampled(base.assistant_ids(_call("submit_answer", answer="41"), TOOLS))
+        assert talk.check() and "prompt" in talk.check()[0]
+        if expect is None:
+            assert talk.verify("lookup") == 1
+        else:
+            with pytest.raises(expect, match="lookup: the episode's tokens differ"):
+                talk.verify("lookup")
 
 
-def test_tool_call_scaffold_is_whole_tokens(lookup_tokenizer) -> None:
-    tok = lookup_tokenizer
-    body = chat.render_assistant_body({"role": "assistant", "content": "", "tool_calls": [
-        {"id": "c", "type": "function", "function": {"name": "lookup", "arguments": '{"name": "buro", "field": "code"}'}}]})
-    pieces = tok.convert_ids_to_tokens(tok.encode(body, add_special_tokens=False))
-    assert pieces == ["<tool_call>", '{"name": "', "lookup", '", "arguments": {"', 'name": "', "buro", '", "',
-                      'field": "', "code", '"}}', "</tool_call>", "<|im_end|>"]
-    assert tok.decode(tok.encode(body, add_special_tokens=False)) == body
+def test_stop_tokens_come_from_generation_config_and_a_missing_one_fails_naming_the_field(families, tmp_path) -> None:
+    fmt = families["llama3.1"]
+    d = Path(fmt.tokenizer.name_or_path)
+    ids = model_stop_ids(fmt.tokenizer, d, ("<|python_tag|>",))
+    assert fmt.tokenizer.convert_tokens_to_ids("<|python_tag|>") in ids and len(ids) == 4
+    with pytest.raises(ValueError, match="model.stop_tokens: '<|im_end|>' is not in the tokenizer's vocabulary"):
+        model_stop_ids(fmt.tokenizer, d, ("<|im_end|>",))
 
 
-def test_argument_key_tokens_follow_the_schema_types() -> None:
-    tools = TOOLS + [{"type": "function", "function": {"name": "move", "parameters": {
-        "type": "object", "properties": {"steps": {"type": "integer"}, "name": {"type": "string"}}}}}]
-    assert chat.argument_key_tokens(tools) == ['name": "', 'answer": "', 'steps": ']
+def test_a_parser_that_does_not_fit_the_vocabulary_fails_at_load(families) -> None:
+    qwen = families["qwen2.5"].tokenizer  # no <|python_tag|>: vLLM's llama3_json cannot be built
+    with pytest.raises(ValueError, match="model.tool_parser: vLLM's 'llama3_json' parser does not fit"):
+        ChatFormat.of(qwen, "llama3_json")
+    with pytest.raises(ValueError, match="model.tool_parser: vLLM has no tool parser named 'nope'"):
+        ChatFormat.of(qwen, "nope")
 
 
-def test_saved_tokenizer_loads_with_the_same_split(lookup_tokenizer, tmp_path) -> None:
-    """transformers rebuilds a qwen2 directory's tokenizer with Qwen2's own pre-tokenizer (so does vLLM):
-    the ids it gives must be the ids training used, numbers and whole tokens included."""
-    from transformers import AutoTokenizer
-
-    model = tiny.build_model(lookup_tokenizer, 64, 1, 1, 128, 256, seed=0)
-    text = ('<|im_start|>user\nWhat is the "price" of "buro"?<|im_end|>\n<|im_start|>tool\n47 1999<|im_end|>\n'
-            + chat.render_assistant_body({"role": "assistant", "content": "", "tool_calls": [
-                {"id": "c", "type": "function", "function": {"name": "submit_answer", "arguments": '{"answer": "47"}'}}]}))
-    tiny.save(model, lookup_tokenizer, tmp_path, probe=text)
-    loaded = AutoTokenizer.from_pretrained(str(tmp_path))
-    assert loaded.encode(text) == lookup_tokenizer.encode(text)
-    assert loaded.convert_ids_to_tokens(loaded.encode("47"))[-2:] == ["4", "7"]  # Qwen2 splits digits
-
-
-def test_system_message_without_content_renders_like_the_template(tokenizer) -> None:
-    msgs = [{"role": "system", "content": ""}, CONVERSATION[1]]
-    assert tokenizer.apply_chat_template(msgs, tools=TOOLS, tokenize=False) == chat.render(msgs, TOOLS)
+def test_the_tiny_models_format_is_unchanged(lookup_format) -> None:
+    """The demo's model goes through the same path: its prompt, a call and the observation after it are the
+    compact format it was built with (tools as one-line signatures, results under `tool`)."""
+    fmt = lookup_format
+    talk = Transcript(fmt, START, TOOLS)
+    assert fmt.decode(talk.prompt) == ("<|im_start|>system\nYou are an agent.\n<tools>\nlookup(name: string, field?: "
+                                       "string): Find an item.\nsubmit_answer(answer: string): Answer.\n</tools>"
+                                       "<|im_end|>\n<|im_start|>user\nWhat is the code of bako?<|im_end|>\n"
+                                       "<|im_start|>assistant\n")
+    ids = fmt.assistant_ids(_call("lookup", name="bako"), TOOLS)
+    assert fmt.decode(ids) == '<tool_call>{"name": "lookup", "arguments": {"name": "bako"}}</tool_call><|im_end|>'
+    talk.sampled(ids)
+    obs = [{"role": "tool", "content": "code=41"}]
+    delta = talk.observation_ids(obs)
+    assert fmt.decode(delta) == "\n<|im_start|>tool\ncode=41<|im_end|>\n<|im_start|>assistant\n"
+    p = fmt.parse(ids, TOOLS)
+    assert p.errors == [] and json.loads(p.tool_calls[0]["function"]["arguments"]) == {"name": "bako"}

@@ -27,7 +27,7 @@ from agentrl.rollout.agent_loop import EpisodeLimits
 from agentrl.rollout.engine import SamplingConfig
 from agentrl.rollout.engine_pool import EnginePool
 from agentrl.rollout.from_config import engine_factory
-from agentrl.rollout.role import collect, stop_ids
+from agentrl.rollout.role import collect
 from agentrl.trainer import role as trainer_role
 from agentrl.trainer.logprobs import token_logprobs
 from agentrl.types import Trajectory, is_lagging_engine, lagging_engine_id
@@ -94,13 +94,13 @@ async def with_env(fn: Callable[[Any], Any]) -> Any:
         await controller.stop()
 
 
-def episodes(engine: Any, tok: Any, n: int, concurrency: int) -> list[Trajectory]:
-    sampling = SamplingConfig(NEW_TOKENS, 1.0, 1.0, stop_ids(tok))
+def episodes(engine: Any, fmt: Any, n: int, concurrency: int) -> list[Trajectory]:
+    sampling = SamplingConfig(NEW_TOKENS, 1.0, 1.0, fmt.stop_ids)
 
     async def go(client: Any) -> list[Trajectory]:
         idx = (await client.indices("lookup", "test"))[:n]
         reqs = [("lookup", i, f"g-{i}") for i in idx]
-        trajs, _ = await collect(client, engine, tok, reqs, sampling, EpisodeLimits(4, MAX_LEN, NEW_TOKENS),
+        trajs, _ = await collect(client, engine, fmt, reqs, sampling, EpisodeLimits(4, MAX_LEN, NEW_TOKENS),
                                  concurrency, 0)
         return trajs
     return asyncio.run(with_env(go))
@@ -113,10 +113,10 @@ def hf_logprobs(model: torch.nn.Module, t: Trajectory) -> torch.Tensor:
     return torch.cat([torch.zeros(1), logp[0]])
 
 
-def test_lagging_tokens_carry_the_log_probs_of_the_version_that_sampled_them(lookup_tokenizer, model_dir) -> None:
+def test_lagging_tokens_carry_the_log_probs_of_the_version_that_sampled_them(lookup_format, model_dir) -> None:
     from agentrl.rollout.engine import VLLMEngine
 
-    tok = lookup_tokenizer
+    tok = lookup_format
     v0 = trainer_role.load_model(model_dir, torch.get_num_threads())
     v1 = perturbed(v0, seed=1)
     lag_id = lagging_engine_id(0, 0, 1)
@@ -157,9 +157,9 @@ def test_lagging_tokens_carry_the_log_probs_of_the_version_that_sampled_them(loo
     assert all(is_lagging_engine(e) for t in mixed for e in t.engine[t.loss_mask == 1] if e != 0)
 
 
-def test_prob_zero_with_a_lagging_engine_is_the_plain_rank(lookup_tokenizer, model_dir) -> None:
+def test_prob_zero_with_a_lagging_engine_is_the_plain_rank(lookup_format, model_dir) -> None:
     """Same seed, same requests in the same order (one episode at a time: batching depends on timing)."""
-    tok = lookup_tokenizer
+    tok = lookup_format
     v0 = trainer_role.load_model(model_dir, torch.get_num_threads())
     def run(overrides: list[str]) -> list[Trajectory]:
         cfg = load_config("smoke", [f"rollout.max_model_len={MAX_LEN}", "rollout.concurrency=4", *overrides])

@@ -32,7 +32,7 @@ class Engine:
     async def generate(self, prompt_ids: list[int], sampling: SamplingConfig, **context) -> Generation:
         version = self.version  # as vLLM's engine: a request keeps the weights it was added under
         await asyncio.sleep(0.01)
-        ids = self.tok.encode("not a tool call", add_special_tokens=False)
+        ids = self.tok.encode("not a tool call")
         return Generation(ids, [-1.0] * len(ids), "length", version, self.engine_id)
 
     async def load_weights(self, loader, version: int) -> None:
@@ -111,8 +111,8 @@ def _turn_versions(t) -> list[int]:
 
 
 @pytest.mark.parametrize("inflight", ["swap", "abort"])
-def test_episodes_mid_trajectory_take_the_new_weights(tmp_path: Path, lookup_tokenizer, inflight: str) -> None:
-    received, engine = _run(tmp_path, lookup_tokenizer, inflight)
+def test_episodes_mid_trajectory_take_the_new_weights(tmp_path: Path, lookup_format, inflight: str) -> None:
+    received, engine = _run(tmp_path, lookup_format, inflight)
     assert engine.loads == [0, 1]
     assert len(received) >= 8
     spans = 0

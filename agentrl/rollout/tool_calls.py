@@ -1,0 +1,178 @@
+"""Reading tool calls out of sampled text with vLLM's own parsers (`ToolParserManager`), chosen per model.
+
+The parser is the one vLLM's OpenAI server would use for the model (`--tool-call-parser NAME`), so a
+policy trained here is read the same way when it is served. Around it this module adds what training
+needs and a server does not: a turn that clearly tried to call a tool but could not be read (the parser
+found nothing, raised, or returned arguments that are not a JSON object) comes back as `ToolCallError`s,
+which the agent loop turns into an error observation the model can learn from. Parsing never raises on
+model output.
+
+`auto` picks the parser from the model's `config.json` (`model_type`) and its vocabulary: see `PARSER_BY_TYPE`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("agentrl.rollout.tool_calls")
+
+# model_type (config.json) -> vLLM tool parser. Qwen2/2.5 and Qwen3 write Hermes-style `<tool_call>` JSON,
+# Llama-3.x JSON after `<|python_tag|>` (or bare), GLM-4.x `<tool_call>name<arg_key>..`; our tiny model is a
+# Qwen2 architecture with Hermes-shaped calls.
+PARSER_BY_TYPE: dict[str, str] = {
+    "qwen2": "hermes", "qwen2_moe": "hermes", "qwen3": "hermes", "qwen3_moe": "hermes",
+    "llama": "llama3_json", "glm4": "glm45", "glm4_moe": "glm45", "glm": "glm45", "mistral": "mistral",
+}
+
+# How each family's text shows that the model tried a call (a call the parser then could not read is an
+# error for the model to see, not plain content), and how the error observation tells it the syntax.
+_MARKERS: dict[str, tuple[str, ...]] = {
+    "hermes": ("<tool_call>",), "glm45": ("<tool_call>",), "glm47": ("<tool_call>",),
+    "qwen3_xml": ("<tool_call>",), "qwen3_coder": ("<tool_call>",), "llama3_json": ("<|python_tag|>", '{"name"'),
+    "mistral": ("[TOOL_CALLS]",),
+}
+_SYNTAX: dict[str, str] = {
+    "hermes": '<tool_call>{"name": ..., "arguments": {...}}</tool_call>',
+    "llama3_json": '{"name": ..., "parameters": {...}}',
+    "glm45": "<tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>\n</tool_call>",
+    "glm47": "<tool_call>NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value></tool_call>",
+}
+
+
+@dataclass
+class ToolCallError:
+    """A tool call the model wrote that could not be read; `message` is shown to the model."""
+
+    text: str
+    message: str
+
+
+@dataclass
+class ParsedTurn:
+    content: str
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[ToolCallError] = field(default_factory=list)
+
+    def to_message(self) -> dict[str, Any]:
+        msg: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            msg["tool_calls"] = self.tool_calls
+        return msg
+
+
+def resolve_parser_name(name: str, model_type: str, vocab: dict[str, int]) -> str:
+    """The parser for `model.tool_parser` (`auto`: by model type, else by a `<tool_call>` token in the vocab)."""
+    if name != "auto":
+        return name
+    if model_type in PARSER_BY_TYPE:
+        return PARSER_BY_TYPE[model_type]
+    if "<tool_call>" in vocab:
+        return "hermes"
+    raise ValueError(f"model.tool_parser: no parser is known for model_type {model_type!r} and its vocabulary "
+                     "has no <tool_call> token; set model.tool_parser to one of vLLM's parsers (e.g. hermes)")
+
+
+class ToolCallParser:
+    """One vLLM tool parser for one tokenizer; `parse` reads a whole assistant turn."""
+
+    def __init__(self, name: str, tokenizer: Any) -> None:
+        from vllm.tool_parsers import ToolParserManager
+
+        try:
+            cls = ToolParserManager.get_tool_parser(name)
+        except KeyError as e:
+            raise ValueError(f"model.tool_parser: vLLM has no tool parser named {name!r}") from e
+        try:
+            self._parser = cls(tokenizer)
+        except Exception as e:  # e.g. llama3_json without <|python_tag|> in the vocabulary
+            raise ValueError(f"model.tool_parser: vLLM's {name!r} parser does not fit this tokenizer: {e}") from e
+        # vLLM's parsers log a traceback for every call they cannot read; here that is the model's everyday
+        # mistake, answered with an error observation, so their logs would only bury the run's own.
+        logging.getLogger(cls.__module__).setLevel(logging.CRITICAL)
+        self.name = name
+        self.markers = _MARKERS.get(name, ())
+        self._requests: dict[int, tuple[Any, Any]] = {}
+
+    @property
+    def syntax(self) -> str:
+        """The call syntax that error observations show the model."""
+        return _SYNTAX.get(self.name, "this model's tool-call format")
+
+    def _request(self, tools: list[dict[str, Any]]) -> Any:
+        key = id(tools)
+        hit = self._requests.get(key)
+        if hit is None or hit[0] is not tools:
+            from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+            hit = (tools, ChatCompletionRequest(model="agentrl", messages=[], tools=tools or None))
+            if len(self._requests) > 256:  # one entry per distinct tool list; tasks reuse theirs
+                self._requests.clear()
+            self._requests[key] = hit
+        return hit[1]
+
+    def parse(self, text: str, tools: list[dict[str, Any]], call_id_prefix: str = "call") -> ParsedTurn:
+        """Content and calls of one turn's text (stop tokens already removed). Never raises on model output."""
+        if "<tool_call>" in self.markers and text.count("<tool_call>") != text.count("</tool_call>"):
+            # A call cut short: some parsers read what they can of it (GLM's drops the unclosed argument),
+            # which would send the env a call the model never finished.
+            return ParsedTurn(text.strip(), [], [ToolCallError(text, "tool call is not closed with </tool_call>")])
+        try:
+            info = self._parser.extract_tool_calls(text, self._request(tools))
+        except Exception as e:  # noqa: BLE001 - a parser failing on odd output is the model's error, not ours
+            log.debug("tool parser %s raised on %r: %s", self.name, text[:200], e)
+            return ParsedTurn(text.strip(), [], [_unreadable(text)])
+        if not info.tools_called:
+            tried = any(m in text for m in self.markers)
+            if tried:
+                return ParsedTurn(text.strip(), [], [_unreadable(text)])
+            return ParsedTurn(text.strip())
+        calls, errors = [], []
+        for c in info.tool_calls:
+            name, arguments = c.function.name, c.function.arguments or "{}"
+            try:
+                args = json.loads(arguments)
+            except json.JSONDecodeError as e:
+                errors.append(ToolCallError(arguments, f"tool call arguments are not valid JSON ({e.msg})"))
+                continue
+            if not isinstance(name, str) or not name:
+                errors.append(ToolCallError(arguments, 'a tool call needs a string "name"'))
+            elif not isinstance(args, dict):
+                errors.append(ToolCallError(arguments, f'the arguments of {name} must be a JSON object'))
+            else:
+                calls.append({"id": f"{call_id_prefix}_{len(calls)}", "type": "function",
+                              "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}})
+        return ParsedTurn((info.content or "").strip(), calls, errors)
+
+    def format_errors(self, errors: list[ToolCallError]) -> str:
+        return "Error: " + "; ".join(e.message for e in errors) + f". Write tool calls as {self.syntax}."
+
+
+def _unreadable(text: str) -> ToolCallError:
+    return ToolCallError(text, diagnose(text) or "the tool call could not be read")
+
+
+def diagnose(text: str) -> str | None:
+    """Why the first `<tool_call>…</tool_call>` JSON body in `text` does not read as a call (None: no such body,
+    or it reads fine). Parsers only say that they failed; the model learns faster from the reason."""
+    start, end = "<tool_call>", "</tool_call>"
+    if start not in text:
+        return None
+    after = text.split(start, 1)[1]
+    if end not in after:
+        return f"tool call is not closed with {end}"
+    body = after.split(end, 1)[0].strip()
+    if body and body[0] not in "{[":  # GLM-style `name<arg_key>…`: nothing to say about JSON
+        return None
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError as e:
+        return f"tool call is not valid JSON ({e.msg} at char {e.pos})"
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return 'tool call must be a JSON object with a string "name"'
+    if not isinstance(obj.get("arguments", obj.get("parameters", {})), dict):
+        return 'tool call "arguments" must be a JSON object'
+    if "arguments" not in obj:
+        return 'tool call has no "arguments"'
+    return None
