@@ -30,6 +30,13 @@ class InProcessClient:
         self.sessions[sid] = session
         return StartResult(sid, list(session.messages), session.toolbox.tools, t.max_turns)
 
+    async def expert(self, session_id: str) -> dict[str, Any]:
+        """The task's scripted expert's next message (what the gateway's expert route answers)."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise EnvError("unknown_session", f"no session {session_id!r}")
+        return session.expert_message()
+
     async def interact(self, session_id: str, message: dict[str, Any]) -> InteractResult:
         session = self.sessions.get(session_id)
         if session is None:

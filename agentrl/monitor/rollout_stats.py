@@ -30,8 +30,10 @@ def rollout_metrics(trajs: list[Trajectory], prefix: str = "rollout") -> dict[st
         out[f"{p}/turns"] = float(np.mean([t.num_turns for t in ts]))
         out[f"{p}/tokens"] = float(np.mean([t.num_tokens for t in ts]))
         out[f"{p}/invalid_calls"] = float(np.mean([t.metrics.get("invalid_calls", 0.0) for t in ts]))
+        # episodes whose tokens differ from the chat template's whole rendering (rollout.template_check)
+        out[f"{p}/template_mismatch"] = float(sum(t.metrics.get("template_mismatch", 0.0) > 0 for t in ts))
         for key, value in task_metric_means(ts).items():  # every other float the task reports, e.g. read_note
-            if key not in ("success", "invalid_calls"):
+            if key not in ("success", "invalid_calls", "template_mismatch"):
                 out[f"{p}/metrics/{key}"] = value
         for s in Status:
             n = sum(t.status == s for t in ts)

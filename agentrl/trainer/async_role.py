@@ -70,8 +70,8 @@ class Publisher:
     the broadcast run on a background thread, so the next step overlaps them (it waits only if the previous
     publish is still running)."""
 
-    def __init__(self, run_dir: Path, broadcast: Any = None) -> None:
-        self.run_dir, self.broadcast = run_dir, broadcast
+    def __init__(self, run_dir: Path, broadcast: Any = None, base: Path | None = None) -> None:
+        self.run_dir, self.broadcast, self.base = run_dir, broadcast, base
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.wait_s = 0.0
@@ -83,7 +83,7 @@ class Publisher:
 
         def work() -> None:
             try:
-                weights_io.publish(self.run_dir, version, copy)
+                weights_io.publish(self.run_dir, version, copy, base=self.base)
                 if self.broadcast is not None:
                     self.broadcast.send(version, copy.items())
             except BaseException as e:  # noqa: BLE001 - re-raised on the trainer thread by join()
@@ -199,7 +199,7 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, p: Pipeline, th
                      "again, %s", resume, state.step, state.policy_version, discarded or "none", q.depth,
                      dict(drained))
     if par.broadcast_object(resume is None or weights_io.latest_version(run_dir) < state.policy_version):
-        publish_weights(run_dir, state.policy_version, model, par)
+        publish_weights(run_dir, state.policy_version, model, par, model_dir)
     if resume is None and s.checkpoint_every:
         checkpoint.save(run_dir, state, model, opt, sched, par, s.keep_checkpoints)
         if hub:
@@ -208,7 +208,7 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, p: Pipeline, th
         _follow(run_dir, model, opt, sched, ref_model, ws, state, s, h, pad_id, par)
         return state
     ch = channel_factory(state.policy_version)
-    publisher = Publisher(run_dir, broadcast_factory() if p.weights == "broadcast" else None)
+    publisher = Publisher(run_dir, broadcast_factory() if p.weights == "broadcast" else None, model_dir)
     # A failure propagates as it is (under `python -m mpi4py` it aborts the world): nothing to announce then.
     _loop(run_dir, model, opt, sched, ref_model, ws, state, q, ch, publisher, s, h, p, pad_id, monitor, par,
           should_stop)

@@ -130,6 +130,29 @@ def load(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimi
     return TrainerState.from_json(body)
 
 
+def load_model_weights(path: str | Path, model: torch.nn.Module) -> TrainerState:
+    """Only the model's tensors of checkpoint `path`, into an unwrapped model in one process (an export or an
+    evaluation of a checkpoint: no optimizer, no process group); returns the checkpoint's trainer state."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    path = Path(path)
+    sd = {"model": get_model_state_dict(model)}
+    dcp.load(sd, checkpoint_id=str(path / "state"), no_dist=True)
+    set_model_state_dict(model, sd["model"])
+    return TrainerState.from_json(json.loads((path / STATE_FILE).read_text()))
+
+
+def checkpoints(run_dir: str | Path) -> list[Path]:
+    """Every complete checkpoint directory, oldest first."""
+    root = ckpt_root(run_dir)
+    if not root.is_dir():
+        return []
+    done = [(int(m.group(1)), p) for p in root.iterdir()
+            if (m := STEP_DIR.match(p.name)) and (p / STATE_FILE).is_file()]
+    return [p for _, p in sorted(done)]
+
+
 # ------------------------------------------------------------------------------------------------ helpers
 
 def _tensor_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, with_optimizer: bool) -> dict[str, Any]:

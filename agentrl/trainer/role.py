@@ -151,11 +151,13 @@ def _imitates(model: torch.nn.Module, held: list[Trajectory], s: Schedule, pad_i
     return bool(par.broadcast_object(reached))
 
 
-def publish_weights(run_dir: Path, version: int, model: torch.nn.Module, par: Parallel) -> None:
-    """Whole weights as weights/v<version> (gathered to rank 0 under FSDP2). Collective."""
+def publish_weights(run_dir: Path, version: int, model: torch.nn.Module, par: Parallel,
+                    base: Path | None = None) -> None:
+    """Whole weights as weights/v<version> (gathered to rank 0 under FSDP2), a complete model directory
+    beside `base`'s config and tokenizer files. Collective."""
     state = par.full_state_dict(model)
     if par.is_main:
-        weights_io.publish(run_dir, version, state)
+        weights_io.publish(run_dir, version, state, base=base)
 
 
 def reference_model(run_dir: Path, model_dir: Path, threads: int, par: Parallel, warm_started: bool
@@ -212,7 +214,7 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, threads: int, m
         log.info("resumed from %s: step %d, policy v%d, %d trajectories consumed", resume, state.step,
                  state.policy_version, len(state.consumed))
     if par.broadcast_object(resume is None or weights_io.latest_version(run_dir) < state.policy_version):
-        publish_weights(run_dir, state.policy_version, model, par)
+        publish_weights(run_dir, state.policy_version, model, par, model_dir)
         log.info("published weights v%d", state.policy_version)
     if resume is None and s.checkpoint_every:  # a restart from here skips the warm start
         checkpoint.save(run_dir, state, model, opt, sched, par, s.keep_checkpoints)
@@ -246,7 +248,7 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, threads: int, m
                 state.stats[k] = state.stats.get(k, 0.0) + float(v)
         if par.is_main:  # before the weights: a rollout that sees v<N> finds the report of step N
             write_report(run_dir, state, s.steps)
-        publish_weights(run_dir, state.policy_version, model, par)
+        publish_weights(run_dir, state.policy_version, model, par, model_dir)
         stop = bool(par.broadcast_object(should_stop is not None and should_stop()))  # rank 0's signal counts
         if stop or s.checkpoint_every and (state.step % s.checkpoint_every == 0 or state.step == s.steps):
             checkpoint.save(run_dir, state, model, opt, sched, par, s.keep_checkpoints)

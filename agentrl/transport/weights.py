@@ -1,9 +1,14 @@
 """Versioned weight directories: how the trainer publishes weights and rollout engines find them.
 
-    run_dir/weights/v<N>/model.safetensors   (+ meta.json; the directory appears atomically by rename)
+    run_dir/weights/v<N>/model.safetensors   the weights, in the model's own dtype (config.json's)
+                         config.json, generation_config.json, tokenizer files, chat template
+                         meta.json               version, time (agentrl's own; other tools ignore it)
 
-This works within one job and between separate jobs on a shared filesystem. An in-job broadcast path
-(NCCL/MPI) can sit beside it later; the version numbering is the same.
+Each version is a complete Hugging Face model directory: `AutoModelForCausalLM.from_pretrained`,
+`vllm.LLM(model=...)` and vLLM's OpenAI server load it as it is, so any published version can be served
+or evaluated by tools that know nothing of agentrl. The directory appears atomically by rename. This
+works within one job and between separate jobs on a shared filesystem; the in-job broadcast path
+(`transport/broadcast.py`) uses the same version numbers.
 """
 from __future__ import annotations
 
@@ -20,6 +25,33 @@ from safetensors.torch import load_file, save_file
 from agentrl.transport.fsio import fsync_dir
 
 WEIGHTS_FILE = "model.safetensors"
+# Files of a model directory that are weights (never copied from the base: the published ones replace them).
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+_WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def model_dtype(base: str | Path) -> torch.dtype | None:
+    """The dtype the model directory `base` declares in config.json (`dtype`, or `torch_dtype` before
+    transformers 5); None when it declares none."""
+    cfg = Path(base) / "config.json"
+    if not cfg.exists():
+        return None
+    data = json.loads(cfg.read_text())
+    name = data.get("dtype") or data.get("torch_dtype")
+    return getattr(torch, name) if isinstance(name, str) and isinstance(getattr(torch, name, None), torch.dtype) \
+        else None
+
+
+def copy_model_files(base: str | Path, out: str | Path) -> list[str]:
+    """Copy every file of model directory `base` but its weights (config, generation config, tokenizer,
+    chat template, ...) into `out`; returns the names copied."""
+    names = []
+    for f in sorted(Path(base).iterdir()):
+        if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES) and f.name not in _WEIGHT_INDEXES \
+                and f.name != "meta.json" and not f.name.startswith("."):
+            shutil.copy2(f, Path(out) / f.name)
+            names.append(f.name)
+    return names
 
 
 def version_dir(run_dir: str | Path, version: int) -> Path:
@@ -27,24 +59,43 @@ def version_dir(run_dir: str | Path, version: int) -> Path:
 
 
 def publish(run_dir: str | Path, version: int, state_dict: dict[str, torch.Tensor], keep_last: int = 3,
-            meta: dict[str, object] | None = None) -> Path:
-    """Write weights v<version> (tied tensors written as separate copies); older versions beyond `keep_last` go."""
-    final = version_dir(run_dir, version)
+            meta: dict[str, object] | None = None, base: str | Path | None = None) -> Path:
+    """Write weights v<version> (`save_model_dir`); older versions beyond `keep_last` go."""
+    final = save_model_dir(version_dir(run_dir, version), state_dict, base, {"version": version, **(meta or {})})
+    for old in sorted(final.parent.glob("v*"), key=lambda p: int(p.name[1:]))[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def save_model_dir(final: str | Path, state_dict: dict[str, torch.Tensor], base: str | Path | None = None,
+                   meta: dict[str, object] | None = None) -> Path:
+    """Write `state_dict` as the model directory `final`, which appears whole by rename (tied tensors are
+    written as separate copies).
+
+    `base`: the model directory the run started from. Its non-weight files are copied beside the weights
+    and floating-point tensors are cast to its declared dtype, so the result is a complete model directory
+    in the model's dtype (a bf16 model is published in bf16 whatever precision the trainer holds)."""
+    final = Path(final)
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    dtype = model_dtype(base) if base is not None else None
     seen: set[int] = set()
     tensors = {}
     for name, t in state_dict.items():
         t = t.detach().to("cpu")
+        if dtype is not None and t.is_floating_point() and t.dtype != dtype:
+            t = t.to(dtype)  # a new tensor: tied copies below stay separate either way
         # Tied weights (lm_head = embed_tokens) are written twice, as separate copies: safetensors refuses
         # shared storage, and vLLM's CPU backend keeps its own processed copy of lm_head, so a reload
         # without it would leave the engine sampling from the old head.
         tensors[name] = t.clone() if t.data_ptr() in seen else t.contiguous()
         seen.add(t.data_ptr())
     try:
-        save_file(tensors, str(tmp / WEIGHTS_FILE))
-        (tmp / "meta.json").write_text(json.dumps({"version": version, "time": time.time(), **(meta or {})}))
+        if base is not None:
+            copy_model_files(base, tmp)
+        save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        (tmp / "meta.json").write_text(json.dumps({"time": time.time(), **(meta or {})}))
         with open(tmp / WEIGHTS_FILE, "rb") as f:
             os.fsync(f.fileno())
     except BaseException:
@@ -58,8 +109,6 @@ def publish(run_dir: str | Path, version: int, state_dict: dict[str, torch.Tenso
     fsync_dir(final.parent)  # the rename itself is durable before anyone is told of v<version>
     if aside is not None:
         shutil.rmtree(aside, ignore_errors=True)
-    for old in sorted(final.parent.glob("v*"), key=lambda p: int(p.name[1:]))[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
     return final
 
 

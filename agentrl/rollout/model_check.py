@@ -1,0 +1,77 @@
+"""Does a model directory work with agentrl? One scripted-expert episode of each task through the model's
+own format (`jobs.check_model`).
+
+Each episode goes through the real agent loop (in-process tasks, no workers): the expert's messages are
+written in the model's own call syntax (`ChatFormat.assistant_ids`), read back by the model's vLLM parser
+and sent to the task, so an episode the expert wins shows the parser round trip works for that task's
+calls; the finished episode is then checked against one whole re-render of its conversation. Nothing
+samples from the model, so weights do not matter: any family's directory can be checked on a CPU.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentrl.envs.inprocess import InProcessClient
+from agentrl.envs.tasks import get_task, task_name
+from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
+from agentrl.rollout.chat import ChatFormat, Transcript
+from agentrl.rollout.engine import ExpertEngine, SamplingConfig
+
+
+@dataclass
+class TaskCheck:
+    task: str
+    index: str
+    prompt_tokens: int
+    episode_tokens: int
+    turns: int
+    success: float
+    invalid_calls: int
+    mismatches: list[str]
+    status: str
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches and self.invalid_calls == 0 and self.success > 0
+
+
+async def _one(fmt: ChatFormat, client: InProcessClient, task: str, max_model_len: int) -> TaskCheck:
+    index = (await client.indices(task, "train"))[0]
+    start = await client.start_sample(task, index)
+    await client.cancel(start.session_id)
+    prompt = Transcript(fmt, start.messages, start.tools).prompt
+    limits = EpisodeLimits(0, max_model_len, 4096)
+    traj = await run_episode(client, ExpertEngine(client), fmt, task, index, "check", SamplingConfig(4096, 0.0),
+                             limits)
+    mismatches = _details(fmt, traj)
+    return TaskCheck(task, index, len(prompt), traj.num_tokens, traj.num_turns, traj.metrics.get("success", 0.0),
+                     int(traj.metrics.get("invalid_calls", 0)), mismatches, traj.status.value)
+
+
+def _details(fmt: ChatFormat, traj: Any) -> list[str]:
+    n = int(traj.metrics.get("template_mismatch", 0))
+    return [f"{n} segment(s) differ from the whole render (run with rollout.template_check=strict for where)"] \
+        if n else []
+
+
+def check(model_dir: str | Path, tasks: list[str], tool_parser: str = "auto", stop_tokens: tuple[str, ...] = (),
+          template_kwargs: dict[str, Any] | None = None, task_options: dict[str, dict[str, Any]] | None = None,
+          max_model_len: int = 32768) -> tuple[ChatFormat, list[TaskCheck | tuple[str, str]]]:
+    """(the model's format, per task a TaskCheck or (task, why it could not run))."""
+    fmt = ChatFormat.load(model_dir, tool_parser, stop_tokens, "strict", template_kwargs)
+    out: list[TaskCheck | tuple[str, str]] = []
+    for spec in tasks:
+        try:
+            t = get_task(spec, **(task_options or {}).get(spec, {}))
+        except Exception as e:  # noqa: BLE001 - a task that needs what this machine lacks is reported, not fatal
+            out.append((spec, f"cannot build the task: {type(e).__name__}: {e}"))
+            continue
+        client = InProcessClient({task_name(spec): t})
+        try:
+            out.append(asyncio.run(_one(fmt, client, task_name(spec), max_model_len)))
+        except Exception as e:  # noqa: BLE001 - strict mode raises TemplateMismatch with the details
+            out.append((task_name(spec), f"{type(e).__name__}: {e}"))
+    return fmt, out
