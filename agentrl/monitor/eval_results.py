@@ -92,7 +92,7 @@ class ResultsFile:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.episodes: list[ScoredEpisode] = read_results(self.path)
         self.done: set[Key] = {e.key for e in self.episodes}
-        self._f: TextIO = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        self._f: TextIO = open(self.path, "a", encoding="utf-8")  # closed in close()
         if self.path.stat().st_size and not self.path.read_bytes().endswith(b"\n"):
             self._f.write("\n")  # a line cut short by a kill stays alone on its line
 
