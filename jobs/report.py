@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 from agentrl.monitor.eval_results import aggregate, read_results
+from agentrl.monitor.eval_tables import terminal_table
 from agentrl.monitor.report import write_report
 from agentrl.monitor.run_data import load_run
 from agentrl.transport.shards import ShardReader, read_shard
@@ -36,7 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval", action="append", default=[], type=Path, metavar="FILE",
                     help="a results file of scored episodes (JSONL); may be given more than once")
     ap.add_argument("--label", default="this run", help="the model's name in the AgentBench-FC table")
-    ap.add_argument("--k", default="1,2,4", help="pass@k for these k (default 1,2,4)")
+    ap.add_argument("--k", default="all", help="pass@k for these k, e.g. 1,2,4 (default all: 1 to the fewest "
+                                               "samples any index has)")
+    ap.add_argument("--bootstrap", type=int, default=0, metavar="N",
+                    help="also a percentile bootstrap interval over samples, from N resamples (default: none)")
     ap.add_argument("--out", type=Path, help="where to write (default RUN_DIR/report)")
     args = ap.parse_args(argv)
     if not args.run_dir.is_dir():
@@ -49,7 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         if not episodes:
             print(f"no scored episodes in {', '.join(map(str, args.eval))}", file=sys.stderr)
         else:
-            results = aggregate(episodes, ks=[int(k) for k in args.k.split(",")])
+            ks = range(1, 1 + max(Counter((e.task, e.split, e.index) for e in episodes).values())) \
+                if args.k == "all" else [int(k) for k in args.k.split(",")]
+            results = aggregate(episodes, ks=ks, bootstrap_resamples=args.bootstrap)
+            print(terminal_table(results))
     report = write_report(run, args.out or args.run_dir / "report", results, args.label)
     for line in run.missing:
         print(f"skipped: {line}")

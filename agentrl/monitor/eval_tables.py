@@ -10,6 +10,7 @@ import io
 import json
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from agentrl.monitor.eval_results import TaskResult, average_over_tasks
@@ -40,19 +41,24 @@ def _pct(iv: Interval) -> str:
 def terminal_table(results: Mapping[tuple[str, str], TaskResult]) -> str:
     """Aligned plain-text table: one row per task and split, then the average over tasks of each split."""
     ks = sorted({k for r in results.values() for k in r.pass_at_k})
-    head = ["task", "split", "n", "runs", "success % (95% CI)", "score", *[f"pass@{k}" for k in ks],
-            "env_err %", "turns", "tokens", "wall s", "ended"]
+    boot = any(r.bootstrap is not None for r in results.values())
+    head = ["task", "split", "n", "runs", "success % (95% CI)", *(["bootstrap 95% CI"] if boot else []), "score",
+            *[f"pass@{k}" for k in ks], "env_err %", "turns", "tokens", "wall s", "ended"]
     rows = []
     for r in results.values():
         ended = ", ".join(f"{s} {100 * v:.0f}%" for s, v in r.status.items() if v)
-        rows.append([r.task, r.split, str(r.samples), str(r.runs), _pct(r.success), f"{r.score:.3f}",
+        b = r.bootstrap
+        bcell = [f"[{100 * b.lo:.1f}, {100 * b.hi:.1f}]" if b is not None and not math.isnan(b.lo) else "-"] \
+            if boot else []
+        rows.append([r.task, r.split, str(r.samples), str(r.runs), _pct(r.success), *bcell, f"{r.score:.3f}",
                      *[f"{r.pass_at_k[k]:.3f}" if k in r.pass_at_k else "-" for k in ks],
                      f"{100 * r.env_error_rate:.1f}", f"{r.turns:.1f}", f"{r.tokens:.0f}", f"{r.wall_s:.1f}", ended])
     for split in sorted({r.split for r in results.values()}):
         of_split = [r for r in results.values() if r.split == split]
         if len(of_split) > 1:
             avg = average_over_tasks(of_split)
-            rows.append(["average", split, "", "", _pct(avg), "", *[""] * len(ks), "", "", "", "", ""])
+            rows.append(["average", split, "", "", _pct(avg), *([""] if boot else []), "", *[""] * len(ks),
+                         "", "", "", "", ""])
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     lines = [fmt.format(*head), fmt.format(*["-" * w for w in widths])]
@@ -106,3 +112,23 @@ def agentbench_markdown(results: Mapping[tuple[str, str], TaskResult], label: st
     for name, row in published.items():
         lines.append("| " + " | ".join([f"{name} (paper)", *[f"{x:.1f}" for x in row]]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def write_tables(results: Mapping[tuple[str, str], TaskResult], out_dir: str | Path, stem: str = "eval",
+                 label: str = "this model") -> dict[str, Path]:
+    """Write `<stem>.json`, `<stem>.csv`, `<stem>.md` (AgentBench-FC layout of the test split, then the
+    full table) and `<stem>.txt` (the terminal table) into `out_dir`, each replaced atomically so a
+    reader never sees half a table; returns the paths by format."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    md = agentbench_markdown(results, label) if any(s == "test" for _, s in results) else ""
+    bodies = {"json": results_json(results), "csv": results_csv(results), "txt": terminal_table(results) + "\n",
+              "md": md + "\n```\n" + terminal_table(results) + "\n```\n"}
+    paths = {}
+    for ext, text in bodies.items():
+        path = out / f"{stem}.{ext}"
+        tmp = out / f".{stem}.{ext}.tmp"
+        tmp.write_text(text)
+        tmp.replace(path)
+        paths[ext] = path
+    return paths

@@ -144,7 +144,8 @@ def _eval_bars(ax: Any, tasks: Sequence[str], entries: Sequence[tuple[str, Mappi
         means = [by_task.get(t, (np.nan, np.nan, np.nan))[0] for t in tasks]
         lo = [by_task.get(t, (np.nan,) * 3)[0] - by_task.get(t, (np.nan,) * 3)[1] for t in tasks]
         hi = [by_task.get(t, (np.nan,) * 3)[2] - by_task.get(t, (np.nan,) * 3)[0] for t in tasks]
-        ax.bar(x + (i - (len(entries) - 1) / 2) * width, means, width, yerr=[lo, hi], capsize=3, label=label)
+        bars = ax.bar(x + (i - (len(entries) - 1) / 2) * width, means, width, yerr=[lo, hi], capsize=3, label=label)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=2)  # a bar of height 0 is still read as 0.00
     ax.set_xticks(x, list(tasks))
     ax.set_ylim(0, 1.05)
     ax.set_ylabel(ylabel)
@@ -296,4 +297,26 @@ def status_mix(run: RunData, out_dir: Path) -> Plot:
     return _save(fig, "status_mix", out_dir, notes)
 
 
-PLOTS = {"task_curves": task_curves, "staleness": staleness, "throughput": throughput, "status_mix": status_mix}
+def pass_at_k_curves(results: Mapping[tuple[str, str], TaskResult], out_dir: Path) -> Plot:
+    """pass@k against k per task and split, from evaluation results files (the unbiased estimator, for
+    every k the results were aggregated with)."""
+    fig, (ax,) = _figure(1, height=3.6)
+    notes: list[str] = []
+    title = "pass@k (unbiased estimator)"
+    curves = {f"{t} {split}": r.pass_at_k for (t, split), r in results.items() if len(r.pass_at_k) > 1}
+    if not curves:
+        _empty(ax, title, "fewer than 2 samples per index: no curve", notes)
+        return _save(fig, "pass_at_k", out_dir, notes)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_title(title)
+    for label, by_k in curves.items():
+        ks = sorted(by_k)
+        ax.plot(ks, [by_k[k] for k in ks], marker="o", label=label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("k")
+    ax.set_ylabel("pass@k")
+    ax.set_ylim(-0.03, 1.03)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    return _save(fig, "pass_at_k", out_dir, notes)

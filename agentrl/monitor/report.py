@@ -194,6 +194,8 @@ def write_report(run: RunData, out_dir: Path, results: Mapping[tuple[str, str], 
     plot_dir.mkdir(parents=True, exist_ok=True)
     drawn = [plots.task_curves(run, plot_dir), plots.eval_before_after(run, plot_dir, results),
              plots.staleness(run, plot_dir), plots.throughput(run, plot_dir), plots.status_mix(run, plot_dir)]
+    if results:
+        drawn.append(plots.pass_at_k_curves(results, plot_dir))
     text = render_markdown(run, drawn, results, eval_label, out_dir)
     path = out_dir / "report.md"
     tmp = path.with_suffix(".md.tmp")

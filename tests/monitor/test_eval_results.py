@@ -16,7 +16,14 @@ from agentrl.monitor.eval_results import (
     read_results,
 )
 from agentrl.monitor.eval_stats import pass_at_k, t_interval
-from agentrl.monitor.eval_tables import PUBLISHED, agentbench_markdown, results_csv, results_json, terminal_table
+from agentrl.monitor.eval_tables import (
+    PUBLISHED,
+    agentbench_markdown,
+    results_csv,
+    results_json,
+    terminal_table,
+    write_tables,
+)
 
 
 def ep(task: str, index: str, sample: int, success: float, status: str = "completed", split: str = "test",
@@ -56,6 +63,7 @@ def test_bootstrap_is_over_samples():
     res = aggregate(DB, bootstrap_resamples=200, seed=1)[("db", "test")]
     assert res.bootstrap is not None and res.bootstrap.mean == pytest.approx((0.75 + 0.25) / 2)
     assert "bootstrap" in res.to_dict()
+    assert "bootstrap 95% CI" in terminal_table({("db", "test"): res})
 
 
 def test_results_file_resumes_and_survives_a_cut_line(tmp_path):
@@ -108,3 +116,13 @@ def test_one_run_has_no_interval():
     res = aggregate([ep("kg", "q", 0, 1.0), ep("kg", "r", 0, 0.0)])[("kg", "test")]
     assert res.success.mean == 0.5 and math.isnan(res.success.lo)
     assert "50.0" in terminal_table({("kg", "test"): res})
+
+
+def test_write_tables(tmp_path):
+    res = aggregate(DB + OS, ks=(1, 2))
+    paths = write_tables(res, tmp_path / "out", "eval-test", "tiny")
+    assert sorted(paths) == ["csv", "json", "md", "txt"]
+    assert json.loads(paths["json"].read_text()) == json.loads(results_json(res))
+    assert paths["csv"].read_text() == results_csv(res)
+    assert paths["md"].read_text().startswith(agentbench_markdown(res, "tiny"))
+    assert not list((tmp_path / "out").glob(".*"))  # no temp file left

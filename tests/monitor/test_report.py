@@ -88,7 +88,7 @@ def rendered(tmp_path_factory):
         for task, wins in (("db", [1, 1, 0, 1]), ("os", [0, 1, 0, 0])):
             for sample, w in enumerate(wins):
                 rf.append(ScoredEpisode(task, "test", "i0", sample, float(w), float(w), "completed", 3, 90, 1.5))
-    results = aggregate(read_results(run / "report" / "eval-test.jsonl"), ks=(1, 2))
+    results = aggregate(read_results(run / "report" / "eval-test.jsonl"), ks=(1, 2, 3, 4))
     data = load_run(run, shards_of(run))
     report = write_report(data, run / "report", results, "tiny model")
     return run, data, report, {p.name: p for p in report.plots}
@@ -141,6 +141,9 @@ def test_eval_bars_and_status_mix(rendered):
     assert s[f"{first}|ticks"] == {"labels": ["alpha", "beta"]}
     results = s["evaluation results files (95% t-interval over runs)|test"]
     assert results["y"] == pytest.approx([0.75, 0.25])
+    curves = plots["pass_at_k"].series
+    assert curves["pass@k (unbiased estimator)|db test"] == {"x": [1, 2, 3, 4], "y": pytest.approx([0.75, 1, 1, 1])}
+    assert curves["pass@k (unbiased estimator)|os test"]["y"] == pytest.approx([0.25, 0.5, 0.75, 1.0])
     mix = plots["status_mix"].series
     names = mix["how episodes ended|ticks"]["labels"]
     assert names[0] == "alpha rollout (2)" and "beta rollout (3)" in names and "beta greedy v0 (20)" in names
@@ -176,4 +179,4 @@ def test_a_run_in_progress_renders_and_says_what_is_missing(rendered, tmp_path):
     assert plots["status_mix"].notes == ["how episodes ended: no rollout shards and no evaluations yet"]
     assert plots["task_curves"].series["rollout reward per task|alpha"]["y"] == pytest.approx(REWARD["alpha"])
     empty = write_report(load_run(tmp_path / "nothing-here"), tmp_path / "out")
-    assert "config.yaml: missing" in empty.markdown and len(empty.plots) == 5
+    assert "config.yaml: missing" in empty.markdown and len(empty.plots) == 5  # no pass@k without results
