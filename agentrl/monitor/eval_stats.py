@@ -60,7 +60,7 @@ def t_quantile(q: float, df: float) -> float:
     """The q-quantile of Student's t distribution with `df` degrees of freedom (q in (0.5, 1)).
 
     Without scipy: the CDF is 1/2 plus the integral of the density from 0 (Simpson's rule on a fine grid),
-    and the quantile is found by bisection; accurate to ~1e-6 for the quantiles intervals use.
+    and the quantile is found by bisection; within 1e-6 of the t table for the quantiles intervals use.
     """
     if not 0.5 < q < 1.0:
         raise ValueError(f"t_quantile takes q in (0.5, 1), got {q}")
