@@ -133,6 +133,31 @@ def bootstrap_interval(values: Sequence[float], confidence: float = 0.95, resamp
     return Interval(float(x.mean()), float(lo), float(hi), int(x.size), confidence)
 
 
+def normal_quantile(q: float) -> float:
+    """The q-quantile of the standard normal distribution (q in (0, 1)), by bisection on erf."""
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"normal_quantile takes q in (0, 1), got {q}")
+    lo, hi = -40.0, 40.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if 0.5 * (1 + math.erf(mid / math.sqrt(2))) < q else (lo, mid)
+    return (lo + hi) / 2
+
+
+def wilson_interval(successes: float, n: int, confidence: float = 0.95) -> Interval:
+    """A success rate over n episodes with the Wilson score interval. Unlike p ± z·stderr it does not
+    collapse to a point at 0/n or n/n (0 of 8 is [0, 0.32], not [0, 0]), so an evaluation that saw no
+    success still shows how little 8 episodes can tell."""
+    if n <= 0:
+        raise ValueError(f"a rate over {n} episodes")
+    p = successes / n
+    z = normal_quantile((1 + confidence) / 2)
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return Interval(p, max(0.0, centre - half), min(1.0, centre + half), n, confidence)
+
+
 def status_rates(statuses: Iterable[str]) -> dict[str, float]:
     """Fraction of episodes that ended each way, over every episode (env errors and cancellations
     included), for every status in `STATUSES` (zeros kept, so tables have fixed columns).

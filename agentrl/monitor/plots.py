@@ -16,10 +16,9 @@ from typing import Any
 import numpy as np
 
 from agentrl.monitor.eval_results import TaskResult
-from agentrl.monitor.eval_stats import STATUSES
+from agentrl.monitor.eval_stats import STATUSES, wilson_interval
 from agentrl.monitor.run_data import RunData
 
-Z95 = 1.959964  # two-sided 95% normal quantile: the interval of a binomial success rate from its stderr
 STATUS_COLORS = {"completed": "#4c9a2a", "invalid_action": "#d95f02", "turn_limit": "#e6ab02",
                  "context_limit": "#a6761d", "truncated": "#7570b3", "env_error": "#e7298a", "cancelled": "#666666"}
 
@@ -153,10 +152,20 @@ def _eval_bars(ax: Any, tasks: Sequence[str], entries: Sequence[tuple[str, Mappi
     ax.legend(fontsize=8, loc="best")
 
 
+def eval_interval(row: Mapping[str, Any]) -> tuple[float, float, float]:
+    """(success, lo, hi) of one task's in-run evaluation (a `per_task` row of report/eval*-v<N>.json): the
+    95% Wilson interval over its scored episodes, or no spread when the row does not say how many."""
+    n = int(row.get("episodes", 0))
+    if n <= 0:
+        return row["success"], row["success"], row["success"]
+    iv = wilson_interval(row["success"] * n, n)
+    return iv.mean, iv.lo, iv.hi
+
+
 def eval_before_after(run: RunData, out_dir: Path, results: Mapping[tuple[str, str], TaskResult] | None = None) -> Plot:
     """Held-out success per task at the first and the last evaluated version (greedy and sampled), with
-    the 95% interval of a binomial rate (success ± 1.96 stderr, clipped to [0, 1]); and, when evaluation
-    results files are given, their success per task and split with the t-interval over runs."""
+    the 95% Wilson interval of a rate over the evaluation's episodes (`eval_interval`); and, when
+    evaluation results files are given, their success per task and split with the t-interval over runs."""
     fig, axes = _figure(2 if results else 1)
     notes: list[str] = []
     tasks = run.tasks()
@@ -166,9 +175,8 @@ def eval_before_after(run: RunData, out_dir: Path, results: Mapping[tuple[str, s
         for v in sorted({versions[0], versions[-1]}) if versions else []:
             per_task = run.evals[kind][v].get("per_task", {})
             entries.append((f"{'greedy' if kind == 'eval' else 'sampled'} v{v}",
-                            {t: (r["success"], max(0.0, r["success"] - Z95 * r.get("stderr", 0.0)),
-                                 min(1.0, r["success"] + Z95 * r.get("stderr", 0.0))) for t, r in per_task.items()}))
-    title = "held-out success, first and last evaluation (95% interval)"
+                            {t: eval_interval(r) for t, r in per_task.items()}))
+    title = "held-out success, first and last evaluation (95% Wilson interval)"
     if entries and tasks:
         axes[0].set_title(title)
         _eval_bars(axes[0], tasks, entries, "success")

@@ -78,9 +78,11 @@ def best_checkpoint(run: RunData) -> tuple[str, int, float] | None:
 
 
 def final_numbers(run: RunData) -> list[str]:
-    """Per task: held-out success at the first and last evaluation, sampled and greedy, and the last
-    rollout success logged; how the last evaluation's episodes ended."""
-    lines = ["| task | greedy first → last | sampled first → last (± 1.96 s.e.) | last rollout success | "
+    """Per task: held-out success at the first and last evaluation, sampled and greedy (the last with its
+    95% Wilson interval and episode count), the last rollout success logged, and how the last
+    evaluation's episodes ended (env errors included: the in-run success leaves them out of its
+    denominator, so they are shown here)."""
+    lines = ["| task | greedy first → last [95% Wilson] | sampled first → last [95% Wilson] | last rollout success | "
              "last evaluation ended |", "|---|---|---|---|---|"]
     for task in run.tasks():
         cells = []
@@ -95,9 +97,9 @@ def final_numbers(run: RunData) -> list[str]:
             if first is None or last is None:
                 cells.append("-")
                 continue
-            text = f"{first['success']:.3f} (v{versions[0]}) → {last['success']:.3f} (v{versions[-1]})"
-            if kind == "eval_sampled":
-                text += f" ± {plots.Z95 * last.get('stderr', 0.0):.3f}"
+            _, lo, hi = plots.eval_interval(last)
+            text = (f"{first['success']:.3f} (v{versions[0]}) → {last['success']:.3f} [{lo:.2f}, {hi:.2f}] "
+                    f"(v{versions[-1]}, {last.get('episodes', '?')} ep.)")
             cells.append(text)
             ended = status_text(last.get("status", {}))
         s = run.scalars.get(f"rollout/{task}/success")

@@ -12,10 +12,12 @@ from agentrl.monitor.eval_stats import (
     STATUSES,
     bootstrap_interval,
     mean_pass_at_k,
+    normal_quantile,
     pass_at_k,
     status_rates,
     t_interval,
     t_quantile,
+    wilson_interval,
 )
 
 
@@ -96,3 +98,20 @@ def test_status_rates_keep_env_errors_in_the_denominator():
     with pytest.raises(ValueError, match="unknown"):
         status_rates(["running"])
     assert status_rates([]) == dict.fromkeys(STATUSES, 0.0)
+
+
+def test_normal_quantile_and_wilson_by_hand():
+    assert normal_quantile(0.975) == pytest.approx(1.959964, abs=1e-6)
+    assert normal_quantile(0.5) == pytest.approx(0.0, abs=1e-12)
+    assert t_quantile(0.975, 1e7) == pytest.approx(normal_quantile(0.975), abs=1e-5)  # t tends to the normal
+    # 0 of 8: centre = (z^2/16) / (1 + z^2/8) and the half width equals it, so [0, 2 * centre] = [0, 0.3244].
+    none = wilson_interval(0, 8)
+    assert none.mean == 0.0 and none.lo == 0.0 and none.hi == pytest.approx(0.324405, abs=1e-5)
+    all_ = wilson_interval(8, 8)
+    assert all_.hi == 1.0 and all_.lo == pytest.approx(1 - 0.324405, abs=1e-5)  # symmetric
+    # 50 of 100: 0.5 ± 1.96 * sqrt(0.25/100 + 1.96^2/40000) / (1 + 1.96^2/100)
+    half = 1.959964 * math.sqrt(0.0025 + 1.959964**2 / 40000) / (1 + 1.959964**2 / 100)
+    mid = wilson_interval(50, 100)
+    assert (mid.lo, mid.hi) == pytest.approx((0.5 - half, 0.5 + half), abs=1e-9)
+    with pytest.raises(ValueError):
+        wilson_interval(0, 0)

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from agentrl.monitor.eval_results import ResultsFile, ScoredEpisode, aggregate, read_results
+from agentrl.monitor.eval_stats import wilson_interval
 from agentrl.monitor.report import write_report
 from agentrl.monitor.run_data import load_run
 from agentrl.monitor.tensorboard import Monitor
@@ -133,11 +134,14 @@ def test_throughput_and_idle_over_time(rendered):
 def test_eval_bars_and_status_mix(rendered):
     _, _, _, plots = rendered
     s = plots["eval_before_after"].series
-    first = "held-out success, first and last evaluation (95% interval)"
+    first = "held-out success, first and last evaluation (95% Wilson interval)"
     greedy0 = s[f"{first}|greedy v0"]
     assert greedy0["y"] == pytest.approx([0.2, 0.0])
-    assert greedy0["lo"] == pytest.approx([0.2 - 1.959964 * 0.05, 0.0])  # clipped at 0
-    assert s[f"{first}|sampled v4"]["hi"] == pytest.approx([0.7 + 1.959964 * 0.05, 1.0])  # clipped at 1
+    # alpha: 4 of 20 episodes, beta 0 of 20 (whose interval still has a width)
+    assert greedy0["lo"] == pytest.approx([wilson_interval(4, 20).lo, 0.0])
+    assert greedy0["hi"] == pytest.approx([wilson_interval(4, 20).hi, wilson_interval(0, 20).hi])
+    assert greedy0["hi"][1] > 0.1
+    assert s[f"{first}|sampled v4"]["hi"] == pytest.approx([wilson_interval(0.7 * 8, 8).hi, wilson_interval(0.98 * 8, 8).hi])
     assert s[f"{first}|ticks"] == {"labels": ["alpha", "beta"]}
     results = s["evaluation results files (95% t-interval over runs)|test"]
     assert results["y"] == pytest.approx([0.75, 0.25])
@@ -158,7 +162,9 @@ def test_markdown_summary(rendered):
     md = (run / "report" / "report.md").read_text()
     assert md == report.markdown and "finished" in md.splitlines()[2]
     assert "| tasks | ['alpha', 'beta'] |" in md and "| prompts x samples per step | 2 x 4 |" in md
-    assert "| alpha | 0.200 (v0) → 0.900 (v4) | 0.100 (v0) → 0.700 (v4) ± 0.098 | 0.750 (step 4) |" in md
+    lo, hi = wilson_interval(18, 20).lo, wilson_interval(18, 20).hi
+    assert (f"| alpha | 0.200 (v0) → 0.900 [{lo:.2f}, {hi:.2f}] (v4, 20 ep.) | 0.100 (v0) → 0.700 [0.37, 0.90] "
+            "(v4, 8 ep.) | 0.750 (step 4) | completed 8 |") in md
     assert "`weights/v4`: mean eval sampled success over tasks 0.840 (present)" in md
     assert "- wall time: 321 s" in md and "trainer idle after it: 12 s" in md
     assert "| **tiny model** (ours) | - | 75.0 ± " in md  # db's 4 runs: 1, 1, 0, 1
