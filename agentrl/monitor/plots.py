@@ -268,13 +268,20 @@ def _fractions(counts: Mapping[str, float]) -> dict[str, float]:
 
 
 def status_mix(run: RunData, out_dir: Path) -> Plot:
-    """How episodes ended, per task: every rollout trajectory in the shards, and the first and last
-    held-out evaluation (greedy and sampled), as stacked fractions (env errors included, in their colour)."""
+    """How episodes ended, per task: every rollout trajectory in the shards (without shards: the mean over
+    steps of tb/ rollout/<task>/status/*), and the first and last held-out evaluation (greedy and sampled),
+    as stacked fractions (env errors included, in their colour)."""
     rows: list[tuple[str, dict[str, float], int]] = []
     for task in run.tasks():
         if task in run.shards.status:
             c = run.shards.status[task]
             rows.append((f"{task} rollout", _fractions(c), sum(c.values())))
+        elif tb := {s: run.scalars[f"rollout/{task}/status/{s}"] for s in STATUSES
+                    if f"rollout/{task}/status/{s}" in run.scalars}:
+            # No shards here (copied without them, or pruned): the per-step fractions, averaged over steps.
+            steps = len({int(x) for series in tb.values() for x in series.steps})
+            mean = {s: float(series.values.sum()) / steps for s, series in tb.items()}
+            rows.append((f"{task} rollout, tb mean of {steps} steps", _fractions(mean), steps))
         for kind in ("eval", "eval_sampled"):
             versions = sorted(run.evals.get(kind, {}))
             for v in sorted({versions[0], versions[-1]}) if versions else []:

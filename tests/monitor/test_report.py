@@ -183,6 +183,14 @@ def test_a_run_in_progress_renders_and_says_what_is_missing(rendered, tmp_path):
     assert "No evaluation yet." in report.markdown
     plots = {p.name: p for p in report.plots}
     assert plots["status_mix"].notes == ["how episodes ended: no rollout shards and no evaluations yet"]
+    mon = Monitor(live / "tb", "status")  # no shards in this copy: the status mix comes from tb/
+    for step, (done, limit) in enumerate([(0.5, 0.5), (1.0, 0.0)]):
+        mon.scalars({"rollout/alpha/status/completed": done, "rollout/alpha/status/turn_limit": limit}, step)
+    mon.close()
+    mix = write_report(load_run(live), live / "report").plots[-1].series
+    assert mix["how episodes ended|ticks"]["labels"] == ["alpha rollout, tb mean of 2 steps (2)"]
+    assert mix["how episodes ended|completed"]["y"] == pytest.approx([0.75])
+    assert mix["how episodes ended|turn_limit"]["y"] == pytest.approx([0.25])
     assert plots["task_curves"].series["rollout reward per task|alpha"]["y"] == pytest.approx(REWARD["alpha"])
     empty = write_report(load_run(tmp_path / "nothing-here"), tmp_path / "out")
     assert "config.yaml: missing" in empty.markdown and len(empty.plots) == 5  # no pass@k without results
