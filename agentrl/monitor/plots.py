@@ -67,9 +67,9 @@ def drawn(fig: Any) -> dict[str, dict[str, list[Any]]]:
                 continue
             horizontal = getattr(c, "orientation", "vertical") == "horizontal"
             rec: dict[str, list[Any]] = {
-                "x": [r.get_y() + r.get_height() / 2 if horizontal else r.get_x() + r.get_width() / 2
+                "x": [float(r.get_y() + r.get_height() / 2 if horizontal else r.get_x() + r.get_width() / 2)
                       for r in c.patches],
-                "y": [r.get_width() if horizontal else r.get_height() for r in c.patches]}
+                "y": [float(r.get_width() if horizontal else r.get_height()) for r in c.patches]}
             if c.errorbar is not None:
                 segs = c.errorbar.lines[2][0].get_segments()
                 rec["lo"] = [float(s[0][1]) for s in segs]

@@ -6,6 +6,8 @@ Reads through `run_data`, draws through `plots`; evaluation results files (`eval
 """
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -189,15 +191,27 @@ def render_markdown(run: RunData, drawn: Sequence[plots.Plot], results: Mapping[
     return "\n".join(md)
 
 
+def _nulls(node: Any) -> Any:
+    """NaN (a bar with no data) as None, so series.json is strict JSON."""
+    if isinstance(node, dict):
+        return {k: _nulls(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_nulls(v) for v in node]
+    return None if isinstance(node, float) and math.isnan(node) else node
+
+
 def write_report(run: RunData, out_dir: Path, results: Mapping[tuple[str, str], TaskResult] | None = None,
                  eval_label: str = "this run") -> Report:
-    """Draw every plot into `out_dir/plots/` and write `out_dir/report.md`; returns both."""
+    """Draw every plot into `out_dir/plots/` (with `series.json`, the numbers each one drew) and write
+    `out_dir/report.md`; returns both."""
     plot_dir = out_dir / "plots"
     plot_dir.mkdir(parents=True, exist_ok=True)
     drawn = [plots.task_curves(run, plot_dir), plots.eval_before_after(run, plot_dir, results),
              plots.staleness(run, plot_dir), plots.throughput(run, plot_dir), plots.status_mix(run, plot_dir)]
     if results:
         drawn.append(plots.pass_at_k_curves(results, plot_dir))
+    series = {p.name: _nulls(p.series) for p in drawn}  # the numbers behind every picture, as drawn
+    (plot_dir / "series.json").write_text(json.dumps(series, indent=1))
     text = render_markdown(run, drawn, results, eval_label, out_dir)
     path = out_dir / "report.md"
     tmp = path.with_suffix(".md.tmp")

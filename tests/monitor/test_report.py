@@ -168,6 +168,8 @@ def test_markdown_summary(rendered):
     assert "`weights/v4`: mean eval sampled success over tasks 0.840 (present)" in md
     assert "- wall time: 321 s" in md and "trainer idle after it: 12 s" in md
     assert "| **tiny model** (ours) | - | 75.0 ± " in md  # db's 4 runs: 1, 1, 0, 1
+    series = json.loads((run / "report" / "plots" / "series.json").read_text())
+    assert series["staleness"]["trajectories by staleness when trained on|trajectories"]["y"] == [25, 15, 1]
     for p in report.plots:
         assert p.path.is_file() and p.path.stat().st_size > 5000 and f"(plots/{p.name}.png)" in md
 
