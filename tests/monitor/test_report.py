@@ -14,6 +14,7 @@ import yaml
 
 from agentrl.monitor.eval_results import ResultsFile, ScoredEpisode, aggregate, read_results
 from agentrl.monitor.eval_stats import wilson_interval
+from agentrl.monitor.plots import status_mix
 from agentrl.monitor.report import write_report
 from agentrl.monitor.run_data import load_run
 from agentrl.monitor.tensorboard import Monitor
@@ -189,7 +190,7 @@ def test_a_run_in_progress_renders_and_says_what_is_missing(rendered, tmp_path):
     for step, (done, limit) in enumerate([(0.5, 0.5), (1.0, 0.0)]):
         mon.scalars({"rollout/alpha/status/completed": done, "rollout/alpha/status/turn_limit": limit}, step)
     mon.close()
-    mix = write_report(load_run(live), live / "report").plots[-1].series
+    mix = status_mix(load_run(live), tmp_path).series
     assert mix["how episodes ended|ticks"]["labels"] == ["alpha rollout, tb mean of 2 steps (2)"]
     assert mix["how episodes ended|completed"]["y"] == pytest.approx([0.75])
     assert mix["how episodes ended|turn_limit"]["y"] == pytest.approx([0.25])
