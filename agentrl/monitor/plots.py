@@ -140,10 +140,12 @@ def _eval_bars(ax: Any, tasks: Sequence[str], entries: Sequence[tuple[str, Mappi
     width = 0.8 / max(len(entries), 1)
     x = np.arange(len(tasks), dtype=float)
     for i, (label, by_task) in enumerate(entries):
-        means = [by_task.get(t, (np.nan, np.nan, np.nan))[0] for t in tasks]
-        lo = [by_task.get(t, (np.nan,) * 3)[0] - by_task.get(t, (np.nan,) * 3)[1] for t in tasks]
-        hi = [by_task.get(t, (np.nan,) * 3)[2] - by_task.get(t, (np.nan,) * 3)[0] for t in tasks]
-        bars = ax.bar(x + (i - (len(entries) - 1) / 2) * width, means, width, yerr=[lo, hi], capsize=3, label=label)
+        rows = [by_task.get(t, (np.nan, np.nan, np.nan)) for t in tasks]  # a task this entry lacks: no bar
+        means = [m for m, _, _ in rows]
+        below = [m - lo for m, lo, _ in rows]  # error bars take distances from the bar's top
+        above = [hi - m for m, _, hi in rows]
+        bars = ax.bar(x + (i - (len(entries) - 1) / 2) * width, means, width, yerr=[below, above], capsize=3,
+                      label=label)
         ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=2)  # a bar of height 0 is still read as 0.00
     ax.set_xticks(x, list(tasks))
     ax.set_ylim(0, 1.05)
