@@ -48,3 +48,22 @@ class NullMonitor:
 
 def make_monitor(run_dir: str | Path, role: str, enabled: bool = True, rank: int = 0) -> Any:
     return Monitor(Path(run_dir) / "tb", role) if enabled and rank == 0 else NullMonitor()
+
+
+def config_text(cfg: Any) -> str:
+    """The resolved config as TensorBoard markdown: YAML in a code block (indented four spaces, which
+    TensorBoard's text plugin renders as preformatted text with no fence handling needed). `cfg` is a
+    `RunConfig` (or any dataclass tree) or an already plain dict."""
+    import dataclasses
+
+    import yaml
+
+    from agentrl.config import to_dict
+
+    body = to_dict(cfg) if dataclasses.is_dataclass(cfg) else dict(cfg)
+    return "\n".join("    " + line for line in yaml.safe_dump(body, sort_keys=False).splitlines())
+
+
+def write_config(monitor: MonitorLike, cfg: Any, tag: str = "config") -> None:
+    """Log the resolved config once, as text at step 0 (style §5: the config in the run dir and in TB)."""
+    monitor.text(tag, config_text(cfg), 0)

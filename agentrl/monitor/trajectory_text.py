@@ -1,0 +1,79 @@
+"""Trajectories as readable text for TensorBoard's text tab: each span of the conversation decoded, the
+policy's own tokens (loss mask 1: its tool calls and answers) told apart from context (prompt,
+observations), with the version and engine that sampled them, and how the episode ended.
+
+The tokenizer is passed in (anything with `decode(ids, skip_special_tokens=...)`), so this module loads
+no model. The rollout role picks which episodes to log (`pick_per_task`) and logs them with
+`write_conversations`; `jobs/show_trajectories.py` prints the same facts on a terminal.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from agentrl.monitor.tensorboard import MonitorLike
+from agentrl.types import Trajectory
+
+
+class Decoder(Protocol):
+    def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+def spans(t: Trajectory) -> Iterator[tuple[bool, np.ndarray, int, int]]:
+    """Maximal runs of equal loss mask: (sampled by the policy?, token ids, policy version, engine);
+    version and engine are those of the run's first token (-1 for context)."""
+    mask = t.loss_mask.astype(bool)
+    start = 0
+    for i in range(1, len(mask) + 1):
+        if i == len(mask) or mask[i] != mask[start]:
+            yield bool(mask[start]), t.tokens[start:i], int(t.policy_version[start]), int(t.engine[start])
+            start = i
+
+
+def _indent(text: str) -> str:
+    # Four spaces: markdown preformatted text in TensorBoard, so tool-call JSON and tags show as written.
+    return "\n".join("    " + line for line in (text.rstrip("\n") or "(empty)").splitlines())
+
+
+def render_trajectory(t: Trajectory, tokenizer: Decoder) -> str:
+    """One episode as TensorBoard markdown: a header line, then every span, then the ending."""
+    metrics = ", ".join(f"{k}={v:g}" for k, v in sorted(t.metrics.items()) if isinstance(v, (int, float)))
+    lines = [f"**{t.task}** sample `{t.index}` (group `{t.group_id}`, id `{t.traj_id}`)", ""]
+    for sampled, ids, version, engine in spans(t):
+        text = tokenizer.decode(ids.tolist(), skip_special_tokens=False)
+        who = f"policy v{version}, engine {engine}" if sampled else "context"
+        lines += [f"*{who}, {len(ids)} tokens:*", "", _indent(text), ""]
+    lines.append(f"**ended**: status `{t.status.value}`, reward {t.reward:g}, {t.num_turns} turns, "
+                 f"{t.num_tokens} tokens ({t.num_action_tokens} sampled)" + (f"; {metrics}" if metrics else ""))
+    return "\n".join(lines)
+
+
+def pick_per_task(trajs: Sequence[Trajectory], per_task: int) -> dict[str, list[Trajectory]]:
+    """The first `per_task` episodes of each task, in the order given, preferring a mix of endings: one
+    of each status first, then the rest (a sample of only failures, or only successes, says less)."""
+    by_task: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajs:
+        by_task[t.task].append(t)
+    out: dict[str, list[Trajectory]] = {}
+    for task, ts in sorted(by_task.items()):
+        first: dict[str, Trajectory] = {}
+        for t in ts:
+            first.setdefault(t.status.value, t)
+        chosen = {id(t) for t in first.values()}
+        out[task] = (list(first.values()) + [t for t in ts if id(t) not in chosen])[:per_task]
+    return out
+
+
+def write_conversations(monitor: MonitorLike, trajs: Sequence[Trajectory], tokenizer: Any, step: int,
+                        per_task: int = 2, prefix: str = "conversations") -> dict[str, str]:
+    """Log a few episodes per task as text under `<prefix>/<task>/<i>` at `step`; returns what it logged."""
+    logged = {}
+    for task, ts in pick_per_task(trajs, per_task).items():
+        for i, t in enumerate(ts):
+            tag = f"{prefix}/{task}/{i}"
+            logged[tag] = render_trajectory(t, tokenizer)
+            monitor.text(tag, logged[tag], step)
+    return logged
