@@ -487,6 +487,24 @@ class RolloutTopology:
     def gpus_per_rank(self) -> int:
         return (self.engines_per_rank + self.lagging_engines_per_rank) * self.tensor_parallel_size
 
+    def engine_settings(self, concurrency: int) -> dict[str, Any]:
+        """Keyword arguments of each of a rank's vLLM engines (`agentrl.rollout.engine.VLLMEngine`).
+
+        CPU (gpus_per_node 0): float32 unless a dtype is set, always eager, no GPU memory settings, as before.
+        GPU: the configured dtype, tensor parallel size and eager/CUDA-graph choice. vLLM's in-process engines
+        of one process all run on the first tensor_parallel_size GPUs it sees (its in-process executor always
+        takes cuda:0..TP-1; a process's CUDA_VISIBLE_DEVICES cannot differ per engine), so the rank's current
+        and lagging engines share those GPUs: each gets gpu_memory_utilization / (1 + lagging_engines_per_rank)
+        of their memory, and the rank's other GPUs stay idle until engines run one process each."""
+        seqs = self.max_num_seqs or concurrency
+        if not self.gpus_per_node:
+            return {"dtype": "float32" if self.dtype == "auto" else self.dtype, "max_num_seqs": seqs}
+        engines = 1 + self.lagging_engines_per_rank
+        kv = int(self.kv_cache_memory_gib * (1 << 30)) or None
+        return {"dtype": self.dtype, "max_num_seqs": seqs, "enforce_eager": self.enforce_eager,
+                "tensor_parallel_size": self.tensor_parallel_size,
+                "gpu_memory_utilization": self.gpu_memory_utilization / engines, "kv_cache_memory_bytes": kv}
+
     def validate(self, p: str) -> None:
         for name in ("nodes", "ranks", "engines_per_rank", "tensor_parallel_size", "lagging_refresh_steps"):
             _check(getattr(self, name) >= 1, f"{p}.{name}", "must be >= 1")
