@@ -6,8 +6,9 @@
 # Preemption: 600 s before the time limit Slurm sends USR1; the trainer checkpoints and the
 # job requeues under the same id, so the run resumes in the same run directory.
 set -euo pipefail
+SLURM_SUBMIT_DIR=$PWD
 PY=${AGENTRL_PYTHON:-$SLURM_SUBMIT_DIR/.venv/bin/python}
-RUN_DIR=runs/agentbench-qwen2.5-7b-$(date +%Y%m%d-%H%M%S)
+RUN_DIR="$SLURM_SUBMIT_DIR/runs"/agentbench-qwen2.5-7b-$(date +%Y%m%d-%H%M%S)
 mkdir -p "$RUN_DIR/logs"
 # config.yaml is written once: a requeued job keeps it (and its checkpoints) and resumes
 "$PY" -m jobs.launch --preset agentbench-qwen2.5-7b --prepare-run "$RUN_DIR" cluster.hetjob=false controller.host=0.0.0.0 "model.path=$SLURM_SUBMIT_DIR/models/Qwen2.5-7B-Instruct" "cluster.env.os_sandbox_image=$SLURM_SUBMIT_DIR/images/os-sandbox.sif"

@@ -160,11 +160,12 @@ def _group_lines(plan: Plan, g: int) -> list[str]:
 
 
 def _prepare_lines(plan: Plan, preset: str, overrides: list[str], make_model_group: int | None) -> list[str]:
-    prepare = ["$PY", "-m", "jobs.launch", "--preset", preset, "--prepare-run", "$RUN_DIR",
-               *overrides, *plan.overrides]
+    # the user's overrides are quoted as typed (a `$` in a set-up line stays a `$`); ours may name $SLURM_SUBMIT_DIR
+    prepare = " ".join([_join(["$PY", "-m", "jobs.launch", "--preset", preset, "--prepare-run", "$RUN_DIR"]),
+                        *(shlex.quote(o) for o in overrides), *(_q(o) for o in plan.overrides)])
     lines = [
         "# config.yaml is written once: a requeued job keeps it (and its checkpoints) and resumes",
-        _join(prepare),
+        prepare,
     ]
     if plan.setup:
         lines += [f"cat > \"$RUN_DIR/{SETUP_FILE}\" <<'SETUP'", *setup_script(plan.setup).splitlines(), "SETUP"]
@@ -359,10 +360,11 @@ def render_per_role(plan: Plan, preset: str, overrides: list[str], image: str = 
     lines[4] = "# jobs. Logs: <job name>-<job id>.out here; each role's in the run dir's logs/<role>-<task>.log."
     lines += [
         "set -euo pipefail",
-        *([f"cd {_q(plan.root)}"] if plan.root != SUBMIT_DIR else []),
+        # paths relative to the submit directory: the jobs below are submitted from here
+        "SLURM_SUBMIT_DIR=$PWD" if plan.root == SUBMIT_DIR else f"cd {_q(plan.root)}",
         *_site_setup_lines(plan),
         f'PY=${{AGENTRL_PYTHON:-{plan.python}}}',
-        f'RUN_DIR={_q(plan.run_root if plan.root != SUBMIT_DIR else "runs")}/{plan.name}-$(date +%Y%m%d-%H%M%S)',
+        f'RUN_DIR={_q(plan.run_root)}/{plan.name}-$(date +%Y%m%d-%H%M%S)',
         'mkdir -p "$RUN_DIR/logs"',
         *_prepare_lines(plan, preset, overrides, None),
         "export AGENTRL_RUN_DIR=$RUN_DIR AGENTRL_PYTHON=$PY",
