@@ -7,7 +7,7 @@
   step: test_slurm_async.py).
 * preemption: USR1 to a running job's batch script → the step checkpoints through agentrl.launch.preempt,
   the script requeues, the job resumes, and the ledger has every id exactly once.
-Times on the 2-core machine (shared with other work) are in each test's docstring; all seven: 100-170 s.
+Times on the 2-core machine (shared with other work) are in each test's docstring; all eight: 130-210 s.
 """
 from __future__ import annotations
 
