@@ -104,7 +104,6 @@ class Plan:
     """The run directories' parent (`run_root` resolved against `root`)."""
     setup: tuple[str, ...] = ()
     """`cluster.setup`: shell lines the job runs first, and every step before its program."""
-    mpi: str = "pmi2"
 
 
 def absolute(path: str, root: str) -> str:
@@ -207,4 +206,4 @@ def plan(cfg: RunConfig, root: str = "$SLURM_SUBMIT_DIR") -> Plan:
     python = absolute(c.python, root) if "/" in c.python else c.python
     return Plan(name=cfg.name, groups=groups, steps=steps, needs_model=not cfg.model.path, signal_s=c.signal_s,
                 python=python, overrides=("controller.host=0.0.0.0", *path_overrides(cfg, root)), root=root,
-                run_root=absolute(cfg.run_root, root), setup=c.setup, mpi=c.mpi)
+                run_root=absolute(cfg.run_root, root), setup=c.setup)

@@ -197,3 +197,27 @@ def test_render_runs_without_torch() -> None:
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("#!/bin/bash")
+
+
+def test_gres_binding_masks_rollout_ranks_and_leaves_trainer_ranks_their_node(capsys: pytest.CaptureFixture[str]) -> None:
+    text = render("agentbench-qwen2.5-7b", ["cluster.gpu_binding=gres"], capsys)
+    assert text.count("#SBATCH --gres=gpu:8\n") == 2 and "--gpus-per-node" not in text
+    steps = {s[s.index("--") + 3]: s for s in (shlex.split(line) for line in text.splitlines()
+                                                if line.startswith("srun --mpi="))}
+    assert steps["jobs.rollout"][8:10] == ["--gres=gpu:8", "--gpu-bind=mask_gpu:0xf,0xf0"]  # 2 ranks x 4 GPUs a node
+    assert steps["jobs.trainer"][8] == "--gres=gpu:8" and not any("gpu-bind" in a for a in steps["jobs.trainer"])
+
+
+def test_setup_runs_on_the_node_outside_the_workers_container_and_paths_are_absolute(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    text = render("smoke", ["cluster.env.apptainer_image=images/agentrl.sif", "cluster.setup=[module load apptainer]",
+                            "cluster.env.binds=[data/agentbench, /abs]"], capsys, root="/site/repo")
+    worker = next(shlex.split(line) for line in text.splitlines() if "jobs.env_worker" in line and "srun" in line)
+    at = worker.index("bash")
+    assert worker[at:at + 4] == ["bash", "$RUN_DIR/setup.sh", "apptainer", "exec"]
+    assert worker[worker.index("--cleanenv") + 1:worker.index("/site/repo/images/agentrl.sif")] == [
+        "--bind", "$RUN_DIR", "--bind", "/site/repo/data", "--bind", "/site/repo/data/agentbench", "--bind", "/abs"]
+    assert "\ncd /site/repo\n# site set-up" in text and "\nset +u\nmodule load apptainer\nset -u\n" in text
+    assert "PY=${AGENTRL_PYTHON:-/site/repo/.venv/bin/python}\nRUN_DIR=/site/repo/runs/smoke-" in text
+    assert ("cluster.env.apptainer_image=/site/repo/images/agentrl.sif "
+            "'cluster.env.binds=[/site/repo/data/agentbench,/abs]'") in text  # into the run's config.yaml
