@@ -231,7 +231,7 @@ def summary(r: dict[str, Any]) -> str:
         f"device {r['device']} x {r['world_size']}, torch {r['torch']}, {r['params'] / 1e6:.0f}M parameters "
         f"(FSDP2, bf16), {r['tokens_per_step']} tokens per step in {r['micro_batches']} micro-batches",
         f"step {r['step_s_median']:.3f} s (median), {r['tokens_per_s']:,.0f} tokens/s "
-        f"({r['tokens_per_s_per_rank']:,.0f} per GPU), {r['achieved_tflops_per_rank']:.1f} TFLOP/s per GPU",
+        f"({r['tokens_per_s_per_rank']:,.0f} per rank), {r['achieved_tflops_per_rank']:.1f} TFLOP/s per rank",
         f"MFU {mfu}",
         f"memory: {mem}; host peak RSS {r['host_peak_rss_gib']:.1f} GiB (this rank)",
         f"nccl: {r['nccl']}" + (f" (NCCL {r['nccl_version']})" if "nccl_version" in r else f" ({r['backend']})"),
