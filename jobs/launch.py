@@ -21,6 +21,8 @@ from pathlib import Path
 from agentrl.config import ConfigError, load_config
 from agentrl.launch import sbatch, topology
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -30,6 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prepare-run", type=Path, metavar="RUN_DIR", help="(in a job) write RUN_DIR/config.yaml once")
     ap.add_argument("--clear-pipeline", type=Path, metavar="RUN_DIR",
                     help="(in a job) drop the pipeline's keys from RUN_DIR/rendezvous.json before it restarts")
+    ap.add_argument("--root", default=str(ROOT),
+                    help="--render-sbatch: the repository's path on the compute nodes, where the job runs and what "
+                         "the config's relative paths (model, images, binds, cluster.python, run_root) are resolved "
+                         "against (default: this checkout); '$SLURM_SUBMIT_DIR' keeps them relative to the submit "
+                         "directory")
     ap.add_argument("--folder", default="runs/submitit", help="submitit's folder (slurm launcher)")
     ap.add_argument("--no-wait", action="store_true", help="slurm launcher: print the job id and return")
     ap.add_argument("overrides", nargs="*", help="section.field=value, e.g. cluster.hetjob=false")
@@ -54,10 +61,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     if args.render_sbatch:
-        plan = topology.plan(cfg)
+        plan = topology.plan(cfg, args.root)
         env = cfg.cluster.env
+        image = topology.absolute(env.apptainer_image, args.root)
+        binds = tuple(topology.absolute(b, args.root) for b in env.binds)
         render = sbatch.render_hetjob if cfg.cluster.hetjob else sbatch.render_per_role
-        print(render(plan, args.preset, overrides, env.apptainer_image, env.binds), end="")
+        print(render(plan, args.preset, overrides, image, binds), end="")
         return 0
     if cfg.cluster.launcher == "local":  # the local launcher is jobs.train's: run it, with these arguments
         os.execv(sys.executable, [sys.executable, "-m", "jobs.train", "--preset", args.preset, *overrides])

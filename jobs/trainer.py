@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> None:
     model_dir = Path(cfg.model.path) if cfg.model.path else args.run_dir / "model"
 
     env = dist_env()
-    par = Parallel(cfg.trainer.parallel, env, init_distributed(env), cfg.trainer.mixed_precision)
+    device = init_distributed(env, timeout_s=cfg.cluster.trainer.collective_timeout)  # < the job's time limit
+    par = Parallel(cfg.trainer.parallel, env, device, cfg.trainer.mixed_precision)
     monitor = make_monitor(args.run_dir, "trainer", cfg.monitor.tensorboard, rank=par.rank)
     # Under Slurm the job's warning signal (USR1) and SIGTERM mean: finish the step, checkpoint, requeue.
     # Outside Slurm a SIGTERM keeps its plain meaning (the local launcher stops or restarts the role).

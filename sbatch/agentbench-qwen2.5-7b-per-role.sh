@@ -6,11 +6,12 @@
 # Preemption: 600 s before the time limit Slurm sends USR1; the trainer checkpoints and the
 # job requeues under the same id, so the run resumes in the same run directory.
 set -euo pipefail
-PY=${AGENTRL_PYTHON:-.venv/bin/python}
-RUN_DIR=runs/agentbench-qwen2.5-7b-$(date +%Y%m%d-%H%M%S)
+SLURM_SUBMIT_DIR=$PWD
+PY=${AGENTRL_PYTHON:-$SLURM_SUBMIT_DIR/.venv/bin/python}
+RUN_DIR="$SLURM_SUBMIT_DIR/runs"/agentbench-qwen2.5-7b-$(date +%Y%m%d-%H%M%S)
 mkdir -p "$RUN_DIR/logs"
 # config.yaml is written once: a requeued job keeps it (and its checkpoints) and resumes
-"$PY" -m jobs.launch --preset agentbench-qwen2.5-7b --prepare-run "$RUN_DIR" cluster.hetjob=false controller.host=0.0.0.0
+"$PY" -m jobs.launch --preset agentbench-qwen2.5-7b --prepare-run "$RUN_DIR" cluster.hetjob=false controller.host=0.0.0.0 "model.path=$SLURM_SUBMIT_DIR/models/Qwen2.5-7B-Instruct" "cluster.env.os_sandbox_image=$SLURM_SUBMIT_DIR/images/os-sandbox.sif"
 export AGENTRL_RUN_DIR=$RUN_DIR AGENTRL_PYTHON=$PY
 ENV_JOB=$(sbatch --parsable <<'JOB'
 #!/bin/bash
@@ -22,6 +23,7 @@ ENV_JOB=$(sbatch --parsable <<'JOB'
 #SBATCH --nodes=1
 #SBATCH --ntasks=6
 #SBATCH --cpus-per-task=8
+#SBATCH --mem=64G
 set -u
 cd "$SLURM_SUBMIT_DIR"
 PY=$AGENTRL_PYTHON RUN_DIR=$AGENTRL_RUN_DIR
@@ -35,7 +37,7 @@ wait_step() {
   done
 }
 # controller: 1 task
-srun --mpi=pmi2 --ntasks=1 --exact "--output=$RUN_DIR/logs/controller-%t.log" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.controller --run-dir "$RUN_DIR" &
+srun --mpi=none --ntasks=1 --exact --cpus-per-task=8 --mem=0 "--output=$RUN_DIR/logs/controller-%t.log" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.controller --run-dir "$RUN_DIR" &
 CONTROLLER=$!
 # env_worker: task $1 as its own step; when it fails it is started again, at most 3 times (meanwhile
 # the run goes on without it); SIGTERM stops it and its step
@@ -43,7 +45,7 @@ env_worker() {
   local left=3 rc step
   trap 'kill "$step" 2>/dev/null; wait "$step"; exit 0' TERM
   while :; do
-    srun --mpi=pmi2 --ntasks=1 --exact "--output=$RUN_DIR/logs/env_worker-$1.log" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.env_worker --run-dir "$RUN_DIR" --worker-id "worker-$1" &
+    srun --mpi=none --ntasks=1 --exact --cpus-per-task=8 --mem=0 "--output=$RUN_DIR/logs/env_worker-$1.log" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.env_worker --run-dir "$RUN_DIR" --worker-id "worker-$1" &
     step=$!
     wait "$step"; rc=$?
     [ "$rc" != 0 ] && [ "$left" -gt 0 ] || return "$rc"
@@ -78,6 +80,7 @@ TRAINER_JOB=$(sbatch --parsable --dependency=after:$ENV_JOB <<'JOB'
 #SBATCH --ntasks-per-node=8
 #SBATCH --cpus-per-task=8
 #SBATCH --gpus-per-node=8
+#SBATCH --mem=0
 set -u
 cd "$SLURM_SUBMIT_DIR"
 PY=$AGENTRL_PYTHON RUN_DIR=$AGENTRL_RUN_DIR
@@ -101,7 +104,7 @@ on_usr1() {
 trap on_usr1 USR1
 export AGENTRL_REQUEUE_BY_SCRIPT=1
 # trainer: 16 tasks
-srun --mpi=pmi2 --ntasks=16 --exact "--output=$RUN_DIR/logs/trainer-%t.log" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.trainer --run-dir "$RUN_DIR" &
+srun --mpi=none --ntasks=16 --exact --cpus-per-task=8 --mem=0 "--output=$RUN_DIR/logs/trainer-%t.log" --gpus-per-task=1 --gpu-bind=per_task:1 env TORCH_NCCL_ASYNC_ERROR_HANDLING=1 "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.trainer --run-dir "$RUN_DIR" &
 TRAINER=$!
 status=0
 wait_step "$TRAINER" || status=$?
@@ -125,6 +128,7 @@ ROLLOUT_JOB=$(sbatch --parsable --dependency=after:$TRAINER_JOB <<'JOB'
 #SBATCH --ntasks-per-node=2
 #SBATCH --cpus-per-task=16
 #SBATCH --gpus-per-node=8
+#SBATCH --mem=0
 set -u
 cd "$SLURM_SUBMIT_DIR"
 PY=$AGENTRL_PYTHON RUN_DIR=$AGENTRL_RUN_DIR
@@ -138,7 +142,7 @@ wait_step() {
   done
 }
 # rollout: 4 tasks
-srun --mpi=pmi2 --ntasks=4 --exact "--output=$RUN_DIR/logs/rollout-%t.log" --gpus-per-task=4 "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.rollout --run-dir "$RUN_DIR" &
+srun --mpi=none --ntasks=4 --exact --cpus-per-task=16 --mem=0 "--output=$RUN_DIR/logs/rollout-%t.log" --gpus-per-task=4 --gpu-bind=per_task:4 "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.rollout --run-dir "$RUN_DIR" &
 ROLLOUT=$!
 wait_step "$ROLLOUT"; status=$?
 scancel "$AGENTRL_ENV_JOB"

@@ -1,14 +1,16 @@
 """Render a run's `topology.Plan` as sbatch scripts a person can read and submit by hand.
 
 * `render_hetjob`: one heterogeneous job, one `#SBATCH hetjob` block per group, one
-  `srun --mpi=pmi2 --het-group=N` step per role (on the asynchronous schedule trainer and rollout ranks
+  `srun --mpi=none --het-group=N` step per role (on the asynchronous schedule trainer and rollout ranks
   share one MPMD step, `srun ... --het-group=0 A : --het-group=1 B`: one MPI world).
 * `render_per_role`: for sites that forbid hetjobs, one bash file that submits one job per role (env →
   trainer → rollout), each started after the one before it with `--dependency=after:`.
 
 Both write logs where Slurm can (the submit directory, `%x-%j.out`; each role's under the run dir,
 which the script creates), and both pass the job's preemption warning (USR1) to the trainer and
-requeue. What they render is golden-tested (tests/launch/golden/). Standard library only.
+requeue. The job runs in the plan's root (the repository on the compute nodes), after the site's set-up
+lines (`cluster.setup`), which every step also runs on its own node through RUN_DIR/setup.sh before its
+program. What they render is golden-tested (tests/launch/golden/). Standard library only.
 """
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ import shlex
 from dataclasses import replace
 
 from agentrl.launch.apptainer import worker_command
-from agentrl.launch.topology import ENV, GROUP_NAMES, ROLLOUT, TRAINER, Plan, Step
+from agentrl.launch.topology import ENV, GROUP_NAMES, ROLLOUT, TRAINER, Plan, Step, absolute
+
+SUBMIT_DIR = "$SLURM_SUBMIT_DIR"
 
 _WAIT_STEP = r"""# wait for a step; a trapped signal interrupts `wait`, so wait again while the step lives
 wait_step() {
@@ -49,19 +53,35 @@ def _join(argv: list[str]) -> str:
     return " ".join(_q(a) for a in argv)
 
 
+SETUP_FILE = "setup.sh"
+"""In the run dir: `cluster.setup`'s lines, then `exec "$@"`; every step's program is started through it."""
+
+
+def setup_script(lines: tuple[str, ...]) -> str:
+    """The run dir's setup.sh: the site's set-up lines, then the step's own program (exec'd: it keeps the pid
+    srun signals, and its environment: PMI, SLURM_*, CUDA_VISIBLE_DEVICES)."""
+    return "\n".join(["# cluster.setup: run on a step's node before the step's program, which it then becomes",
+                      *lines, 'exec "$@"']) + "\n"
+
+
+def _setup_prefix(step: Step, run_dir: str) -> list[str]:
+    return ["bash", f"{run_dir}/{SETUP_FILE}"] if step.setup else []
+
+
 def role_argv(step: Step, python: str, run_dir: str, image: str = "", data_dir: str = "data",
               binds: tuple[str, ...] = (), het: bool = True) -> list[str]:
     """The command a role's srun step (or one component of an MPMD step) runs, after srun's own options."""
     env = ["env", *(f"{k}={v}" for k, v in step.env)] if step.env else []
+    setup = _setup_prefix(step, run_dir)
     if step.mpi:  # its ranks come from MPI itself; mpi4py's runner aborts the world on an uncaught exception
-        return [*env, python, "-m", "mpi4py", "-m", step.module, "--run-dir", run_dir, *step.args]
+        return [*setup, *env, python, "-m", "mpi4py", "-m", step.module, "--run-dir", run_dir, *step.args]
     inner_py = "python" if image and step.role == "env_worker" else python  # the image's own Python is on PATH
     group = ["--het-group", str(step.group)] if het else []
     argv = [*env, inner_py, "-m", "agentrl.launch.slurm_env", *group, "--",
             inner_py, "-m", step.module, "--run-dir", run_dir, *step.args]
-    if image and step.role == "env_worker":
-        return worker_command(image, run_dir, data_dir, argv, binds)
-    return argv
+    if image and step.role == "env_worker":  # the set-up runs on the node, outside the container
+        return [*setup, *worker_command(image, run_dir, data_dir, argv, binds)]
+    return [*setup, *argv]
 
 
 def srun_argv(step: Step, het: bool, run_dir: str = "$RUN_DIR") -> list[str]:
@@ -69,7 +89,21 @@ def srun_argv(step: Step, het: bool, run_dir: str = "$RUN_DIR") -> list[str]:
     # an MPMD step's one --output takes every component's ranks: one log for the MPI world, as the local
     # launcher's logs/pipeline.log (each line names its rank's role)
     output = f"{run_dir}/logs/pipeline.log" if step.mpmd else f"{run_dir}/logs/{step.role}-%t.log"
-    return ["srun", "--mpi=pmi2", *_component_options(step, het, f"--output={output}")]
+    return ["srun", f"--mpi={step.mpi_plugin}", *_component_options(step, het, f"--output={output}")]
+
+
+def gpu_options(step: Step) -> list[str]:
+    """srun's GPU options of a step: each task's GPUs and their binding (`cluster.gpu_binding`)."""
+    g = step.gpus_per_task
+    if not g:
+        return []
+    if step.gpu_binding == "gpus-per-task":  # Slurm sets each task's CUDA_VISIBLE_DEVICES to its own GPUs
+        return [f"--gpus-per-task={g}", f"--gpu-bind=per_task:{g}"]
+    n = min(step.ntasks, step.tasks_per_node)  # gres counts per node
+    argv = [f"--gres=gpu:{g * n}"]
+    if step.gpu_mask and n > 1:  # local task i gets GPUs i*g .. i*g+g-1
+        argv.append("--gpu-bind=mask_gpu:" + ",".join(hex(((1 << g) - 1) << (i * g)) for i in range(n)))
+    return argv
 
 
 def _component_options(step: Step, het: bool, output: str = "") -> list[str]:
@@ -77,10 +111,14 @@ def _component_options(step: Step, het: bool, output: str = "") -> list[str]:
     # --exact: a step gets only the CPUs it asks for (without it the first step on a node takes the node's
     # whole allocation and the controller's step beside the env workers' waits forever; seen on Slurm 22.05)
     argv += [f"--ntasks={step.ntasks}", "--exact"]
+    if step.cpus_per_task:  # srun 22.05-23.02 does not take sbatch's --cpus-per-task: each task would get one
+        argv.append(f"--cpus-per-task={step.cpus_per_task}")
+    # the job's memory on the step's nodes, without taking it from the group's other steps (a step that asks
+    # for none is given all of it where memory is a consumable, and the steps beside it wait)
+    argv.append("--mem=0")
     if output:
         argv.append(output)
-    if step.gpus_per_task:
-        argv.append(f"--gpus-per-task={step.gpus_per_task}")
+    argv += gpu_options(step)
     if step.overlap:
         argv.append("--overlap")
     if step.mpi:  # a rank that dies (SIGKILL, OOM) ends the whole MPI world, as mpiexec does: srun alone leaves
@@ -100,12 +138,18 @@ def step_argv(step: Step, python: str, run_dir: str, image: str = "", data_dir: 
 
 def _header_lines(plan: Plan, preset: str, overrides: list[str], how: str) -> list[str]:
     cmd = _join(["python", "-m", "jobs.launch", "--preset", preset, "--render-sbatch", *overrides])
+    if plan.root == SUBMIT_DIR:
+        where = ["# Submit from the repository root, after `bash install.sh`. Logs: <job name>-<job id>.out in the",
+                 "# submit directory; each role's in runs/<name>-<job id>/logs/<role>-<task>.log."]
+    else:
+        where = [f"# Runs in {plan.root} (the repository, after `bash install.sh`; relative paths were resolved",
+                 "# against it): submit from anywhere. Logs: <job name>-<job id>.out in the submit directory; each "
+                 "role's in RUN_DIR/logs/<role>-<task>.log."]
     return [
         "#!/bin/bash",
         f"# agentrl run {plan.name!r} from preset {preset!r}: {how}.",
         f"# Rendered by `{cmd}`; edit the config, not this file.",
-        "# Submit from the repository root, after `bash install.sh`. Logs: <job name>-<job id>.out in the",
-        "# submit directory; each role's in runs/<name>-<job id>/logs/<role>-<task>.log.",
+        *where,
         f"# Preemption: {plan.signal_s} s before the time limit Slurm sends USR1; the trainer checkpoints and the",
         "# job requeues under the same id, so the run resumes in the same run directory.",
     ]
@@ -116,17 +160,30 @@ def _group_lines(plan: Plan, g: int) -> list[str]:
 
 
 def _prepare_lines(plan: Plan, preset: str, overrides: list[str], make_model_group: int | None) -> list[str]:
-    prepare = ["$PY", "-m", "jobs.launch", "--preset", preset, "--prepare-run", "$RUN_DIR",
-               *overrides, *plan.overrides]
+    # the user's overrides are quoted as typed (a `$` in a set-up line stays a `$`); ours may name $SLURM_SUBMIT_DIR
+    prepare = " ".join([_join(["$PY", "-m", "jobs.launch", "--preset", preset, "--prepare-run", "$RUN_DIR"]),
+                        *(shlex.quote(o) for o in overrides), *(_q(o) for o in plan.overrides)])
     lines = [
         "# config.yaml is written once: a requeued job keeps it (and its checkpoints) and resumes",
-        _join(prepare),
+        prepare,
     ]
+    if plan.setup:
+        lines += [f"cat > \"$RUN_DIR/{SETUP_FILE}\" <<'SETUP'", *setup_script(plan.setup).splitlines(), "SETUP"]
     if plan.needs_model and make_model_group is not None:  # the tiny model, built once in the trainer's group
-        make = ["srun", f"--het-group={make_model_group}", "--ntasks=1", "$PY", "-m", "jobs.make_model",
-                "--run-dir", "$RUN_DIR"]
+        setup = ["bash", f"$RUN_DIR/{SETUP_FILE}"] if plan.setup else []
+        make = ["srun", "--mpi=none", f"--het-group={make_model_group}", "--ntasks=1", *setup, "$PY", "-m",
+                "jobs.make_model", "--run-dir", "$RUN_DIR"]
         lines.append(f'[ -f "$RUN_DIR/model/config.json" ] || {_join(make)}')
     return lines
+
+
+def _site_setup_lines(plan: Plan) -> list[str]:
+    """`cluster.setup` in the batch shell, before the job's first command (`set -u` would trip many module
+    and activate scripts, so it is off around them)."""
+    if not plan.setup:
+        return []
+    return ["# site set-up (cluster.setup): here, and on every step's node before its program (RUN_DIR/setup.sh)",
+            "set +u", *plan.setup, "set -u"]
 
 
 def task_argv(step: Step, task: str, python: str, run_dir: str, image: str = "", data_dir: str = "data",
@@ -138,10 +195,15 @@ def task_argv(step: Step, task: str, python: str, run_dir: str, image: str = "",
     return [a.replace("-%t.log", f"-{task}.log") if a.startswith("--output=") else a for a in argv]
 
 
-def _restartable_lines(step: Step, het: bool, image: str, binds: tuple[str, ...]) -> list[str]:
+def _data_dir(plan: Plan) -> str:
+    """The task data directory the env workers' containers bind: data/ of the repository."""
+    return absolute("data", plan.root)
+
+
+def _restartable_lines(step: Step, het: bool, image: str, binds: tuple[str, ...], data_dir: str) -> list[str]:
     """A step whose tasks are restarted: one srun step per task inside a bash loop bounded by `step.restarts`,
     all of them under one supervisor (`<role>s N &`), which SIGTERM stops with its steps."""
-    argv = task_argv(step, "$1", "$PY", "$RUN_DIR", image, "data", binds, het)
+    argv = task_argv(step, "$1", "$PY", "$RUN_DIR", image, data_dir, binds, het)
     fn, n = step.role, step.restarts
     return [
         f"# {fn}: task $1 as its own step; when it fails it is started again, at most {n} times (meanwhile",
@@ -172,10 +234,10 @@ def _restartable_lines(step: Step, het: bool, image: str, binds: tuple[str, ...]
 def _step_line(plan: Plan, step: Step, het: bool, image: str, binds: tuple[str, ...]) -> str:
     if step.restarts:
         where = f"het group {step.group}, " if het else ""
-        lines = _restartable_lines(step, het, image, binds)
+        lines = _restartable_lines(step, het, image, binds, _data_dir(plan))
         lines.append(f"# {step.role}: {where}{step.ntasks} task{'s' if step.ntasks > 1 else ''}, a step each")
         return "\n".join([*lines, f"{step.role}s {step.ntasks} &", f"{step.role.upper()}=$!"])
-    argv = step_argv(step, "$PY", "$RUN_DIR", image, "data", binds, het)
+    argv = step_argv(step, "$PY", "$RUN_DIR", image, _data_dir(plan), binds, het)
     parts = (step, *step.mpmd)
     where = [f"{p.role}: " + (f"het group {p.group}, " if het else "") + f"{p.ntasks} task{'s' if p.ntasks > 1 else ''}"
              for p in parts]
@@ -266,9 +328,10 @@ def render_hetjob(plan: Plan, preset: str, overrides: list[str], image: str = ""
         "",
         "set -euo pipefail",
         ': "${SLURM_JOB_ID:?submit this script with sbatch}"',
-        'cd "$SLURM_SUBMIT_DIR"',
+        f"cd {_q(plan.root)}",
+        *_site_setup_lines(plan),
         f'PY=${{AGENTRL_PYTHON:-{plan.python}}}',
-        f'RUN_DIR=runs/{plan.name}-"$SLURM_JOB_ID"',
+        f'RUN_DIR={_q(plan.run_root)}/{plan.name}-"$SLURM_JOB_ID"',
         'mkdir -p "$RUN_DIR/logs"',
         "export AGENTRL_REQUEUE_BY_SCRIPT=1  # the trainer checkpoints and exits on USR1; this script requeues",
         *_prepare_lines(plan, preset, overrides, TRAINER),
@@ -291,12 +354,17 @@ def render_per_role(plan: Plan, preset: str, overrides: list[str], image: str = 
                     binds: tuple[str, ...] = ()) -> str:
     """One job per role for sites without hetjobs: a bash file that submits them in order."""
     lines = _header_lines(plan, preset, overrides, "one job per role (cluster.hetjob=false)")
-    lines[3] = "# Run it (do not sbatch it) from the repository root, after `bash install.sh`: it submits the"
+    lines[3] = ("# Run it (do not sbatch it) from the repository root, after `bash install.sh`: it submits the"
+                if plan.root == SUBMIT_DIR else
+                f"# Run it (do not sbatch it), after `bash install.sh` in {plan.root} (where it runs): it submits the")
     lines[4] = "# jobs. Logs: <job name>-<job id>.out here; each role's in the run dir's logs/<role>-<task>.log."
     lines += [
         "set -euo pipefail",
+        # paths relative to the submit directory: the jobs below are submitted from here
+        "SLURM_SUBMIT_DIR=$PWD" if plan.root == SUBMIT_DIR else f"cd {_q(plan.root)}",
+        *_site_setup_lines(plan),
         f'PY=${{AGENTRL_PYTHON:-{plan.python}}}',
-        f'RUN_DIR=runs/{plan.name}-$(date +%Y%m%d-%H%M%S)',
+        f'RUN_DIR={_q(plan.run_root)}/{plan.name}-$(date +%Y%m%d-%H%M%S)',
         'mkdir -p "$RUN_DIR/logs"',
         *_prepare_lines(plan, preset, overrides, None),
         "export AGENTRL_RUN_DIR=$RUN_DIR AGENTRL_PYTHON=$PY",
@@ -317,12 +385,14 @@ def render_per_role(plan: Plan, preset: str, overrides: list[str], image: str = 
         if g == TRAINER:
             lines.append(f"#SBATCH --signal=B:USR1@{plan.signal_s}")
         lines += _group_lines(plan, g)
-        lines += ["set -u", 'cd "$SLURM_SUBMIT_DIR"', 'PY=$AGENTRL_PYTHON RUN_DIR=$AGENTRL_RUN_DIR', _WAIT_STEP]
+        lines += ["set -u", f"cd {_q(plan.root)}", *_site_setup_lines(plan),
+                  "PY=$AGENTRL_PYTHON RUN_DIR=$AGENTRL_RUN_DIR", _WAIT_STEP]
         if g == TRAINER:
             lines += [_TRAP_USR1, "export AGENTRL_REQUEUE_BY_SCRIPT=1"]
         if g == TRAINER and plan.needs_model:
-            lines.append('[ -f "$RUN_DIR/model/config.json" ] || srun --ntasks=1 "$PY" -m jobs.make_model '
-                         '--run-dir "$RUN_DIR"')
+            setup = f'bash "$RUN_DIR/{SETUP_FILE}" ' if plan.setup else ""
+            lines.append(f'[ -f "$RUN_DIR/model/config.json" ] || srun --mpi=none --ntasks=1 {setup}"$PY" -m '
+                         'jobs.make_model --run-dir "$RUN_DIR"')
         if g == ROLLOUT and plan.needs_model:
             lines.append('until [ -f "$RUN_DIR/model/config.json" ]; do sleep 5; done  # the trainer job builds it')
         for step in by_group[g]:

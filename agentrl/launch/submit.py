@@ -32,7 +32,7 @@ from submitit.slurm.slurm import SlurmExecutor
 from agentrl.config import RunConfig
 from agentrl.launch import slurm_env, topology
 from agentrl.launch.preempt import REQUEUE_BY_SCRIPT
-from agentrl.launch.sbatch import step_argv, task_argv
+from agentrl.launch.sbatch import SETUP_FILE, setup_script, step_argv, task_argv
 
 
 class HetSlurmExecutor(SlurmExecutor):
@@ -73,17 +73,18 @@ def _time_minutes(slurm_time: str) -> int:
 
 
 def slurm_parameters(name: str, directives: tuple[tuple[str, str], ...], signal_s: int,
-                     extra: dict[str, str] | None = None) -> dict[str, Any]:
+                     extra: dict[str, str] | None = None, setup: tuple[str, ...] = ()) -> dict[str, Any]:
     """submitit parameters for one group's directives.
 
     The function runs in the batch shell (`use_srun=False`: it starts the roles' steps itself), so the
     warning signal goes to the batch shell only (`B:`): submitit's handler checkpoints and requeues,
-    while the roles' steps are not killed by a USR2 they do not handle."""
+    while the roles' steps are not killed by a USR2 they do not handle. `setup` (cluster.setup) runs in the
+    batch shell before the function, as submitit's own `setup` lines."""
     d = dict(directives)
     params: dict[str, Any] = {k.replace("-", "_"): v for k, v in d.items() if k != "time"}
     params |= {"requeue": True, "signal": f"B:{submitit.JobEnvironment.USR_SIG}@{signal_s}"}
     return dict(job_name=name, use_srun=False, stderr_to_stdout=True, time=_time_minutes(d["time"]),
-                additional_parameters=params | (extra or {}))
+                additional_parameters=params | (extra or {}), **({"setup": list(setup)} if setup else {}))
 
 
 def executor_for(cfg: RunConfig, folder: str | Path) -> HetSlurmExecutor:
@@ -91,7 +92,7 @@ def executor_for(cfg: RunConfig, folder: str | Path) -> HetSlurmExecutor:
     plan = topology.plan(cfg)
     ex = HetSlurmExecutor(folder, [list(g.directives) for g in plan.groups[1:]])
     ex.update_parameters(**slurm_parameters(f"agentrl-{cfg.name}", plan.groups[topology.TRAINER].directives,
-                                            cfg.cluster.signal_s))
+                                            cfg.cluster.signal_s, setup=cfg.cluster.setup))
     return ex
 
 
@@ -109,6 +110,8 @@ def _start_steps(cfg: RunConfig, run_dir: Path, group: int | None) -> dict[str, 
     step (env workers) starts one step per task, named `<role>-<task>`."""
     py, het = sys.executable, group is None
     image, binds = cfg.cluster.env.apptainer_image, cfg.cluster.env.binds
+    if cfg.cluster.setup:  # every step runs its program through it (sbatch.role_argv)
+        (run_dir / SETUP_FILE).write_text(setup_script(cfg.cluster.setup))
     tasks: dict[str, _Task] = {}
     for step in topology.plan(cfg).steps:
         if not (het or step.group == group):
@@ -153,7 +156,7 @@ def _finish(tasks: dict[str, _Task], ends: list[str], run_dir: Path, poll_s: flo
 def _make_model(run_dir: Path, het: bool) -> None:
     if not (run_dir / "model" / "config.json").exists():
         group = [f"--het-group={topology.TRAINER}"] if het else []
-        subprocess.run(["srun", *group, "--ntasks=1", sys.executable, "-m", "jobs.make_model",
+        subprocess.run(["srun", "--mpi=none", *group, "--ntasks=1", sys.executable, "-m", "jobs.make_model",
                         "--run-dir", str(run_dir)], check=True)
 
 
@@ -242,7 +245,8 @@ def submit(cfg: RunConfig, preset: str, overrides: list[str], folder: Path) -> l
         ex = submitit.SlurmExecutor(folder=folder)
         extra = {"dependency": f"after:{jobs[-1].job_id}"} if jobs else {}
         ex.update_parameters(**slurm_parameters(f"agentrl-{cfg.name}-{topology.GROUP_NAMES[group]}",
-                                                plan.groups[group].directives, cfg.cluster.signal_s, extra))
+                                                plan.groups[group].directives, cfg.cluster.signal_s, extra,
+                                                cfg.cluster.setup))
         env_job = jobs[0].job_id if group == topology.ROLLOUT else None
         jobs.append(ex.submit(RoleJob(group), str(run_dir), os.getcwd(), env_job))
     return jobs

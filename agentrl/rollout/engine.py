@@ -59,18 +59,29 @@ class VLLMEngine:
     """
 
     def __init__(self, model_dir: str, max_model_len: int, max_num_seqs: int = 256, kv_cache_gib: int = 1,
-                 seed: int = 0, engine_id: int = 0, version: int = 0, dtype: str = "float32") -> None:
+                 seed: int = 0, engine_id: int = 0, version: int = 0, dtype: str = "float32",
+                 enforce_eager: bool = True, tensor_parallel_size: int = 1,
+                 gpu_memory_utilization: float | None = None, kv_cache_memory_bytes: int | None = None) -> None:
+        """The defaults are the CPU engine's (float32, eager, `kv_cache_gib` of KV cache). On GPUs,
+        `gpu_memory_utilization` is this engine's share of each of its GPUs and `kv_cache_memory_bytes`, when
+        given, sizes its KV cache instead of that share's remainder (None: vLLM's own defaults)."""
         # In-process engine: the weight-swap callable below is then not pickled, and start-up is 2x faster.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from vllm import LLM
 
+        gpu: dict[str, Any] = {}
+        if gpu_memory_utilization is not None:
+            gpu["gpu_memory_utilization"] = gpu_memory_utilization
+        if kv_cache_memory_bytes is not None:
+            gpu["kv_cache_memory_bytes"] = kv_cache_memory_bytes
         # processed_logprobs: log-probs of the distribution actually sampled from (after temperature),
         # which is what the PPO ratio's denominator must be.
         with _VLLM_LOCK:
-            self._llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_model_len, enforce_eager=True,
-                            max_num_seqs=max_num_seqs, seed=seed, logprobs_mode="processed_logprobs")
+            self._llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_model_len, enforce_eager=enforce_eager,
+                            tensor_parallel_size=tensor_parallel_size, max_num_seqs=max_num_seqs, seed=seed,
+                            logprobs_mode="processed_logprobs", **gpu)
         self._engine = self._llm.llm_engine
         self.engine_id = engine_id
         self.version = version

@@ -49,8 +49,10 @@ def engine_factory(cfg: RunConfig, model_dir: Path, client: Any, fmt: ChatFormat
         from agentrl.rollout.engine import VLLMEngine
 
         def vllm(engine_id: int) -> VLLMEngine:
-            return VLLMEngine(str(model_dir), r.max_model_len, max_num_seqs=r.concurrency,
-                              kv_cache_gib=r.kv_cache_gib, seed=cfg.seed, engine_id=engine_id)
+            # dtype, TP, eager/CUDA graphs, memory share, max sequences, KV cache: cluster.rollout's
+            # (RolloutTopology.engine_settings; on CPU float32 and eager, as before)
+            return VLLMEngine(str(model_dir), r.max_model_len, kv_cache_gib=r.kv_cache_gib, seed=cfg.seed,
+                              engine_id=engine_id, **pool.engine_settings(r.concurrency))
         n = pool.lagging_engines_per_rank
         current = vllm(rank)
         lagging = []

@@ -100,7 +100,9 @@ def init_distributed(env: DistEnv, backend: str | None = None, timeout_s: float 
     The rendezvous is env:// (MASTER_ADDR, MASTER_PORT). Backend: NCCL when CUDA is available, else gloo.
     """
     cuda = torch.cuda.is_available()
-    device = torch.device("cuda", env.local_rank) if cuda else torch.device("cpu")
+    # a rank bound to its own GPU (srun --gpus-per-task, --gpu-bind) sees one device; one that sees its node's
+    # GPUs takes its local rank's
+    device = torch.device("cuda", env.local_rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     if env.world_size > 1 and not dist.is_initialized():

@@ -3,6 +3,8 @@
 A change to the rendering shows up as a diff here. After a deliberate change, regenerate and read the diff:
     AGENTRL_REGEN_GOLDEN=1 python -m pytest tests/launch/test_render.py
 The committed scripts in sbatch/ must be exactly what the renderer prints for them (so they stay in step).
+Goldens are rendered with `--root /srv/agentrl` (a checkout's path on a site's compute nodes), the committed
+scripts with `--root '$SLURM_SUBMIT_DIR'` (submitted from the repository root, as the CI's Slurm tests do).
 """
 from __future__ import annotations
 
@@ -22,6 +24,13 @@ REGEN = os.environ.get("AGENTRL_REGEN_GOLDEN") == "1"
 SMALL = ["cluster.trainer.slurm.cpus_per_task=1", "cluster.rollout.slurm.cpus_per_task=1",
          "cluster.env.slurm.cpus_per_task=1", "trainer.threads=1", "rollout.engine=expert"]
 
+SITE = ["cluster.trainer.slurm.partition=gpu", "cluster.rollout.slurm.partition=gpu",
+        "cluster.env.slurm.partition=cpu", "cluster.trainer.slurm.account=proj42", "cluster.rollout.slurm.account=proj42",
+        "cluster.env.slurm.account=proj42", "cluster.trainer.gpus_per_node=4", "cluster.trainer.ranks_per_node=4",
+        "cluster.trainer.nodes=4", "cluster.rollout.gpus_per_node=4", "cluster.rollout.ranks=4",
+        "cluster.rollout.nodes=4", "cluster.mpi=pmix", "cluster.python=python",
+        "cluster.setup=[module load cuda/12.4, source /srv/venvs/agentrl/bin/activate]",
+        "model.path=/scratch/proj42/models/Qwen2.5-7B-Instruct"]
 CASES = {  # golden file: (preset, overrides)
     "smoke-hetjob.sbatch": ("smoke", SMALL),
     "smoke-per-role.sh": ("smoke", [*SMALL, "cluster.hetjob=false"]),
@@ -39,6 +48,12 @@ CASES = {  # golden file: (preset, overrides)
     "agentbench-qwen2.5-7b-per-role.sh": ("agentbench-qwen2.5-7b", ["cluster.hetjob=false"]),
     "smoke-apptainer-workers.sbatch": ("smoke", ["cluster.env.apptainer_image=/images/agentrl.sif",
                                                  "cluster.env.binds=[/scratch/agentbench]"]),
+    # a site's adaptation of the 7B preset (docs/slurm.md walks through it)
+    "agentbench-qwen2.5-7b-site.sbatch": ("agentbench-qwen2.5-7b", SITE),
+    "agentbench-qwen2.5-7b-gres-pmix.sbatch": ("agentbench-qwen2.5-7b", [
+        "cluster.schedule=async", "cluster.gpu_binding=gres", "cluster.mpi=pmix", "cluster.trainer.nodes=1",
+        "cluster.trainer.slurm.mem=", "cluster.trainer.slurm.mem_per_gpu=200G", "cluster.setup=[module load openmpi]"]),
+    "smoke-setup-per-role.sh": ("smoke", [*SMALL, "cluster.hetjob=false", "cluster.setup=[module load python/3.11]"]),
 }
 COMMITTED = {  # sbatch/ file: (preset, overrides)
     "smoke.sbatch": ("smoke", SMALL),
@@ -48,8 +63,8 @@ COMMITTED = {  # sbatch/ file: (preset, overrides)
 }
 
 
-def render(preset: str, overrides: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    assert launch.main(["--preset", preset, "--render-sbatch", *overrides]) == 0
+def render(preset: str, overrides: list[str], capsys: pytest.CaptureFixture[str], root: str = "/srv/agentrl") -> str:
+    assert launch.main(["--preset", preset, "--render-sbatch", "--root", root, *overrides]) == 0
     return capsys.readouterr().out
 
 
@@ -71,7 +86,7 @@ def test_golden(name: str, capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize("name", sorted(COMMITTED))
 def test_committed_scripts_are_rendered(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     preset, overrides = COMMITTED[name]
-    check(ROOT / "sbatch" / name, render(preset, overrides, capsys))
+    check(ROOT / "sbatch" / name, render(preset, overrides, capsys, root="$SLURM_SUBMIT_DIR"))
 
 
 def test_hetjob_groups_and_steps(capsys: pytest.CaptureFixture[str]) -> None:
@@ -83,29 +98,36 @@ def test_hetjob_groups_and_steps(capsys: pytest.CaptureFixture[str]) -> None:
     assert "#SBATCH --nodes=4\n#SBATCH --ntasks-per-node=1\n#SBATCH --cpus-per-task=16\n#SBATCH --gpus-per-node=8" in rollout
     assert "#SBATCH --ntasks=6\n" in env  # 5 workers + the controller
     assert "#SBATCH --signal=B:USR1@600" in trainer
-    steps = [shlex.split(line.strip()) for line in text.splitlines() if line.strip().startswith("srun --mpi=pmi2")]
+    steps = [shlex.split(line.strip()) for line in text.splitlines() if line.strip().startswith("srun --mpi=")]
     assert [(s[2], s[3]) for s in steps] == [("--het-group=2", "--ntasks=1"), ("--het-group=2", "--ntasks=1"),
                                             ("--het-group=1", "--ntasks=4"), ("--het-group=0", "--ntasks=64")]
     assert "\nenv_workers 5 &\n" in text  # five env workers, each its own step (restarted when it fails)
     assert [s[s.index("--") + 3] for s in steps] == ["jobs.controller", "jobs.env_worker", "jobs.rollout", "jobs.trainer"]
-    assert "--gpus-per-task=8" in steps[2] and not any(a.startswith("--gpus") for a in steps[3])  # rollout ranks only
+    assert steps[2][8:10] == ["--gpus-per-task=8", "--gpu-bind=per_task:8"]  # a rollout rank: its engines' GPUs
+    assert steps[3][8:10] == ["--gpus-per-task=1", "--gpu-bind=per_task:1"]  # a trainer rank: its own GPU
+    assert [s[1] for s in steps] == ["--mpi=none"] * 4  # the synchronous roles run no MPI
+    assert [s[5:7] for s in steps] == [["--cpus-per-task=8", "--mem=0"], ["--cpus-per-task=8", "--mem=0"],
+                                       ["--cpus-per-task=16", "--mem=0"], ["--cpus-per-task=8", "--mem=0"]]
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in steps[3] and "TORCH_NCCL_ASYNC_ERROR_HANDLING=1" not in steps[2]
     assert "controller.host=0.0.0.0" in text
 
 
 def test_async_trainer_and_rollout_are_one_mpmd_step(capsys: pytest.CaptureFixture[str]) -> None:
     text = render("smoke", ["cluster.schedule=async", "cluster.rollout.ranks=3", "cluster.rollout.nodes=1",
                             "cluster.engine_threads=4"], capsys)
-    steps = [shlex.split(line.strip()) for line in text.splitlines() if line.strip().startswith("srun --mpi=pmi2")]
+    steps = [shlex.split(line.strip()) for line in text.splitlines() if line.strip().startswith("srun --mpi=")]
     assert len(steps) == 3  # controller, env workers, and trainer + rollout ranks as one step
     mpmd = steps[2]
     trainer, rollout = mpmd[:mpmd.index(":")], mpmd[mpmd.index(":") + 1:]
-    assert trainer[2:5] == ["--het-group=0", "--ntasks=1", "--exact"]
-    assert trainer[5:] == ["--output=$RUN_DIR/logs/pipeline.log",  # one log for the MPI world's ranks
+    assert mpmd[1] == "--mpi=pmi2"  # cluster.mpi's default, for the MPI world
+    assert trainer[2:7] == ["--het-group=0", "--ntasks=1", "--exact", "--cpus-per-task=2", "--mem=0"]
+    assert trainer[7:] == ["--output=$RUN_DIR/logs/pipeline.log",  # one log for the MPI world's ranks
                            "--kill-on-bad-exit=1",  # a dead rank ends the world (else the others wait on it)
                            "$PY", "-m", "mpi4py", "-m", "jobs.trainer_async", "--run-dir", "$RUN_DIR"]
-    assert rollout[:4] == ["--het-group=1", "--ntasks=3", "--exact", "--kill-on-bad-exit=1"]
-    assert rollout[4:6] == ["env", "OMP_NUM_THREADS=4"]  # srun would start the engine ranks with the step's CPUs
-    assert rollout[6:] == ["$PY", "-m", "mpi4py", "-m", "jobs.rollout_async", "--run-dir", "$RUN_DIR", "&"]
+    assert rollout[:6] == ["--het-group=1", "--ntasks=3", "--exact", "--cpus-per-task=2", "--mem=0",
+                           "--kill-on-bad-exit=1"]
+    assert rollout[6:8] == ["env", "OMP_NUM_THREADS=4"]  # srun would start the engine ranks with the step's CPUs
+    assert rollout[8:] == ["$PY", "-m", "mpi4py", "-m", "jobs.rollout_async", "--run-dir", "$RUN_DIR", "&"]
     assert "agentrl.launch.slurm_env" not in mpmd  # MPI gives these ranks their places
     # USR1 goes to the MPMD step, started (and, when it fails, started again) by `pipeline`
     assert text.count("TRAINER=$!") == 1 and "\npipeline() {\n  srun --mpi=pmi2 --het-group=0 " in text
@@ -118,9 +140,10 @@ def test_async_file_channel_runs_every_rank_as_its_own_restartable_step(capsys: 
     text = render("smoke", ["cluster.schedule=async", "transport.channel=files", "cluster.rollout.ranks=3",
                             "cluster.rollout.nodes=1", "cluster.max_restarts=2"], capsys)
     assert "mpi4py" not in text and " : " not in text  # no MPI world
-    steps = [shlex.split(line.strip()) for line in text.splitlines() if line.strip().startswith("srun --mpi=pmi2")]
+    steps = [shlex.split(line.strip()) for line in text.splitlines() if line.strip().startswith("srun --mpi=")]
     rollout = next(s for s in steps if "jobs.rollout_async" in s)
-    assert rollout[2:6] == ["--het-group=1", "--ntasks=1", "--exact", "--output=$RUN_DIR/logs/rollout-$1.log"]
+    assert rollout[2:8] == ["--het-group=1", "--ntasks=1", "--exact", "--cpus-per-task=2", "--mem=0",
+                            "--output=$RUN_DIR/logs/rollout-$1.log"]
     assert rollout[-5:] == ["--run-dir", "$RUN_DIR", "--rank", "$1", "&"] and "OMP_NUM_THREADS=2" in rollout
     trainer = next(s for s in steps if "jobs.trainer_async" in s)
     assert trainer[2:4] == ["--het-group=0", "--ntasks=1"]
@@ -132,7 +155,7 @@ def test_async_data_parallel_trainer_ranks_lead_the_mpmd_step(capsys: pytest.Cap
     text = render("smoke", ["cluster.schedule=async", "cluster.trainer.nodes=2", "cluster.trainer.ranks_per_node=2",
                             "cluster.rollout.ranks=3", "cluster.rollout.nodes=1"], capsys)
     assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n" in text.split("#SBATCH hetjob\n")[0]
-    steps = [shlex.split(line.strip()) for line in text.splitlines() if line.strip().startswith("srun --mpi=pmi2")]
+    steps = [shlex.split(line.strip()) for line in text.splitlines() if line.strip().startswith("srun --mpi=")]
     mpmd = steps[2]
     trainer, rollout = mpmd[:mpmd.index(":")], mpmd[mpmd.index(":") + 1:]
     assert trainer[2:4] == ["--het-group=0", "--ntasks=4"]  # world ranks 0..3; rollout ranks follow from 4
@@ -174,3 +197,27 @@ def test_render_runs_without_torch() -> None:
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("#!/bin/bash")
+
+
+def test_gres_binding_masks_rollout_ranks_and_leaves_trainer_ranks_their_node(capsys: pytest.CaptureFixture[str]) -> None:
+    text = render("agentbench-qwen2.5-7b", ["cluster.gpu_binding=gres"], capsys)
+    assert text.count("#SBATCH --gres=gpu:8\n") == 2 and "--gpus-per-node" not in text
+    steps = {s[s.index("--") + 3]: s for s in (shlex.split(line) for line in text.splitlines()
+                                                if line.startswith("srun --mpi="))}
+    assert steps["jobs.rollout"][8:10] == ["--gres=gpu:8", "--gpu-bind=mask_gpu:0xf,0xf0"]  # 2 ranks x 4 GPUs a node
+    assert steps["jobs.trainer"][8] == "--gres=gpu:8" and not any("gpu-bind" in a for a in steps["jobs.trainer"])
+
+
+def test_setup_runs_on_the_node_outside_the_workers_container_and_paths_are_absolute(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    text = render("smoke", ["cluster.env.apptainer_image=images/agentrl.sif", "cluster.setup=[module load apptainer]",
+                            "cluster.env.binds=[data/agentbench, /abs]"], capsys, root="/site/repo")
+    worker = next(shlex.split(line) for line in text.splitlines() if "jobs.env_worker" in line and "srun" in line)
+    at = worker.index("bash")
+    assert worker[at:at + 4] == ["bash", "$RUN_DIR/setup.sh", "apptainer", "exec"]
+    assert worker[worker.index("--cleanenv") + 1:worker.index("/site/repo/images/agentrl.sif")] == [
+        "--bind", "$RUN_DIR", "--bind", "/site/repo/data", "--bind", "/site/repo/data/agentbench", "--bind", "/abs"]
+    assert "\ncd /site/repo\n# site set-up" in text and "\nset +u\nmodule load apptainer\nset -u\n" in text
+    assert "PY=${AGENTRL_PYTHON:-/site/repo/.venv/bin/python}\nRUN_DIR=/site/repo/runs/smoke-" in text
+    assert ("cluster.env.apptainer_image=/site/repo/images/agentrl.sif "
+            "'cluster.env.binds=[/site/repo/data/agentbench,/abs]'") in text  # into the run's config.yaml

@@ -203,10 +203,10 @@ def test_async_env_worker_killed_is_restarted(slurm, job_env, tmp_path: Path) ->
 
     try:
         wait_until(lambda: steps_done(run_dir) >= 1, 240, "no RL steps")
-        (pid,) = wait_until(lambda: worker_pids(f"runs/smoke-{job}"), 10, "no env worker process")
+        (pid,) = wait_until(lambda: worker_pids(str(run_dir)), 10, "no env worker process")
         os.kill(pid, signal.SIGKILL)
         t_kill = time.monotonic()
-        wait_until(lambda: [p for p in worker_pids(f"runs/smoke-{job}") if p != pid], 60,
+        wait_until(lambda: [p for p in worker_pids(str(run_dir)) if p != pid], 60,
                    "the env worker was not started again")
         restart_s = time.monotonic() - t_kill
         wait_until(lambda: job_gone(job), 300, f"job {job} did not finish")
@@ -244,7 +244,7 @@ def test_async_rollout_rank_killed_restarts_the_pipeline(slurm, job_env, tmp_pat
     try:
         wait_until(lambda: steps_done(run_dir) >= 2, 240, "no RL steps")
         at_kill = steps_done(run_dir)
-        pids = wait_until(lambda: rollout_pids(f"runs/smoke-{job}"), 10, "no rollout rank process")
+        pids = wait_until(lambda: rollout_pids(str(run_dir)), 10, "no rollout rank process")
         assert len(pids) == 2, pids
         os.kill(pids[1], signal.SIGKILL)
         t_kill = time.monotonic()
@@ -261,7 +261,7 @@ def test_async_rollout_rank_killed_restarts_the_pipeline(slurm, job_env, tmp_pat
     assert log.count("agentrl: the pipeline (trainer and rollout ranks, one MPI world) exited with") == 1, log
     assert "starting it again (0 restarts left)" in log and "requeueing" not in log
     # before the restart (in this MPMD world with the weights directory the trainer publishes none of them)
-    assert f"agentrl: cleared the pipeline's rendezvous keys in runs/smoke-{job}:" in log
+    assert f"agentrl: cleared the pipeline's rendezvous keys in {run_dir}:" in log
     pipeline = (run_dir / "logs" / "pipeline.log").read_text()
     assert "resumed from" in pipeline, pipeline[-3000:]
     trainer = read_json(run_dir / "report" / "trainer.json")

@@ -7,7 +7,7 @@
   step: test_slurm_async.py).
 * preemption: USR1 to a running job's batch script → the step checkpoints through agentrl.launch.preempt,
   the script requeues, the job resumes, and the ledger has every id exactly once.
-Times on the 2-core machine (shared with other work) are in each test's docstring; all seven: 100-170 s.
+Times on the 2-core machine (shared with other work) are in each test's docstring; all eight: 130-210 s.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import submitit
 from slurm_tools import job_gone, sbatch_script, wait_until
 
 from agentrl.config import load_config
-from agentrl.launch import sbatch
+from agentrl.launch import sbatch, topology
 
 pytestmark = [pytest.mark.slurm]
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,6 +53,28 @@ def test_committed_smoke_script_runs(slurm, job_env, tmp_path: Path) -> None:
     log = (tmp_path / f"agentrl-smoke-{job}.out").read_text()
     summary = json.loads((tmp_path / "runs" / f"smoke-{job}" / "report" / "summary.json").read_text())
     assert summary["rl_steps"] == 2, log
+    state = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+    assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, state
+
+
+def test_rendered_script_runs_site_setup_from_anywhere(slurm, job_env, tmp_path: Path) -> None:
+    """~30 s. The smoke run as `jobs.launch --render-sbatch` renders it by default (root: this checkout, every
+    path absolute) with two `cluster.setup` lines, submitted from an unrelated directory: the run lands under
+    run_root, the batch shell and every step ran the set-up (each role's log has its marker), exit 0."""
+    overrides = [*SMALL, f"run_root={tmp_path / 'runs'}",
+                 "cluster.setup=[export AGENTRL_SITE=ok, echo agentrl-setup-ran-$AGENTRL_SITE >&2]"]
+    cfg = load_config("smoke", overrides)
+    text = sbatch.render_hetjob(topology.plan(cfg, str(ROOT)), "smoke", overrides)
+    assert f"cd {ROOT}\n" in text and f"RUN_DIR={tmp_path}/runs/smoke-" in text
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    job = sbatch_script(text, elsewhere / "smoke.sbatch")
+    wait_until(lambda: job_gone(job), 180, f"job {job} did not finish")
+    run_dir = tmp_path / "runs" / f"smoke-{job}"
+    log = (elsewhere / f"agentrl-smoke-{job}.out").read_text()
+    assert json.loads((run_dir / "report" / "summary.json").read_text())["rl_steps"] == 2, log
+    for role in ("controller-0", "env_worker-0", "rollout-0", "trainer-0"):
+        assert "agentrl-setup-ran-ok" in (run_dir / "logs" / f"{role}.log").read_text(), role
     state = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
     assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, state
 

@@ -17,7 +17,16 @@ from agentrl.launch import topology
     ("cluster.env.slurm.partition=a b", "cluster.env.slurm.partition", "spaces"),
     ("cluster.rollout.gpus_per_node=3", "cluster.rollout.gpus_per_node", "= 1"),
     ("cluster.rollout.gpu_memory_utilization=1.5", "cluster.rollout.gpu_memory_utilization", "(0, 1]"),
-    ("cluster.rollout.dtype=fp8", "cluster.rollout.dtype", "unknown dtype"),
+    ("cluster.rollout.dtype=fp8", "cluster.rollout.dtype", "(auto | bfloat16 | float16 | float32)"),
+    ("cluster.mpi=pmi3", "cluster.mpi", "unknown value 'pmi3' (pmi2 | pmix | none)"),
+    ("cluster.gpu_binding=map", "cluster.gpu_binding", "(gpus-per-task | gres)"),
+    ("cluster.schedule=later", "cluster.schedule", "(sync | async)"),
+    ("cluster.setup=['module load x', '']", "cluster.setup[1]", "one non-empty shell line"),
+    ("cluster.trainer.slurm.mem_per_gpu=80", "cluster.trainer.slurm.mem_per_gpu", "needs gpus_per_node > 0"),
+    ("cluster.env.slurm.mem_per_gpu=lots", "cluster.env.slurm.mem_per_gpu", "not a Slurm memory size"),
+    ("cluster.trainer.collective_timeout_s=3600", "cluster.trainer.collective_timeout_s",
+     "shorter than cluster.trainer.slurm.time (01:00:00 = 3600 s)"),
+    ("cluster.rollout.max_num_seqs=-1", "cluster.rollout.max_num_seqs", ">= 0"),
     ("cluster.rollout.lagging_prob=2", "cluster.rollout.lagging_prob", "[0, 1]"),
     ("cluster.rollout.lagging_prob=0.5", "cluster.rollout.lagging_prob", "lagging_engines_per_rank is 0"),
     ("cluster.rollout.ranks=1001", "cluster.rollout.ranks", "<= 1000"),
@@ -37,10 +46,13 @@ def test_rollout_gpus_must_match_engines() -> None:
                                 "cluster.rollout.lagging_engines_per_rank=1", "cluster.rollout.tensor_parallel_size=2",
                                 "cluster.rollout.gpus_per_node=16"])
     assert cfg.cluster.rollout.gpus_per_rank == 8  # (3 + 1) engines x 2 GPUs
-    with pytest.raises(ConfigError, match=r"cluster.rollout.gpus_per_node: .* = 16"):
-        load_config("smoke", ["cluster.rollout.ranks=4", "cluster.rollout.nodes=2",
-                              "cluster.rollout.engines_per_rank=3", "cluster.rollout.lagging_engines_per_rank=1",
-                              "cluster.rollout.tensor_parallel_size=2", "cluster.rollout.gpus_per_node=8"])
+    same = ["cluster.rollout.ranks=4", "cluster.rollout.nodes=2", "cluster.rollout.engines_per_rank=3",
+            "cluster.rollout.lagging_engines_per_rank=1", "cluster.rollout.tensor_parallel_size=2"]
+    with pytest.raises(ConfigError, match=r"^cluster.rollout.tensor_parallel_size: .* = 8 GPUs per rollout rank, "
+                                          r"but a rank has gpus_per_node / \(ranks / nodes\) = 4$"):
+        load_config("smoke", [*same, "cluster.rollout.gpus_per_node=8"])
+    with pytest.raises(ConfigError, match=r"^cluster.rollout.gpus_per_node: .* = 16 \(no GPU of a rollout node"):
+        load_config("smoke", [*same, "cluster.rollout.gpus_per_node=32"])
 
 
 @pytest.mark.parametrize("size,trainer_gpus,rollout_gpus", [
@@ -79,3 +91,22 @@ def test_async_data_parallel_trainer_loads_and_leads_the_local_mpmd_world(tmp_pa
     trainer, rollout = cmd[:cmd.index(":")], cmd[cmd.index(":") + 1:]
     assert trainer[1:3] == ["-n", "2"] and "jobs.trainer_async" in trainer
     assert rollout[:2] == ["-n", "3"] and "jobs.rollout_async" in rollout
+
+
+def test_choices_and_timeouts_resolve() -> None:
+    cfg = load_config("agentbench-qwen2.5-7b", ["cluster.mpi=pmix", "cluster.trainer.slurm.time=00:20:00"])
+    assert cfg.cluster.mpi == "pmix" and cfg.cluster.gpu_binding == "gpus-per-task"
+    assert cfg.cluster.trainer.collective_timeout == 600.0  # 0: half a limit shorter than an hour
+    assert load_config("agentbench-qwen2.5-7b").cluster.trainer.collective_timeout == 1800.0
+    with pytest.raises(ConfigError, match=r"^cluster.trainer.slurm.mem_per_gpu: set mem or mem_per_gpu"):
+        load_config("agentbench-qwen2.5-7b", ["cluster.trainer.slurm.mem=0", "cluster.trainer.slurm.mem_per_gpu=80G"])
+
+
+def test_engines_times_tensor_parallel_must_fit_a_rollout_rank() -> None:
+    """(1 current + 1 lagging) x TP 4 = 8 GPUs per rank, but 8 GPUs per node hold 2 ranks: 4 each."""
+    with pytest.raises(ConfigError) as e:
+        load_config("agentbench-qwen2.5-7b", ["cluster.rollout.engines_per_rank=1",
+                                              "cluster.rollout.tensor_parallel_size=4"])
+    msg = str(e.value)
+    assert msg.startswith("cluster.rollout.tensor_parallel_size: (engines_per_rank 1 + lagging_engines_per_rank 1) "
+                          "x tensor_parallel_size 4 = 8 GPUs per rollout rank") and msg.endswith("= 4"), msg

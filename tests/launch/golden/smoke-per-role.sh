@@ -1,13 +1,14 @@
 #!/bin/bash
 # agentrl run 'smoke' from preset 'smoke': one job per role (cluster.hetjob=false).
 # Rendered by `python -m jobs.launch --preset smoke --render-sbatch cluster.trainer.slurm.cpus_per_task=1 cluster.rollout.slurm.cpus_per_task=1 cluster.env.slurm.cpus_per_task=1 trainer.threads=1 rollout.engine=expert cluster.hetjob=false`; edit the config, not this file.
-# Run it (do not sbatch it) from the repository root, after `bash install.sh`: it submits the
+# Run it (do not sbatch it), after `bash install.sh` in /srv/agentrl (where it runs): it submits the
 # jobs. Logs: <job name>-<job id>.out here; each role's in the run dir's logs/<role>-<task>.log.
 # Preemption: 300 s before the time limit Slurm sends USR1; the trainer checkpoints and the
 # job requeues under the same id, so the run resumes in the same run directory.
 set -euo pipefail
-PY=${AGENTRL_PYTHON:-.venv/bin/python}
-RUN_DIR=runs/smoke-$(date +%Y%m%d-%H%M%S)
+cd /srv/agentrl
+PY=${AGENTRL_PYTHON:-/srv/agentrl/.venv/bin/python}
+RUN_DIR=/srv/agentrl/runs/smoke-$(date +%Y%m%d-%H%M%S)
 mkdir -p "$RUN_DIR/logs"
 # config.yaml is written once: a requeued job keeps it (and its checkpoints) and resumes
 "$PY" -m jobs.launch --preset smoke --prepare-run "$RUN_DIR" cluster.trainer.slurm.cpus_per_task=1 cluster.rollout.slurm.cpus_per_task=1 cluster.env.slurm.cpus_per_task=1 trainer.threads=1 rollout.engine=expert cluster.hetjob=false controller.host=0.0.0.0
@@ -23,7 +24,7 @@ ENV_JOB=$(sbatch --parsable <<'JOB'
 #SBATCH --ntasks=2
 #SBATCH --cpus-per-task=1
 set -u
-cd "$SLURM_SUBMIT_DIR"
+cd /srv/agentrl
 PY=$AGENTRL_PYTHON RUN_DIR=$AGENTRL_RUN_DIR
 # wait for a step; a trapped signal interrupts `wait`, so wait again while the step lives
 wait_step() {
@@ -35,7 +36,7 @@ wait_step() {
   done
 }
 # controller: 1 task
-srun --mpi=pmi2 --ntasks=1 --exact "--output=$RUN_DIR/logs/controller-%t.log" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.controller --run-dir "$RUN_DIR" &
+srun --mpi=none --ntasks=1 --exact --cpus-per-task=1 --mem=0 "--output=$RUN_DIR/logs/controller-%t.log" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.controller --run-dir "$RUN_DIR" &
 CONTROLLER=$!
 # env_worker: task $1 as its own step; when it fails it is started again, at most 3 times (meanwhile
 # the run goes on without it); SIGTERM stops it and its step
@@ -43,7 +44,7 @@ env_worker() {
   local left=3 rc step
   trap 'kill "$step" 2>/dev/null; wait "$step"; exit 0' TERM
   while :; do
-    srun --mpi=pmi2 --ntasks=1 --exact "--output=$RUN_DIR/logs/env_worker-$1.log" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.env_worker --run-dir "$RUN_DIR" --worker-id "worker-$1" &
+    srun --mpi=none --ntasks=1 --exact --cpus-per-task=1 --mem=0 "--output=$RUN_DIR/logs/env_worker-$1.log" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.env_worker --run-dir "$RUN_DIR" --worker-id "worker-$1" &
     step=$!
     wait "$step"; rc=$?
     [ "$rc" != 0 ] && [ "$left" -gt 0 ] || return "$rc"
@@ -78,7 +79,7 @@ TRAINER_JOB=$(sbatch --parsable --dependency=after:$ENV_JOB <<'JOB'
 #SBATCH --ntasks-per-node=1
 #SBATCH --cpus-per-task=1
 set -u
-cd "$SLURM_SUBMIT_DIR"
+cd /srv/agentrl
 PY=$AGENTRL_PYTHON RUN_DIR=$AGENTRL_RUN_DIR
 # wait for a step; a trapped signal interrupts `wait`, so wait again while the step lives
 wait_step() {
@@ -99,9 +100,9 @@ on_usr1() {
 }
 trap on_usr1 USR1
 export AGENTRL_REQUEUE_BY_SCRIPT=1
-[ -f "$RUN_DIR/model/config.json" ] || srun --ntasks=1 "$PY" -m jobs.make_model --run-dir "$RUN_DIR"
+[ -f "$RUN_DIR/model/config.json" ] || srun --mpi=none --ntasks=1 "$PY" -m jobs.make_model --run-dir "$RUN_DIR"
 # trainer: 1 task
-srun --mpi=pmi2 --ntasks=1 --exact "--output=$RUN_DIR/logs/trainer-%t.log" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.trainer --run-dir "$RUN_DIR" &
+srun --mpi=none --ntasks=1 --exact --cpus-per-task=1 --mem=0 "--output=$RUN_DIR/logs/trainer-%t.log" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.trainer --run-dir "$RUN_DIR" &
 TRAINER=$!
 status=0
 wait_step "$TRAINER" || status=$?
@@ -125,7 +126,7 @@ ROLLOUT_JOB=$(sbatch --parsable --dependency=after:$TRAINER_JOB <<'JOB'
 #SBATCH --ntasks-per-node=1
 #SBATCH --cpus-per-task=1
 set -u
-cd "$SLURM_SUBMIT_DIR"
+cd /srv/agentrl
 PY=$AGENTRL_PYTHON RUN_DIR=$AGENTRL_RUN_DIR
 # wait for a step; a trapped signal interrupts `wait`, so wait again while the step lives
 wait_step() {
@@ -138,7 +139,7 @@ wait_step() {
 }
 until [ -f "$RUN_DIR/model/config.json" ]; do sleep 5; done  # the trainer job builds it
 # rollout: 1 task
-srun --mpi=pmi2 --ntasks=1 --exact "--output=$RUN_DIR/logs/rollout-%t.log" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.rollout --run-dir "$RUN_DIR" &
+srun --mpi=none --ntasks=1 --exact --cpus-per-task=1 --mem=0 "--output=$RUN_DIR/logs/rollout-%t.log" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.rollout --run-dir "$RUN_DIR" &
 ROLLOUT=$!
 wait_step "$ROLLOUT"; status=$?
 scancel "$AGENTRL_ENV_JOB"

@@ -1,0 +1,170 @@
+#!/bin/bash
+# agentrl run 'smoke' from preset 'smoke': one job per role (cluster.hetjob=false).
+# Rendered by `python -m jobs.launch --preset smoke --render-sbatch cluster.trainer.slurm.cpus_per_task=1 cluster.rollout.slurm.cpus_per_task=1 cluster.env.slurm.cpus_per_task=1 trainer.threads=1 rollout.engine=expert cluster.hetjob=false 'cluster.setup=[module load python/3.11]'`; edit the config, not this file.
+# Run it (do not sbatch it), after `bash install.sh` in /srv/agentrl (where it runs): it submits the
+# jobs. Logs: <job name>-<job id>.out here; each role's in the run dir's logs/<role>-<task>.log.
+# Preemption: 300 s before the time limit Slurm sends USR1; the trainer checkpoints and the
+# job requeues under the same id, so the run resumes in the same run directory.
+set -euo pipefail
+cd /srv/agentrl
+# site set-up (cluster.setup): here, and on every step's node before its program (RUN_DIR/setup.sh)
+set +u
+module load python/3.11
+set -u
+PY=${AGENTRL_PYTHON:-/srv/agentrl/.venv/bin/python}
+RUN_DIR=/srv/agentrl/runs/smoke-$(date +%Y%m%d-%H%M%S)
+mkdir -p "$RUN_DIR/logs"
+# config.yaml is written once: a requeued job keeps it (and its checkpoints) and resumes
+"$PY" -m jobs.launch --preset smoke --prepare-run "$RUN_DIR" cluster.trainer.slurm.cpus_per_task=1 cluster.rollout.slurm.cpus_per_task=1 cluster.env.slurm.cpus_per_task=1 trainer.threads=1 rollout.engine=expert cluster.hetjob=false 'cluster.setup=[module load python/3.11]' controller.host=0.0.0.0
+cat > "$RUN_DIR/setup.sh" <<'SETUP'
+# cluster.setup: run on a step's node before the step's program, which it then becomes
+module load python/3.11
+exec "$@"
+SETUP
+export AGENTRL_RUN_DIR=$RUN_DIR AGENTRL_PYTHON=$PY
+ENV_JOB=$(sbatch --parsable <<'JOB'
+#!/bin/bash
+#SBATCH --job-name=agentrl-smoke-env
+#SBATCH --output=%x-%j.out
+#SBATCH --open-mode=append
+#SBATCH --requeue
+#SBATCH --time=01:00:00
+#SBATCH --nodes=1
+#SBATCH --ntasks=2
+#SBATCH --cpus-per-task=1
+set -u
+cd /srv/agentrl
+# site set-up (cluster.setup): here, and on every step's node before its program (RUN_DIR/setup.sh)
+set +u
+module load python/3.11
+set -u
+PY=$AGENTRL_PYTHON RUN_DIR=$AGENTRL_RUN_DIR
+# wait for a step; a trapped signal interrupts `wait`, so wait again while the step lives
+wait_step() {
+  local rc
+  while :; do
+    wait "$1"; rc=$?
+    if [ "$rc" -gt 128 ] && kill -0 "$1" 2>/dev/null; then continue; fi
+    return "$rc"
+  done
+}
+# controller: 1 task
+srun --mpi=none --ntasks=1 --exact --cpus-per-task=1 --mem=0 "--output=$RUN_DIR/logs/controller-%t.log" bash "$RUN_DIR/setup.sh" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.controller --run-dir "$RUN_DIR" &
+CONTROLLER=$!
+# env_worker: task $1 as its own step; when it fails it is started again, at most 3 times (meanwhile
+# the run goes on without it); SIGTERM stops it and its step
+env_worker() {
+  local left=3 rc step
+  trap 'kill "$step" 2>/dev/null; wait "$step"; exit 0' TERM
+  while :; do
+    srun --mpi=none --ntasks=1 --exact --cpus-per-task=1 --mem=0 "--output=$RUN_DIR/logs/env_worker-$1.log" bash "$RUN_DIR/setup.sh" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.env_worker --run-dir "$RUN_DIR" --worker-id "worker-$1" &
+    step=$!
+    wait "$step"; rc=$?
+    [ "$rc" != 0 ] && [ "$left" -gt 0 ] || return "$rc"
+    left=$((left - 1))
+    echo "agentrl: env_worker $1 exited with $rc; starting it again ($left restarts left)"
+  done
+}
+# env_workers N: tasks 0..N-1, each under env_worker; SIGTERM stops them all. Exit status: the last failure's
+env_workers() {
+  local pids=() i rc=0
+  trap 'kill "${pids[@]}" 2>/dev/null; wait; exit 0' TERM
+  for ((i = 0; i < $1; i++)); do env_worker "$i" & pids+=($!); done
+  for i in "${pids[@]}"; do wait "$i" || rc=$?; done
+  return "$rc"
+}
+# env_worker: 1 task, a step each
+env_workers 1 &
+ENV_WORKER=$!
+wait_step "$ENV_WORKER"
+JOB
+)
+export AGENTRL_ENV_JOB=$ENV_JOB
+TRAINER_JOB=$(sbatch --parsable --dependency=after:$ENV_JOB <<'JOB'
+#!/bin/bash
+#SBATCH --job-name=agentrl-smoke-trainer
+#SBATCH --output=%x-%j.out
+#SBATCH --open-mode=append
+#SBATCH --requeue
+#SBATCH --signal=B:USR1@300
+#SBATCH --time=01:00:00
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=1
+set -u
+cd /srv/agentrl
+# site set-up (cluster.setup): here, and on every step's node before its program (RUN_DIR/setup.sh)
+set +u
+module load python/3.11
+set -u
+PY=$AGENTRL_PYTHON RUN_DIR=$AGENTRL_RUN_DIR
+# wait for a step; a trapped signal interrupts `wait`, so wait again while the step lives
+wait_step() {
+  local rc
+  while :; do
+    wait "$1"; rc=$?
+    if [ "$rc" -gt 128 ] && kill -0 "$1" 2>/dev/null; then continue; fi
+    return "$rc"
+  done
+}
+# USR1 (sbatch --signal=B:USR1@<s>, or `scancel --batch --signal=USR1`):
+# the trainer checkpoints, then the job requeues
+preempted=0
+on_usr1() {
+  preempted=1
+  echo "agentrl: USR1, asking the trainer to checkpoint"
+  kill -USR1 "$TRAINER" 2>/dev/null || true
+}
+trap on_usr1 USR1
+export AGENTRL_REQUEUE_BY_SCRIPT=1
+[ -f "$RUN_DIR/model/config.json" ] || srun --mpi=none --ntasks=1 bash "$RUN_DIR/setup.sh" "$PY" -m jobs.make_model --run-dir "$RUN_DIR"
+# trainer: 1 task
+srun --mpi=none --ntasks=1 --exact --cpus-per-task=1 --mem=0 "--output=$RUN_DIR/logs/trainer-%t.log" bash "$RUN_DIR/setup.sh" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.trainer --run-dir "$RUN_DIR" &
+TRAINER=$!
+status=0
+wait_step "$TRAINER" || status=$?
+if [ "$preempted" = 1 ]; then
+  echo "agentrl: requeueing job $SLURM_JOB_ID"
+  scontrol requeue "$SLURM_JOB_ID"
+  exit 0
+fi
+trap '' USR1  # the trainer is done: a late warning changes nothing
+exit "$status"
+JOB
+)
+ROLLOUT_JOB=$(sbatch --parsable --dependency=after:$TRAINER_JOB <<'JOB'
+#!/bin/bash
+#SBATCH --job-name=agentrl-smoke-rollout
+#SBATCH --output=%x-%j.out
+#SBATCH --open-mode=append
+#SBATCH --requeue
+#SBATCH --time=01:00:00
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=1
+set -u
+cd /srv/agentrl
+# site set-up (cluster.setup): here, and on every step's node before its program (RUN_DIR/setup.sh)
+set +u
+module load python/3.11
+set -u
+PY=$AGENTRL_PYTHON RUN_DIR=$AGENTRL_RUN_DIR
+# wait for a step; a trapped signal interrupts `wait`, so wait again while the step lives
+wait_step() {
+  local rc
+  while :; do
+    wait "$1"; rc=$?
+    if [ "$rc" -gt 128 ] && kill -0 "$1" 2>/dev/null; then continue; fi
+    return "$rc"
+  done
+}
+until [ -f "$RUN_DIR/model/config.json" ]; do sleep 5; done  # the trainer job builds it
+# rollout: 1 task
+srun --mpi=none --ntasks=1 --exact --cpus-per-task=1 --mem=0 "--output=$RUN_DIR/logs/rollout-%t.log" bash "$RUN_DIR/setup.sh" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.rollout --run-dir "$RUN_DIR" &
+ROLLOUT=$!
+wait_step "$ROLLOUT"; status=$?
+scancel "$AGENTRL_ENV_JOB"
+exit "$status"
+JOB
+)
+echo "submitted: env $ENV_JOB, trainer $TRAINER_JOB, rollout $ROLLOUT_JOB; run dir $RUN_DIR"
