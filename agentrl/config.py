@@ -190,8 +190,6 @@ class RolloutConfig:
     def validate(self, p: str) -> None:
         _check(self.env_latency_s >= 0 and self.env_latency_sigma >= 0, f"{p}.env_latency_s",
                "env_latency_s and env_latency_sigma must be >= 0")
-        _check(self.template_check in ("strict", "warn", "off"), f"{p}.template_check",
-               f"unknown mode {self.template_check!r} (strict | warn | off)")
         _check(self.engine in ("vllm", "expert"), f"{p}.engine", f"unknown engine {self.engine!r} (vllm | expert)")
         _check(self.max_turns >= 0, f"{p}.max_turns", "must be >= 0 (0: each task's own limit)")
         for name in ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "max_model_len",
@@ -709,11 +707,6 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         return _build(tp, value, path)
     if tp is Any:
         return value.parsed if isinstance(value, Scalar) else value
-    if origin is Literal:  # a choice: checked here, at load, naming the field
-        choices = typing.get_args(tp)
-        value = str(value) if isinstance(value, Scalar) else value
-        _check(value in choices, path, f"expected one of {' | '.join(map(str, choices))}, got {value!r}")
-        return value
     if origin is dict:
         _check(isinstance(value, dict), path, f"expected a mapping, got {value!r}")
         key_tp, value_tp = typing.get_args(tp)
