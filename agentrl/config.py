@@ -588,10 +588,11 @@ class ClusterConfig:
     (which also restarts the asynchronous MPI world as often) and by the rendered Slurm scripts (each worker
     its own srun step; past the bound that worker stays down and the run goes on with the others; the
     asynchronous MPMD step is started again as often, after its rendezvous keys are cleared)."""
-    schedule: Literal["sync", "async"] = "sync"
-    """sync: rollout and trainer take turns, one shard per step; async: the trainer and
-    `cluster.rollout.ranks` rollout ranks in one MPI world (mpiexec), trajectories over MPI, in-flight
-    weight updates (docs/pipeline.md); with transport.channel=files, separate processes without MPI."""
+    schedule: Literal["sync", "async"] = "async"
+    """async (the default): the trainer and `cluster.rollout.ranks` rollout ranks in one MPI world (mpiexec),
+    trajectories over MPI, in-flight weight updates (docs/pipeline.md); with transport.channel=files, separate
+    processes without MPI. sync: the baseline the benchmarks compare against: rollout and trainer take
+    turns, one shard per step, one rollout rank."""
     engine_threads: int = 2
     """OMP_NUM_THREADS of each rollout rank under mpiexec (which would otherwise start it with 1, and
     vLLM's CPU attention then aborts)."""
@@ -641,6 +642,12 @@ class ClusterConfig:
             # would stop the rollout ranks (their job ends) while only its own job is requeued.
             _check(self.hetjob, f"{p}.hetjob", "must be true with cluster.schedule=async: its trainer and "
                    "rollout ranks are started, stopped and requeued together, as steps of one heterogeneous job")
+        else:
+            # The synchronous baseline's trainer reads one rollout's shard per step: N copies of that role
+            # would write the same shards with the same seeds (and the trainer would read one of them).
+            _check(self.rollout.ranks == 1, f"{p}.rollout.ranks",
+                   f"the synchronous schedule runs one rollout rank, not {self.rollout.ranks}; "
+                   "use cluster.schedule=async (the default) for more")
 
 
 @dataclass(frozen=True)

@@ -124,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     cores = os.cpu_count() or 2
     t_train, t_engine = (int(x) for x in args.threads.split(":")) if args.threads else (max(cores // 2, 1),
                                                                                          max(cores - cores // 2, 1))
-    sync = run_schedule(root, "sync", common + [f"trainer.threads={cores}", f"cluster.engine_threads={cores}"])
+    sync = run_schedule(root, "sync", common + ["cluster.schedule=sync", f"trainer.threads={cores}",
+                                                f"cluster.engine_threads={cores}"])
     print(f"sync done in {sync['wall_s']:.0f}s", flush=True)
     asyn = run_schedule(root, "async", common + ["cluster.schedule=async", f"cluster.rollout.ranks={args.ranks}",
                                                  f"algo.max_staleness={args.staleness}", f"trainer.threads={t_train}",

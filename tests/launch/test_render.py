@@ -45,7 +45,7 @@ CASES = {  # golden file: (preset, overrides)
     "agentbench-qwen2.5-7b.sbatch": ("agentbench-qwen2.5-7b", []),
     "agentbench-qwen2.5-14b.sbatch": ("agentbench-qwen2.5-14b", []),
     "agentbench-qwen2.5-32b.sbatch": ("agentbench-qwen2.5-32b", []),
-    "agentbench-qwen2.5-7b-per-role.sh": ("agentbench-qwen2.5-7b", ["cluster.hetjob=false"]),
+    "agentbench-qwen2.5-7b-per-role.sh": ("agentbench-qwen2.5-7b", ["cluster.schedule=sync", "cluster.rollout.ranks=1", "cluster.rollout.nodes=1", "cluster.rollout.gpus_per_node=4", "cluster.hetjob=false"]),
     "smoke-apptainer-workers.sbatch": ("smoke", ["cluster.env.apptainer_image=/images/agentrl.sif",
                                                  "cluster.env.binds=[/scratch/agentbench]"]),
     # a site's adaptation of the 7B preset (docs/slurm.md walks through it)
@@ -59,7 +59,7 @@ COMMITTED = {  # sbatch/ file: (preset, overrides)
     "smoke.sbatch": ("smoke", SMALL),
     "smoke-async.sbatch": ("smoke", [*SMALL, "cluster.schedule=async", "cluster.rollout.ranks=2"]),
     "agentbench-qwen2.5-7b.sbatch": ("agentbench-qwen2.5-7b", []),
-    "agentbench-qwen2.5-7b-per-role.sh": ("agentbench-qwen2.5-7b", ["cluster.hetjob=false"]),
+    "agentbench-qwen2.5-7b-per-role.sh": ("agentbench-qwen2.5-7b", ["cluster.schedule=sync", "cluster.rollout.ranks=1", "cluster.rollout.nodes=1", "cluster.rollout.gpus_per_node=4", "cluster.hetjob=false"]),
 }
 
 
@@ -100,15 +100,20 @@ def test_hetjob_groups_and_steps(capsys: pytest.CaptureFixture[str]) -> None:
     assert "#SBATCH --signal=B:USR1@600" in trainer
     steps = [shlex.split(line.strip()) for line in text.splitlines() if line.strip().startswith("srun --mpi=")]
     assert [(s[2], s[3]) for s in steps] == [("--het-group=2", "--ntasks=1"), ("--het-group=2", "--ntasks=1"),
-                                            ("--het-group=1", "--ntasks=4"), ("--het-group=0", "--ntasks=64")]
+                                            ("--het-group=0", "--ntasks=64")]
     assert "\nenv_workers 5 &\n" in text  # five env workers, each its own step (restarted when it fails)
-    assert [s[s.index("--") + 3] for s in steps] == ["jobs.controller", "jobs.env_worker", "jobs.rollout", "jobs.trainer"]
-    assert steps[2][8:10] == ["--gpus-per-task=8", "--gpu-bind=per_task:8"]  # a rollout rank: its engines' GPUs
-    assert steps[3][8:10] == ["--gpus-per-task=1", "--gpu-bind=per_task:1"]  # a trainer rank: its own GPU
-    assert [s[1] for s in steps] == ["--mpi=none"] * 4  # the synchronous roles run no MPI
-    assert [s[5:7] for s in steps] == [["--cpus-per-task=8", "--mem=0"], ["--cpus-per-task=8", "--mem=0"],
-                                       ["--cpus-per-task=16", "--mem=0"], ["--cpus-per-task=8", "--mem=0"]]
-    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in steps[3] and "TORCH_NCCL_ASYNC_ERROR_HANDLING=1" not in steps[2]
+    assert [s[s.index("--") + 3] for s in steps[:2]] == ["jobs.controller", "jobs.env_worker"]
+    # the asynchronous pipeline (the presets' schedule): one MPMD step, trainer ranks then rollout ranks
+    trainer, rollout = (shlex.split(part) for part in text.split("srun --mpi=pmi2 ", 1)[1].split("&\n", 1)[0]
+                        .split(" : "))
+    assert trainer[:2] == ["--het-group=0", "--ntasks=64"] and rollout[:2] == ["--het-group=1", "--ntasks=4"]
+    assert trainer[trainer.index("-m", trainer.index("mpi4py")) + 1] == "jobs.trainer_async"
+    assert rollout[rollout.index("-m", rollout.index("mpi4py")) + 1] == "jobs.rollout_async"
+    assert "--gpus-per-task=8" in rollout and "--gpu-bind=per_task:8" in rollout  # a rollout rank: its engines' GPUs
+    assert "--gpus-per-task=1" in trainer and "--gpu-bind=per_task:1" in trainer  # a trainer rank: its own GPU
+    assert [s[1] for s in steps[:2]] == ["--mpi=none"] * 2  # the controller and env workers run no MPI
+    assert "--cpus-per-task=16" in rollout and "--cpus-per-task=8" in trainer and "--mem=0" in rollout
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in trainer and "TORCH_NCCL_ASYNC_ERROR_HANDLING=1" not in rollout
     assert "controller.host=0.0.0.0" in text
 
 
@@ -202,10 +207,10 @@ def test_render_runs_without_torch() -> None:
 def test_gres_binding_masks_rollout_ranks_and_leaves_trainer_ranks_their_node(capsys: pytest.CaptureFixture[str]) -> None:
     text = render("agentbench-qwen2.5-7b", ["cluster.gpu_binding=gres"], capsys)
     assert text.count("#SBATCH --gres=gpu:8\n") == 2 and "--gpus-per-node" not in text
-    steps = {s[s.index("--") + 3]: s for s in (shlex.split(line) for line in text.splitlines()
-                                                if line.startswith("srun --mpi="))}
-    assert steps["jobs.rollout"][8:10] == ["--gres=gpu:8", "--gpu-bind=mask_gpu:0xf,0xf0"]  # 2 ranks x 4 GPUs a node
-    assert steps["jobs.trainer"][8] == "--gres=gpu:8" and not any("gpu-bind" in a for a in steps["jobs.trainer"])
+    trainer, rollout = (shlex.split(part) for part in text.split("srun --mpi=pmi2 ", 1)[1].split("&\n", 1)[0]
+                        .split(" : "))
+    assert rollout[rollout.index("--gres=gpu:8") + 1] == "--gpu-bind=mask_gpu:0xf,0xf0"  # 2 ranks x 4 GPUs a node
+    assert "--gres=gpu:8" in trainer and not any("gpu-bind" in a for a in trainer)
 
 
 def test_setup_runs_on_the_node_outside_the_workers_container_and_paths_are_absolute(

@@ -42,11 +42,12 @@ def test_bad_topology_names_the_field(override: str, field: str, words: str) -> 
 
 
 def test_rollout_gpus_must_match_engines() -> None:
-    cfg = load_config("smoke", ["cluster.rollout.ranks=4", "cluster.rollout.nodes=2", "cluster.rollout.engines_per_rank=3",
+    cfg = load_config("smoke", ["cluster.schedule=async", "cluster.rollout.ranks=4", "cluster.rollout.nodes=2", "cluster.rollout.engines_per_rank=3",
                                 "cluster.rollout.lagging_engines_per_rank=1", "cluster.rollout.tensor_parallel_size=2",
                                 "cluster.rollout.gpus_per_node=16"])
     assert cfg.cluster.rollout.gpus_per_rank == 8  # (3 + 1) engines x 2 GPUs
-    same = ["cluster.rollout.ranks=4", "cluster.rollout.nodes=2", "cluster.rollout.engines_per_rank=3",
+    same = ["cluster.schedule=async", "cluster.rollout.ranks=4", "cluster.rollout.nodes=2",
+            "cluster.rollout.engines_per_rank=3",
             "cluster.rollout.lagging_engines_per_rank=1", "cluster.rollout.tensor_parallel_size=2"]
     with pytest.raises(ConfigError, match=r"^cluster.rollout.tensor_parallel_size: .* = 8 GPUs per rollout rank, "
                                           r"but a rank has gpus_per_node / \(ranks / nodes\) = 4$"):
@@ -70,8 +71,12 @@ def test_paper_presets(size: str, trainer_gpus: int, rollout_gpus: int) -> None:
     assert c.trainer.nodes * c.trainer.gpus_per_node == trainer_gpus
     assert c.rollout.nodes * c.rollout.gpus_per_node == rollout_gpus
     assert c.rollout.engines_per_rank == 3 * c.rollout.lagging_engines_per_rank  # a quarter of the engines lag
+    assert c.schedule == "async" and cfg.algo.max_staleness == 1  # the paper's presets run the pipeline
     plan = topology.plan(cfg)
-    assert [s.ntasks for s in plan.steps] == [1, cfg.envs.workers, c.rollout.ranks, trainer_gpus]
+    assert [s.ntasks for s in plan.steps] == [1, cfg.envs.workers, trainer_gpus]  # the pipeline: one MPMD step
+    (rollout,) = plan.steps[-1].mpmd
+    assert (rollout.module, rollout.ntasks, plan.steps[-1].module) == ("jobs.rollout_async", c.rollout.ranks,
+                                                                       "jobs.trainer_async")
     assert not plan.needs_model
 
 
@@ -110,3 +115,12 @@ def test_engines_times_tensor_parallel_must_fit_a_rollout_rank() -> None:
     msg = str(e.value)
     assert msg.startswith("cluster.rollout.tensor_parallel_size: (engines_per_rank 1 + lagging_engines_per_rank 1) "
                           "x tensor_parallel_size 4 = 8 GPUs per rollout rank") and msg.endswith("= 4"), msg
+
+
+def test_the_synchronous_baseline_runs_one_rollout_rank() -> None:
+    """N copies of the synchronous rollout role would write the same shards with the same seeds."""
+    with pytest.raises(ConfigError, match=r"^cluster.rollout.ranks: the synchronous schedule runs one rollout rank, "
+                                          r"not 4; use cluster.schedule=async"):
+        load_config("agentbench-qwen2.5-7b", ["cluster.schedule=sync"])
+    assert load_config("agentbench-qwen2.5-7b").cluster.schedule == "async"
+    assert load_config(None).cluster.schedule == "async"  # the default, as the README says

@@ -1,6 +1,6 @@
 #!/bin/bash
 # agentrl run 'agentbench-qwen2.5-7b' from preset 'agentbench-qwen2.5-7b': one job per role (cluster.hetjob=false).
-# Rendered by `python -m jobs.launch --preset agentbench-qwen2.5-7b --render-sbatch cluster.hetjob=false`; edit the config, not this file.
+# Rendered by `python -m jobs.launch --preset agentbench-qwen2.5-7b --render-sbatch cluster.schedule=sync cluster.rollout.ranks=1 cluster.rollout.nodes=1 cluster.rollout.gpus_per_node=4 cluster.hetjob=false`; edit the config, not this file.
 # Run it (do not sbatch it), after `bash install.sh` in /srv/agentrl (where it runs): it submits the
 # jobs. Logs: <job name>-<job id>.out here; each role's in the run dir's logs/<role>-<task>.log.
 # Preemption: 600 s before the time limit Slurm sends USR1; the trainer checkpoints and the
@@ -11,7 +11,7 @@ PY=${AGENTRL_PYTHON:-/srv/agentrl/.venv/bin/python}
 RUN_DIR=/srv/agentrl/runs/agentbench-qwen2.5-7b-$(date +%Y%m%d-%H%M%S)
 mkdir -p "$RUN_DIR/logs"
 # config.yaml is written once: a requeued job keeps it (and its checkpoints) and resumes
-"$PY" -m jobs.launch --preset agentbench-qwen2.5-7b --prepare-run "$RUN_DIR" cluster.hetjob=false controller.host=0.0.0.0 model.path=/srv/agentrl/models/Qwen2.5-7B-Instruct cluster.env.os_sandbox_image=/srv/agentrl/images/os-sandbox.sif
+"$PY" -m jobs.launch --preset agentbench-qwen2.5-7b --prepare-run "$RUN_DIR" cluster.schedule=sync cluster.rollout.ranks=1 cluster.rollout.nodes=1 cluster.rollout.gpus_per_node=4 cluster.hetjob=false controller.host=0.0.0.0 model.path=/srv/agentrl/models/Qwen2.5-7B-Instruct cluster.env.os_sandbox_image=/srv/agentrl/images/os-sandbox.sif
 export AGENTRL_RUN_DIR=$RUN_DIR AGENTRL_PYTHON=$PY
 ENV_JOB=$(sbatch --parsable <<'JOB'
 #!/bin/bash
@@ -124,10 +124,10 @@ ROLLOUT_JOB=$(sbatch --parsable --dependency=after:$TRAINER_JOB <<'JOB'
 #SBATCH --open-mode=append
 #SBATCH --requeue
 #SBATCH --time=1-12:00:00
-#SBATCH --nodes=2
-#SBATCH --ntasks-per-node=2
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1
 #SBATCH --cpus-per-task=16
-#SBATCH --gpus-per-node=8
+#SBATCH --gpus-per-node=4
 #SBATCH --mem=0
 set -u
 cd /srv/agentrl
@@ -141,8 +141,8 @@ wait_step() {
     return "$rc"
   done
 }
-# rollout: 4 tasks
-srun --mpi=none --ntasks=4 --exact --cpus-per-task=16 --mem=0 "--output=$RUN_DIR/logs/rollout-%t.log" --gpus-per-task=4 --gpu-bind=per_task:4 "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.rollout --run-dir "$RUN_DIR" &
+# rollout: 1 task
+srun --mpi=none --ntasks=1 --exact --cpus-per-task=16 --mem=0 "--output=$RUN_DIR/logs/rollout-%t.log" --gpus-per-task=4 --gpu-bind=per_task:4 "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.rollout --run-dir "$RUN_DIR" &
 ROLLOUT=$!
 wait_step "$ROLLOUT"; status=$?
 scancel "$AGENTRL_ENV_JOB"
