@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from agentrl.config import ConfigError, RunConfig, dump_config, load_config, to_dict
+from agentrl.fsio import write_json_atomic
 from agentrl.launch import rendezvous
 from agentrl.launch.local import (
     PIPELINE,
@@ -159,7 +160,7 @@ def main() -> int:
     if cfg.cluster.schedule == "async" and cfg.transport.channel == "files":
         summary["role_restarts"] = {n: r.restarts for n, r in launcher.roles.items()
                                     if n == TRAINER or n.startswith(ROLLOUT_PREFIX)}
-    (run_dir / "report" / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_json_atomic(run_dir / "report" / "summary.json", summary, indent=2)
     _print_summary(summary, run_dir)
     return 0
 

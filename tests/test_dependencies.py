@@ -23,15 +23,16 @@ ALLOWED: dict[str, set[str]] = {
     "types": set(),
     "config": set(),
     "auth": set(),
+    "fsio": set(),
     "algorithms": {"types"},
-    "envs": {"types", "config", "auth"},
-    "transport": {"types", "config"},
-    "monitor": {"types", "config"},
-    "models": {"types", "config"},
-    "controller": {"envs", "types", "config", "auth"},
-    "rollout": {"envs", "transport", "monitor", "types", "config", "auth"},
-    "trainer": {"algorithms", "transport", "monitor", "types", "config"},
-    "launch": {"config", "auth"},
+    "envs": {"types", "config", "auth", "fsio"},
+    "transport": {"types", "config", "fsio"},
+    "monitor": {"types", "config", "fsio"},
+    "models": {"types", "config", "fsio"},
+    "controller": {"envs", "types", "config", "auth", "fsio"},
+    "rollout": {"envs", "transport", "monitor", "types", "config", "auth", "fsio"},
+    "trainer": {"algorithms", "transport", "monitor", "types", "config", "fsio"},
+    "launch": {"config", "auth", "fsio"},
 }
 # third-party modules a subpackage must never import
 FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
@@ -42,7 +43,7 @@ FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
     "envs": {"torch", "vllm"},
     "controller": {"torch", "vllm", "transformers"},
 }
-STDLIB_ONLY = {"auth"}
+STDLIB_ONLY = {"auth", "fsio"}
 """Modules that import nothing outside the standard library (the launcher's login node has little)."""
 
 

@@ -6,11 +6,11 @@ Standard library only: this runs on login nodes too.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from agentrl.fsio import write_json_atomic
 
 FILENAME = "rendezvous.json"
 PIPELINE_KEYS = ("mpi_port", "weights_store", "file_channel")
@@ -36,12 +36,7 @@ def publish(run_dir: str | Path, **entries: Any) -> None:
 
 
 def _write(run_dir: Path, data: dict[str, Any]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".rendezvous.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, run_dir / FILENAME)
+    write_json_atomic(run_dir / FILENAME, data, indent=2)
 
 
 def remove(run_dir: str | Path, *keys: str) -> None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentrl.fsio import write_json_atomic
 from agentrl.monitor.eval_summary import per_task_summary
 from agentrl.monitor.rollout_stats import rollout_metrics
 from agentrl.rollout import role
@@ -263,7 +264,7 @@ async def run(run_dir: Path, client: Any, fmt: ChatFormat, make_engine: Callable
         if isinstance(engine, EnginePool) and engine.lagging:
             out.update(engine.totals.as_dict())
         report.mkdir(parents=True, exist_ok=True)
-        (report / f"rollout-{ap.rank}.json").write_text(json.dumps(out, indent=2))
+        write_json_atomic(report / f"rollout-{ap.rank}.json", out, indent=2)
         log.info("rank %d stopped: %s", ap.rank, json.dumps({k: round(v, 3) for k, v in pipe.stats.items()}))
         trainer_report = role.read_json(report / "trainer.json")
         if evaluating and trainer_report.get("steps_done", 0) < trainer_report.get("steps", 0):
@@ -299,10 +300,8 @@ async def _before_rl(client: Any, engine: Any, fmt: ChatFormat, plan: role.Plan,
         m, sampled_before = await role.evaluate(client, engine, fmt, plan, engine.version, report, monitor,
                                                 sampled=True)
         before.update(m)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"version": engine.version, "before": before, "task_before": task_before,
-                               "sampled_before": sampled_before}))
-    tmp.replace(path)
+    write_json_atomic(path, {"version": engine.version, "before": before, "task_before": task_before,
+                             "sampled_before": sampled_before})
     return before, task_before, sampled_before
 
 
@@ -325,7 +324,7 @@ async def _final_report(client: Any, engine: Any, fmt: ChatFormat, plan: role.Pl
                         "sampled_success_after_rl": after["eval_sampled/success"],
                         "sampled_eval_episodes": int(after["eval_sampled/episodes"])})
     summary["per_task"] = per_task_summary(task_before, task_after, sampled_before, sampled_after)
-    (report / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_json_atomic(report / "summary.json", summary, indent=2)
     if summary["eval_episodes"] == 0:
         raise RuntimeError("the final evaluation scored no episode: the env workers failed")
     return summary

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.envs.api import EnvError
+from agentrl.fsio import write_json_atomic
 from agentrl.monitor.eval_summary import per_task_summary, task_eval
 from agentrl.monitor.rollout_stats import rollout_metrics
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
@@ -262,7 +263,7 @@ async def _rl_loop(run_dir: Path, client: Any, fmt: ChatFormat, engine: Any, pat
     summary["per_task"] = per_task_summary(task_before, task_after, sampled_before, sampled_after)
     if isinstance(engine, EnginePool) and engine.lagging:  # cross-policy sampling: turns and tokens by pool
         summary["lagging_pool"] = engine.totals.as_dict()
-    (report / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_json_atomic(report / "summary.json", summary, indent=2)
     if summary["eval_episodes"] == 0:  # every held-out episode was an env failure: no result to report
         raise RuntimeError(f"the final evaluation scored no episode ({summary['env_errors']} env errors): "
                            "the env workers failed; see logs/env_worker-*.log and logs/controller.log")

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from agentrl.fsio import write_json_atomic
 from agentrl.trainer import checkpoint
 from agentrl.trainer.batch import collate
 from agentrl.trainer.checkpoint import TrainerState
@@ -126,9 +127,7 @@ def save_queue(run_dir: Path, q: TrajectoryQueue) -> None:
     """The queue's ledger beside the newest checkpoint (the checkpoint itself holds `consumed` too)."""
     ckpt = checkpoint.latest(run_dir)
     if ckpt is not None:
-        tmp = ckpt / f".{QUEUE_FILE}.tmp"
-        tmp.write_text(json.dumps(q.state_dict()))
-        tmp.replace(ckpt / QUEUE_FILE)
+        write_json_atomic(ckpt / QUEUE_FILE, q.state_dict())
 
 
 def drain_shards(run_dir: Path, q: TrajectoryQueue) -> Counter[str]:
@@ -382,7 +381,7 @@ def write_ledger(run_dir: Path, q: TrajectoryQueue) -> None:
     when the run ended), so the shards can be reconciled against it: nothing lost silently, nothing twice."""
     state = q.state_dict()
     body = {"consumed": state["consumed"], "excluded": state["excluded"], "held_at_end": sorted(q.held_ids())}
-    (run_dir / "report" / "ledger.json").write_text(json.dumps(body))
+    write_json_atomic(run_dir / "report" / "ledger.json", body)
 
 
 def write_report(run_dir: Path, state: TrainerState, steps: int, q: TrajectoryQueue) -> None:
@@ -394,6 +393,4 @@ def write_report(run_dir: Path, state: TrainerState, steps: int, q: TrajectoryQu
     body = json.loads(path.read_text())
     body["schedule"] = "async"
     body["queue"] = {k: int(v) for k, v in q.counts.items()}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(body, indent=2))
-    tmp.replace(path)
+    write_json_atomic(path, body, indent=2)

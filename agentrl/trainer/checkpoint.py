@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from agentrl.fsio import fsync_dir
 from agentrl.trainer.parallel import Parallel
-from agentrl.transport.fsio import fsync_dir
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 STATE_FILE = "trainer.json"

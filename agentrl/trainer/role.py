@@ -9,7 +9,6 @@ ids, running totals) and skips the warm start; every rank of a data-parallel tra
 """
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
@@ -21,6 +20,7 @@ import torch
 
 from agentrl.algorithms.advantages import informative_groups
 from agentrl.algorithms.staleness import fresh_mask, staleness
+from agentrl.fsio import write_json_atomic
 from agentrl.monitor.rollout_stats import rollout_metrics
 from agentrl.trainer import checkpoint
 from agentrl.trainer.batch import collate
@@ -274,11 +274,7 @@ def write_report(run_dir: Path, state: TrainerState, steps: int) -> None:
     totals = {k: (int(v) if float(v).is_integer() else v) for k, v in sorted(state.stats.items())}
     body = {"steps_done": state.step, "steps": steps, "policy_version": state.policy_version, **totals}
     body.setdefault("rl_steps", 0)
-    out = run_dir / "report"
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "trainer.json.tmp"
-    tmp.write_text(json.dumps(body, indent=2))
-    tmp.replace(out / "trainer.json")
+    write_json_atomic(run_dir / "report" / "trainer.json", body, indent=2)
 
 
 def select_training_data(trajs: list[Trajectory], version: int, s: Schedule

@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from agentrl.fsio import write_json_atomic
 from agentrl.transport.mpi_channel import Notice, NoticeInbox
 from agentrl.transport.shards import SHARD_NAME, rank_dirs, read_shard
 from agentrl.types import Trajectory
@@ -54,9 +55,7 @@ log = logging.getLogger("agentrl.transport")
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     """Replace `path` atomically: readers see the old content or the new, never a torn file."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+    write_json_atomic(path, data, durable=False)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

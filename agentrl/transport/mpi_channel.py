@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from agentrl.fsio import write_json_atomic
 from agentrl.transport import codec
 from agentrl.types import Trajectory
 
@@ -493,6 +494,4 @@ class _Handshake:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+    write_json_atomic(path, data, durable=False)

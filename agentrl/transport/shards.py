@@ -37,7 +37,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from agentrl.transport.fsio import fsync_dir
+from agentrl.fsio import fsync_dir
 from agentrl.types import SCHEMA_VERSION, Status, Trajectory
 
 ARRAYS: dict[str, type[np.generic]] = {

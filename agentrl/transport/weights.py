@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from agentrl.transport.fsio import fsync_dir
+from agentrl.fsio import fsync_dir
 
 WEIGHTS_FILE = "model.safetensors"
 # Files of a model directory that are weights (never copied from the base: the published ones replace them).
