@@ -19,7 +19,7 @@ from pathlib import Path
 from agentrl.config import load_config
 from agentrl.launch import slurm_env
 from agentrl.launch.preempt import Preemption
-from agentrl.monitor.tensorboard import make_monitor
+from agentrl.monitor.tensorboard import make_monitor, write_config
 from agentrl.trainer import role
 from agentrl.trainer.from_config import plan
 from agentrl.trainer.parallel import Parallel, close_distributed, dist_env, init_distributed
@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     device = init_distributed(env, timeout_s=cfg.cluster.trainer.collective_timeout)  # < the job's time limit
     par = Parallel(cfg.trainer.parallel, env, device, cfg.trainer.mixed_precision)
     monitor = make_monitor(args.run_dir, "trainer", cfg.monitor.tensorboard, rank=par.rank)
+    write_config(monitor, cfg)  # the resolved config as text at step 0 (rank 0's monitor; a null one elsewhere)
     # Under Slurm the job's warning signal (USR1) and SIGTERM mean: finish the step, checkpoint, requeue.
     # Outside Slurm a SIGTERM keeps its plain meaning (the local launcher stops or restarts the role).
     preemption = Preemption().install() if slurm_env.job_id() else None

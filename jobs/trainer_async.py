@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from agentrl.launch import rendezvous, slurm_env
     from agentrl.launch.preempt import Preemption
-    from agentrl.monitor.tensorboard import make_monitor
+    from agentrl.monitor.tensorboard import make_monitor, write_config
     from agentrl.rollout.async_weights import STORE_KEY
     from agentrl.trainer import async_role
     from agentrl.trainer.from_config import plan
@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     device = init_distributed(env, timeout_s=max(1800.0, timeout + 60.0))
     par = Parallel(cfg.trainer.parallel, env, device, cfg.trainer.mixed_precision)
     monitor = make_monitor(run_dir, "trainer", cfg.monitor.tensorboard, rank=par.rank)
+    write_config(monitor, cfg)  # the resolved config as text at step 0 (rank 0's monitor; a null one elsewhere)
     # Outside Slurm a SIGTERM keeps its plain meaning (the local launcher stops the MPI world).
     preemption = Preemption().install() if slurm_env.job_id() else None
     try:

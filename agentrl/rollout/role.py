@@ -24,6 +24,7 @@ from agentrl.envs.api import EnvError
 from agentrl.fsio import write_json_atomic
 from agentrl.monitor.eval_summary import per_task_summary, task_eval
 from agentrl.monitor.rollout_stats import rollout_metrics
+from agentrl.monitor.trajectory_text import write_conversations
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.engine import Engine, ExpertEngine, SamplingConfig
@@ -170,6 +171,7 @@ async def evaluate(client: Any, engine: Engine, fmt: ChatFormat, plan: Plan, ver
     m[f"{name}/seconds"] = time.perf_counter() - t0
     per_task = task_eval(trajs)
     monitor.scalars(m, version)
+    write_conversations(monitor, trajs, fmt.tokenizer, version, prefix=f"{name}/conversations")  # a few per task
     report_dir.mkdir(parents=True, exist_ok=True)
     (report_dir / f"{name}-v{version}.json").write_text(
         json.dumps({"version": version, **m, "per_task": per_task}, indent=2))

@@ -32,11 +32,11 @@ from agentrl.fsio import write_json_atomic
 from agentrl.trainer import checkpoint
 from agentrl.trainer.batch import collate
 from agentrl.trainer.checkpoint import TrainerState
+from agentrl.trainer.model_load import gathered_state_dict, load_policy
 from agentrl.trainer.parallel import Parallel
 from agentrl.trainer.role import (
     Schedule,
     WarmStart,
-    load_model,
     publish_weights,
     reference_model,
     select_training_data,
@@ -73,6 +73,7 @@ class Publisher:
 
     def __init__(self, run_dir: Path, broadcast: Any = None, base: Path | None = None) -> None:
         self.run_dir, self.broadcast, self.base = run_dir, broadcast, base
+        self.dtype = weights_io.model_dtype(base) if base is not None else None  # the model's own, as published
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.wait_s = 0.0
@@ -80,7 +81,8 @@ class Publisher:
 
     def publish(self, version: int, state: dict[str, torch.Tensor]) -> None:
         self.join()
-        copy = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+        copy = {k: v.detach().to("cpu", dtype=self.dtype if self.dtype is not None and v.is_floating_point()
+                                   else v.dtype, copy=True) for k, v in state.items()}
 
         def work() -> None:
             try:
@@ -160,7 +162,7 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, p: Pipeline, th
     par = par or Parallel()
     hub = par.is_main
     torch.manual_seed(s.seed)
-    model = par.wrap(load_model(model_dir, threads))
+    model = load_policy(model_dir, threads, par)
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
@@ -237,7 +239,7 @@ def _train(model: torch.nn.Module, opt: Any, ref_model: Any, ws: WarmStart | Non
 
 def _end_step(run_dir: Path, model: torch.nn.Module, opt: Any, sched: Any, state: TrainerState, s: Schedule,
               par: Parallel, publish: Callable[[dict[str, torch.Tensor]], None] | None = None,
-              should_stop: Callable[[], bool] | None = None) -> tuple[bool, bool]:
+              should_stop: Callable[[], bool] | None = None, dtype: torch.dtype | None = None) -> tuple[bool, bool]:
     """After an update, on every rank: advance the schedule and the version, hand the whole weights to
     `publish` (the hub's), agree on the hub's stop signal, checkpoint when due.
 
@@ -247,7 +249,8 @@ def _end_step(run_dir: Path, model: torch.nn.Module, opt: Any, sched: Any, state
     sched.step()
     state.step += 1
     state.policy_version += 1
-    weights = par.full_state_dict(model) if par.distributed else model.state_dict()  # whole on the hub only
+    # whole on the hub only, gathered tensor by tensor in the published dtype (`dtype`, the hub's to say)
+    weights = gathered_state_dict(model, par, dtype) if par.distributed else model.state_dict()
     if publish is not None:
         publish(weights)
     stop = bool(par.broadcast_object(par.is_main and should_stop is not None and should_stop()))
@@ -309,7 +312,8 @@ def _loop(run_dir: Path, model: torch.nn.Module, opt: Any, sched: Any, ref_model
             publisher.publish(state.policy_version, weights)
             q.set_version(state.policy_version)
 
-        stop, checkpointed = _end_step(run_dir, model, opt, sched, state, s, par, publish, should_stop)
+        stop, checkpointed = _end_step(run_dir, model, opt, sched, state, s, par, publish, should_stop,
+                                       publisher.dtype)
         if checkpointed:
             save_queue(run_dir, q)
         dt = time.perf_counter() - t0

@@ -26,6 +26,7 @@ from agentrl.trainer import checkpoint
 from agentrl.trainer.batch import collate
 from agentrl.trainer.checkpoint import TrainerState
 from agentrl.trainer.imitation import reproduced_share
+from agentrl.trainer.model_load import gathered_state_dict, load_policy, load_reference
 from agentrl.trainer.parallel import Parallel
 from agentrl.trainer.step import RLHyper, rl_step, sft_step
 from agentrl.transport import weights as weights_io
@@ -67,13 +68,6 @@ class Schedule:
 
 def shaped_rewards(trajs: list[Trajectory], fail_penalty: float) -> list[float]:
     return [fail_penalty if t.status.is_agent_failure else float(t.reward) for t in trajs]
-
-
-def load_model(model_dir: str | Path, threads: int) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
-
-    torch.set_num_threads(threads)
-    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
 
 
 def split_demos(demos: list[Trajectory], s: Schedule) -> tuple[list[Trajectory], list[Trajectory]]:
@@ -155,22 +149,22 @@ def publish_weights(run_dir: Path, version: int, model: torch.nn.Module, par: Pa
                     base: Path | None = None) -> None:
     """Whole weights as weights/v<version> (gathered to rank 0 under FSDP2), a complete model directory
     beside `base`'s config and tokenizer files. Collective."""
-    state = par.full_state_dict(model)
+    state = gathered_state_dict(model, par, weights_io.model_dtype(base) if base is not None else None)
     if par.is_main:
         weights_io.publish(run_dir, version, state, base=base)
 
 
 def reference_model(run_dir: Path, model_dir: Path, threads: int, par: Parallel, warm_started: bool
                     ) -> torch.nn.Module:
-    """The frozen KL reference: the policy as RL found it (after the warm start, if there was one)."""
-    ref = load_model(model_dir, threads)
-    if warm_started:
+    """The frozen KL reference: the policy as RL found it (after the warm start, if there was one), in the
+    compute dtype and sharded like the policy (`model_load.load_reference`)."""
+    state = None
+    if warm_started and (par.is_main or not par.sharded):  # under FSDP2 rank 0 reads, the others get shards
         state = checkpoint.load_reference(run_dir)
         if state is None:
             raise FileNotFoundError(f"kl_coef > 0 but {checkpoint.ckpt_root(run_dir)} holds no reference weights "
                                     "(was the run started with kl_coef = 0?)")
-        ref.load_state_dict(state)
-    return par.wrap_frozen(ref)
+    return load_reference(model_dir, threads, par, state)
 
 
 def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, threads: int, monitor,
@@ -181,7 +175,7 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, threads: int, m
     """
     par = par or Parallel()
     torch.manual_seed(s.seed)
-    model = par.wrap(load_model(model_dir, threads))
+    model = load_policy(model_dir, threads, par)
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))

@@ -29,18 +29,40 @@ SHORT = ["rollout.max_model_len=1024", "rollout.template_check=strict", "trainer
          "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2", "rollout.max_new_tokens=24"]
 
 
-@pytest.fixture(scope="module", params=list(standins.FAMILIES))
-def run(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, Path]:
-    family = request.param
-    root = tmp_path_factory.mktemp(f"runs-{family}")
-    model = standins.build(family, root / "model")
-    proc = subprocess.run([sys.executable, "-m", "jobs.train", "--preset", "smoke", f"run_root={root}",
-                           f"name={family}", f"model.path={model}", *SHORT],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert "summary: held-out success" in proc.stdout
-    return family, model, root / family
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, Path, Path]]:
+    """The three families' runs, started together (each waits on its processes' start-ups much of the time)."""
+    started = {}
+    for family in standins.FAMILIES:
+        root = tmp_path_factory.mktemp(f"runs-{family}")
+        model = standins.build(family, root / "model")
+        log = (root / "train.log").open("w")
+        proc = subprocess.Popen([sys.executable, "-m", "jobs.train", "--preset", "smoke", f"run_root={root}",
+                                 f"name={family}", f"model.path={model}", *SHORT],
+                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        started[family] = (proc, log, root, model)
+    out = {}
+    try:
+        for family, (proc, log, root, model) in started.items():
+            rc = proc.wait(timeout=900)
+            log.close()
+            text = (root / "train.log").read_text()
+            assert rc == 0, text[-6000:]
+            assert "summary: held-out success" in text
+            out[family] = (family, model, root / family)
+    finally:
+        for proc, log, _, _ in started.values():
+            if proc.poll() is None:  # one failed: its siblings stop too (jobs.train stops its roles on SIGTERM)
+                proc.terminate()
+                proc.wait(timeout=60)
+            log.close()
+    return out
+
+
+@pytest.fixture(params=list(standins.FAMILIES))
+def run(request, runs) -> tuple[str, Path, Path]:
+    return runs[request.param]
 
 
 def test_prompts_are_the_models_template_and_calls_reach_the_env(run) -> None:

@@ -28,8 +28,8 @@ from agentrl.rollout.engine import SamplingConfig
 from agentrl.rollout.engine_pool import EnginePool
 from agentrl.rollout.from_config import engine_factory
 from agentrl.rollout.role import collect
-from agentrl.trainer import role as trainer_role
 from agentrl.trainer.logprobs import token_logprobs
+from agentrl.trainer.model_load import load_model
 from agentrl.types import Trajectory, is_lagging_engine, lagging_engine_id
 
 pytest.importorskip("vllm")
@@ -117,7 +117,7 @@ def test_lagging_tokens_carry_the_log_probs_of_the_version_that_sampled_them(loo
     from agentrl.rollout.engine import VLLMEngine
 
     tok = lookup_format
-    v0 = trainer_role.load_model(model_dir, torch.get_num_threads())
+    v0 = load_model(model_dir, torch.get_num_threads())
     v1 = perturbed(v0, seed=1)
     lag_id = lagging_engine_id(0, 0, 1)
     current = VLLMEngine(str(model_dir), MAX_LEN, max_num_seqs=8, kv_cache_gib=1, seed=0, engine_id=0)
@@ -160,7 +160,7 @@ def test_lagging_tokens_carry_the_log_probs_of_the_version_that_sampled_them(loo
 def test_prob_zero_with_a_lagging_engine_is_the_plain_rank(lookup_format, model_dir) -> None:
     """Same seed, same requests in the same order (one episode at a time: batching depends on timing)."""
     tok = lookup_format
-    v0 = trainer_role.load_model(model_dir, torch.get_num_threads())
+    v0 = load_model(model_dir, torch.get_num_threads())
     def run(overrides: list[str]) -> list[Trajectory]:
         cfg = load_config("smoke", [f"rollout.max_model_len={MAX_LEN}", "rollout.concurrency=4", *overrides])
         engine = engine_factory(cfg, model_dir, None, tok, rank=0)()

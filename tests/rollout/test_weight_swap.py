@@ -19,6 +19,7 @@ from agentrl.rollout.engine import SamplingConfig, VLLMEngine
 from agentrl.trainer import role
 from agentrl.trainer.batch import collate
 from agentrl.trainer.logprobs import token_logprobs
+from agentrl.trainer.model_load import load_model
 from agentrl.trainer.parallel import Parallel
 from agentrl.trainer.step import sft_step
 from agentrl.transport import weights
@@ -69,7 +70,7 @@ def test_engine_samples_with_each_new_version(tmp_path: Path, own_environ: None)
     corpus = [f"look up {i} and answer {i * 3}" for i in range(60)]
     tok = tiny.train_tokenizer(corpus, 300, ["<|end|>", "<|pad|>"], "{{ messages }}", "<|end|>", "<|pad|>")
     model_dir = tiny.save(tiny.build_model(tok, 128, 1, 2, 256, 128, seed=0), tok, tmp_path / "model")
-    trainer_model = role.load_model(model_dir, torch.get_num_threads())
+    trainer_model = load_model(model_dir, torch.get_num_threads())
     versions = {0: copy.deepcopy(trainer_model)}
     engine = VLLMEngine(str(model_dir), max_model_len=128, max_num_seqs=4, kv_cache_gib=1, seed=0)
     sampling = SamplingConfig(max_new_tokens=12, temperature=1.0, seed=0)

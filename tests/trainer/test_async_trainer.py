@@ -20,6 +20,7 @@ from agentrl.launch.local import mpiexec
 from agentrl.models import tiny
 from agentrl.trainer import role
 from agentrl.trainer.batch import collate
+from agentrl.trainer.model_load import load_model
 from agentrl.trainer.step import rl_step
 from agentrl.transport import weights
 from agentrl.transport.shards import write_shard
@@ -121,7 +122,7 @@ def test_two_trainer_ranks_make_the_one_rank_update(tmp_path: Path, model_dir: P
     schedule, hyper = trainer_job.plan(load_config(str(run_dir / "config.yaml")))
     expected = _by_hand(model_dir, schedule, hyper)
     published = dict(weights.iter_weights(weights.version_dir(run_dir, STEPS)))
-    before = role.load_model(model_dir, 1).state_dict()
+    before = load_model(model_dir, 1).state_dict()
     for k, v in expected.items():
         torch.testing.assert_close(published[k], v, rtol=0, atol=1e-6)
     assert max(float((published[k] - before[k]).abs().max()) for k in expected) > 1e-3  # the steps moved them
@@ -168,7 +169,7 @@ def test_two_fsdp2_ranks_follow_one_rank_through_warm_start_and_kl(tmp_path: Pat
         runs[ranks] = run_dir
     # the warm-started weights (the KL reference the hub saved), then the last version
     one, two = (load_file(str(runs[r] / "ckpt" / "reference.safetensors")) for r in (1, 2))
-    initial = role.load_model(model_dir, 1).state_dict()
+    initial = load_model(model_dir, 1).state_dict()
     assert max(float((one[k] - initial[k]).abs().max()) for k in one) > 1e-4  # the warm start moved them
     for k, v in one.items():
         torch.testing.assert_close(two[k], v, rtol=0, atol=1e-6)
@@ -184,7 +185,7 @@ def test_two_fsdp2_ranks_follow_one_rank_through_warm_start_and_kl(tmp_path: Pat
 def _by_hand(model_dir: Path, schedule: role.Schedule, hyper) -> dict[str, torch.Tensor]:
     """The synchronous trainer by hand, as in test_resume: each step's whole batch, one rl_step, warm-up lr."""
     with one_thread():
-        model = role.load_model(model_dir, 1)
+        model = load_model(model_dir, 1)
         opt = torch.optim.AdamW(model.parameters(), lr=schedule.lr, weight_decay=schedule.weight_decay)
         for step in range(STEPS):
             for g in opt.param_groups:

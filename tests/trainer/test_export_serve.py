@@ -23,8 +23,8 @@ from agentrl.models import standins
 from agentrl.rollout.chat import ChatFormat
 from agentrl.trainer import checkpoint
 from agentrl.trainer.export import export
+from agentrl.trainer.model_load import load_model
 from agentrl.trainer.parallel import Parallel
-from agentrl.trainer.role import load_model
 from agentrl.transport import weights as weights_io
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Find an item.", "parameters": {

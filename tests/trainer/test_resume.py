@@ -19,6 +19,7 @@ from agentrl.config import dump_config, load_config
 from agentrl.models import tiny
 from agentrl.trainer import checkpoint, role
 from agentrl.trainer.batch import collate
+from agentrl.trainer.model_load import load_model
 from agentrl.trainer.step import rl_step
 from agentrl.transport import weights
 from agentrl.transport.shards import write_shard
@@ -164,7 +165,7 @@ def test_max_staleness_zero_on_a_synchronous_schedule_is_the_plain_update(tmp_pa
     cfg = load_config(str(run_dir / "config.yaml"))
     schedule, hyper = trainer_job.plan(cfg)
     with one_thread():
-        model = role.load_model(model_dir, 1)
+        model = load_model(model_dir, 1)
         opt = torch.optim.AdamW(model.parameters(), lr=schedule.lr, weight_decay=schedule.weight_decay)
         for step in range(STEPS):
             for g in opt.param_groups:  # the same linear warm-up

@@ -1,0 +1,134 @@
+"""Peak host memory of a trainer rank: the old way of building the models against `agentrl.trainer.model_load`.
+
+    python -m jobs.bench_trainer_memory                       # Qwen2.5-0.5B's shape, 2 gloo ranks, FSDP2, 3 rounds
+    python -m jobs.bench_trainer_memory --layers 4 --rounds 3 # smaller, faster
+
+Both sides build what a trainer rank builds before its first step — the policy (FSDP2 over 2 CPU ranks),
+the KL reference, and the whole weights gathered on rank 0 for publishing — from one random-weight bf16
+model directory written first:
+
+    before  every rank `from_pretrained` in float32, then sharded; the reference likewise, in float32;
+            publishing gathers a float32 state dict on rank 0
+    after   meta-device build, rank 0 reads the files and each rank receives its shard; the reference in
+            bf16 (the compute dtype); publishing gathers tensor by tensor in bf16
+
+Each rank reports its peak RSS (`ru_maxrss`) from a fresh process; the sides alternate (A B A B A B), and the
+output gives each side's median and min-max per rank and the ratio, written to runs/bench/trainer_memory.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def build(out: Path, layers: int) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    if (out / "config.json").exists():
+        return out
+    cfg = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=layers,
+                      num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
+                      tie_word_embeddings=True, dtype="bfloat16")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def rank_main(side: str, model_dir: Path, out: Path) -> None:
+    """One trainer rank's model set-up (`side`: before | after); writes its peak RSS to out/<side>-<rank>.json."""
+    import torch
+
+    from agentrl.trainer.model_load import gathered_state_dict, load_model, load_policy, load_reference
+    from agentrl.trainer.parallel import Parallel, close_distributed, dist_env, init_distributed
+
+    env = dist_env()
+    device = init_distributed(env)
+    try:
+        par = Parallel("fsdp2", env, device, mixed_precision="bf16")
+        if side == "before":
+            policy = par.wrap(load_model(model_dir, 1))
+            ref = par.wrap_frozen(load_model(model_dir, 1))
+            whole = par.full_state_dict(policy)
+        else:
+            policy = load_policy(model_dir, 1, par)
+            ref = load_reference(model_dir, 1, par)
+            whole = gathered_state_dict(policy, par, torch.bfloat16)
+        del whole, ref, policy
+        peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        (out / f"{side}-{env.rank}.json").write_text(json.dumps({"peak_rss_mib": peak_mib}))
+    finally:
+        close_distributed()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def one(side: str, model_dir: Path, out: Path, ranks: int) -> list[float]:
+    env = {**os.environ, "WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+           "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-m", "jobs.bench_trainer_memory", "--rank-of", side,
+                               "--model", str(model_dir), "--work", str(out)], env={**env, "RANK": str(r)})
+             for r in range(ranks)]
+    for p in procs:
+        if p.wait(timeout=1800) != 0:
+            raise RuntimeError(f"{side}: a rank exited with {p.returncode}")
+    return [json.loads((out / f"{side}-{r}.json").read_text())["peak_rss_mib"] for r in range(ranks)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=24, help="Qwen2.5-0.5B has 24")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--work", type=Path, default=Path("runs/bench/trainer_memory"))
+    ap.add_argument("--out", type=Path, default=Path("runs/bench/trainer_memory.json"))
+    ap.add_argument("--rank-of", choices=["before", "after"], help=argparse.SUPPRESS)
+    ap.add_argument("--model", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.rank_of:
+        rank_main(args.rank_of, args.model, args.work)
+        return
+    args.work.mkdir(parents=True, exist_ok=True)
+    model_dir = build(args.work / f"qwen2-shape-{args.layers}l", args.layers)
+    runs: dict[str, list[list[float]]] = {"before": [], "after": []}
+    t0 = time.time()
+    for _ in range(args.rounds):
+        for side in ("before", "after"):
+            runs[side].append(one(side, model_dir, args.work, args.ranks))
+            print(f"{side}: peak RSS per rank {[round(x) for x in runs[side][-1]]} MiB", flush=True)
+    summary = {}
+    for side, rounds in runs.items():
+        per_rank = list(zip(*rounds))
+        summary[side] = {f"rank{r}": {"median_mib": statistics.median(v), "min_mib": min(v), "max_mib": max(v)}
+                         for r, v in enumerate(per_rank)}
+    ratio = [summary["before"][f"rank{r}"]["median_mib"] / summary["after"][f"rank{r}"]["median_mib"]
+             for r in range(args.ranks)]
+    result = {"command": " ".join(sys.argv), "cpu": platform.processor() or platform.machine(),
+              "cores": os.cpu_count(), "load_avg": os.getloadavg(), "layers": args.layers, "ranks": args.ranks,
+              "rounds": args.rounds, "seconds": time.time() - t0, "sides": summary,
+              "before_over_after_per_rank": ratio}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    for r in range(args.ranks):
+        b, a = summary["before"][f"rank{r}"], summary["after"][f"rank{r}"]
+        print(f"rank {r}: before {b['median_mib']:.0f} MiB ({b['min_mib']:.0f}-{b['max_mib']:.0f}), after "
+              f"{a['median_mib']:.0f} MiB ({a['min_mib']:.0f}-{a['max_mib']:.0f}): {ratio[r]:.2f}x less")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""One rank of test_model_load.py's FSDP2 load: started twice by the test (forked from the forkserver of
+trainer_procs.py). Each rank loads the policy sharded and the reference in bf16, records how many bytes of
+parameters it holds, gathers the whole weights on rank 0 in bf16 and one rl-style forward, and saves it all
+to OUT_DIR/rank<r>.pt."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def main(model_dir: Path, out: Path, tied_dir: Path | None = None) -> None:
+    from agentrl.trainer.model_load import gathered_state_dict, load_policy, load_reference
+    from agentrl.trainer.parallel import Parallel, close_distributed, dist_env, init_distributed
+
+    env = dist_env()
+    device = init_distributed(env)
+    try:
+        par = Parallel("fsdp2", env, device, mixed_precision="bf16")
+        policy = load_policy(model_dir, 1, par)
+        ref = load_reference(model_dir, 1, par)
+        local = sum(p.to_local().numel() * p.to_local().element_size() for p in policy.parameters())
+        ref_dtypes = sorted({str(p.to_local().dtype) for p in ref.parameters()})
+        policy_dtypes = sorted({str(p.to_local().dtype) for p in policy.parameters()})
+        whole = gathered_state_dict(policy, par, torch.bfloat16)
+        ids = torch.arange(1, 17)[None]
+        with torch.no_grad():
+            logits = policy(input_ids=ids).logits.float()
+        buffers = {n: b.clone() for n, b in policy.named_buffers()}
+        torch.save({"local_bytes": local, "ref_dtypes": ref_dtypes, "whole": whole, "logits": logits,
+                    "buffers": buffers, "policy_dtypes": policy_dtypes},
+                   out / f"rank{env.rank}.pt")
+        if tied_dir is not None:  # tied embeddings (the tiny model's): one parameter, both names published
+            torch.save(gathered_state_dict(load_policy(tied_dir, 1, par), par), out / f"tied{env.rank}.pt")
+    finally:
+        close_distributed()
