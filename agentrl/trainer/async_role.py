@@ -37,6 +37,7 @@ from agentrl.trainer.parallel import Parallel
 from agentrl.trainer.role import (
     Schedule,
     WarmStart,
+    check_control_run,
     publish_weights,
     reference_model,
     select_training_data,
@@ -168,6 +169,7 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, p: Pipeline, th
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     resume = par.broadcast_object(checkpoint.latest(run_dir))  # the hub decides: every rank takes the same path
+    check_control_run(s, resume)
     ws: WarmStart | None = None
     sft_done = 0
     if resume is None and s.sft_steps > 0:  # every rank: each runs its share of the same warm-start batches

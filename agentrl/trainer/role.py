@@ -70,6 +70,14 @@ def shaped_rewards(trajs: list[Trajectory], fail_penalty: float) -> list[float]:
     return [fail_penalty if t.status.is_agent_failure else float(t.reward) for t in trajs]
 
 
+def check_control_run(s: Schedule, resume: Path | None) -> None:
+    """The control run (`trainer.update=sft`) continues the warm start's own optimizer and sampling, which a
+    checkpoint does not hold: it cannot be resumed, on either schedule (resumed, it would silently train RL)."""
+    if s.update == "sft" and (resume is not None or s.sft_steps == 0):
+        raise ValueError("trainer.update=sft (the control run) continues a warm start: it needs sft_steps > 0 "
+                         f"and a fresh run dir, not a resumed one{f' (found {resume})' if resume else ''}")
+
+
 def split_demos(demos: list[Trajectory], s: Schedule) -> tuple[list[Trajectory], list[Trajectory]]:
     """(what the warm start trains on, held-out successful demonstrations per task for `sft_target`)."""
     rng = random.Random(s.seed + 1)
@@ -183,9 +191,7 @@ def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, threads: int, m
     resume = par.broadcast_object(checkpoint.latest(run_dir))  # rank 0 decides: every rank must take the same path
     sft_steps_done = 0
     ws: WarmStart | None = None
-    if s.update == "sft" and (resume is not None or s.sft_steps == 0):
-        raise ValueError("trainer.update=sft (the control run) continues a warm start: it needs sft_steps > 0 "
-                         "and a fresh run dir, not a resumed one")
+    check_control_run(s, resume)
     if resume is None and s.sft_steps > 0:
         demos = ShardReader(run_dir / "shards" / "expert-0").wait(0, timeout_s=s.wait_timeout_s, poll_s=s.poll_s)
         log.info("warm start on %d expert trajectories", len(demos))
