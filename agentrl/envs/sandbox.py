@@ -69,6 +69,11 @@ DOCKER_CAPS = {"CAP_AUDIT_WRITE": 29, "CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CA
                "CAP_SETGID": 6, "CAP_SETPCAP": 8, "CAP_SETUID": 7, "CAP_SYS_CHROOT": 18}
 """Docker's default capabilities, which root has in AgentBench's containers; here they hold only in the
 sandbox's user namespace, over the ids it maps (no CAP_SYS_ADMIN: no mount can be undone)."""
+DRIVER_CAPS = {"CAP_SYS_ADMIN": 21, "CAP_SETPCAP": 8}
+"""What the sandbox's PID 1, the driver, holds beyond the session's: CAP_SYS_ADMIN (of the sandbox's user
+namespace) to give each grader its own read-only view of /usr, CAP_SETPCAP to cut the bounding set. The
+driver takes both out of the bounding, inheritable and ambient sets before anything else runs, so no
+session process ever holds CAP_SYS_ADMIN (no mount can be undone)."""
 # Reads the driver's source (length-prefixed) from stdin and runs it: keeps the command line short.
 BOOT = ("import os\ndef r(n):\n b=b''\n while len(b)<n:\n  c=os.read(0,n-len(b))\n  if not c: raise SystemExit(1)\n"
         "  b+=c\n return b\nh=b''\nwhile not h.endswith(b'\\n'): h+=r(1)\n"
@@ -345,6 +350,23 @@ def plan_mounts(image: str | Path, writable_bin: bool = False, disk_mb: int = 51
     return args
 
 
+def grader_view(image: str | Path, writable_bin: bool = False) -> dict[str, object]:
+    """What a grader's /usr is made of (the driver's `enter_view`): the image's, read-only, never the session's.
+
+    ro: the children of /usr that `plan_mounts` binds read-only from the image (the session's own are
+    these mounts, which it cannot change); tools: /usr/bin and /usr/sbin from the image's pristine tools
+    (when the session has writable copies); links: /usr's symlinks; local: /usr/local stays the session's.
+    """
+    src = Path(image) / "usr"
+    writable = USR_WRITABLE + (COPIED_BIN if writable_bin else ())
+    names = sorted(os.listdir(src))
+    tools = {d: f"/{GRADER_TOOLS}/{d}" for d in COPIED_BIN
+             if writable_bin and (Path(image) / GRADER_TOOLS / d).is_dir()}
+    return {"ro": [n for n in names if not (src / n).is_symlink() and n not in writable],
+            "links": {n: os.readlink(src / n) for n in names if (src / n).is_symlink()},
+            "tools": tools, "local": "local" in names}
+
+
 @functools.lru_cache(maxsize=4)
 def seed_archive(image: str) -> bytes:
     """A tar of what each session gets as its own writable copy: /etc (less the pinned entries), /var
@@ -397,9 +419,11 @@ def bwrap_argv(mounts: list[str], command: list[str], hostname: str, disk_mb: in
     masks = [a for path in PROC_MASKED for a in ("--size", "4096", "--tmpfs", path, "--remount-ro", path)]
     if in_userns:
         users = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
-                 "--assert-userns-disabled", "--cap-drop", "ALL", *(a for c in DOCKER_CAPS for a in ("--cap-add", c))]
+                 "--assert-userns-disabled", "--cap-drop", "ALL",
+                 *(a for c in (*DOCKER_CAPS, *DRIVER_CAPS) for a in ("--cap-add", c))]
     else:
-        users = ["--unshare-all", "--unshare-user", "--disable-userns", "--uid", "0", "--gid", "0"]
+        users = ["--unshare-all", "--unshare-user", "--disable-userns", "--uid", "0", "--gid", "0",
+                 "--cap-drop", "ALL", *(a for c in DRIVER_CAPS for a in ("--cap-add", c))]
     return ["bwrap", *users, "--die-with-parent", "--new-session", "--as-pid-1", "--hostname", hostname,
             "--size", str(disk_mb << 20), "--tmpfs", "/", *mounts, "--proc", "/proc", *masks,
             "--dev", "/dev", "--size", str(shm_mb << 20), "--tmpfs", "/dev/shm",
@@ -485,8 +509,9 @@ class Shell:
                   "nofile": c.nofile(), "cpu": c.cpu_s}
         cfg: dict[str, object] = {"env": BASE_ENV, "check_env": CHECK_ENV, "max_output": c.max_output_bytes,
                                   "limits": limits, "home": "/root"}
-        if c.many_uids(self.backend):
-            cfg["caps"] = sorted(DOCKER_CAPS.values())  # the bounding set the driver keeps
+        if self.backend == "bwrap":  # the bounding set the driver keeps for the session's root
+            cfg["caps"] = sorted(DOCKER_CAPS.values()) if c.many_uids(self.backend) else []
+            cfg["admin"] = DRIVER_CAPS["CAP_SYS_ADMIN"]
         seed = b""
         if self.backend == "bwrap":
             seed = seed_archive(str(self.cfg.image_dir().absolute()))
@@ -495,6 +520,7 @@ class Shell:
             if c.writable_bin:
                 cfg["copies"] = [[f"/{GRADER_TOOLS}/{d}", f"/usr/{d}"] for d in COPIED_BIN
                                  if (image / GRADER_TOOLS / d).is_dir()]
+            cfg["view"] = grader_view(image, c.writable_bin)
         elif self.backend == "none":  # unsandboxed: keep HOME and the state inside the session directory
             self._dir = Path(tempfile.mkdtemp(prefix="agentrl-sbx-", dir=c.work_dir or None))
             home = str(self._dir)
@@ -587,11 +613,13 @@ class Shell:
         return self._request({"op": "run", "cmd": command}, self.cfg.command_timeout_s if timeout is None else timeout)
 
     def run_independent(self, argv: list[str], timeout: float | None = None, stderr: bool = False,
-                        freeze: bool = False) -> CommandResult:
+                        freeze: bool = False, view: bool = True) -> CommandResult:
         """Run a program outside the shell's state: cwd /root, the fixed check environment, stdout only
-        (unless `stderr`); with `freeze`, every other process of the sandbox is stopped meanwhile."""
+        (unless `stderr`); with `freeze`, every other process of the sandbox is stopped meanwhile; with
+        `view` (bubblewrap), in its own mount namespace whose /usr is the image's, read-only (graders);
+        without, in the session's own (a sample's init script, which may write its /usr/bin)."""
         argv = [a.replace("\0", "") for a in argv]
-        return self._request({"op": "exec", "argv": argv, "stderr": stderr, "freeze": freeze},
+        return self._request({"op": "exec", "argv": argv, "stderr": stderr, "freeze": freeze, "view": view},
                              self.cfg.command_timeout_s if timeout is None else timeout)
 
     def close(self) -> None:

@@ -82,6 +82,19 @@ def test_shadowed_interpreters_earn_nothing(task: OsTask) -> None:
     assert attack_then_answer(task, "train-0", SHADOW, "right", bash_check) == (1.0, Status.COMPLETED)
 
 
+# issue 20, 1: a pyvenv.cfg under /usr whose `home` has the agent's `encodings`: on c07c523 every python-checked
+# sample passed with any answer. A grader's /usr is now a read-only view of the image.
+PYVENV = ("mkdir -p /tmp/e/bin /tmp/e/lib/python3.11/encodings && touch /tmp/e/lib/python3.11/os.py && "
+          "echo 'import posix; posix._exit(0)' > /tmp/e/lib/python3.11/encodings/__init__.py && "
+          "printf 'home = /tmp/e/bin\\n' > /usr/pyvenv.cfg && cp /usr/pyvenv.cfg /usr/bin/pyvenv.cfg && echo planted")
+
+
+def test_start_up_files_under_usr_earn_nothing(task: OsTask) -> None:
+    right = expected_count(task, "train-0")
+    assert attack_then_answer(task, "train-0", PYVENV, "this is not a number") == (0.0, Status.COMPLETED)
+    assert attack_then_answer(task, "train-0", PYVENV, right) == (1.0, Status.COMPLETED)
+
+
 def test_a_grader_runs_while_the_agents_processes_are_stopped(task: OsTask) -> None:
     # The check sees the agent's processes (they exist) but none of them runs while it does.
     probe = {"description": "d", "evaluation": {"check": {"code": (

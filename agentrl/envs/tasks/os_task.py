@@ -175,7 +175,7 @@ class OsEpisode:
                 raise
             self._shell = shell
             for n, script in enumerate(self.problem.init):
-                r = shell.run_independent(script_argv(script, []), timeout=INIT_TIMEOUT_S, stderr=True)
+                r = shell.run_independent(script_argv(script, []), timeout=INIT_TIMEOUT_S, stderr=True, view=False)
                 if r.exit_code != 0:
                     self.setup_error = (f"init script {n + 1} of {len(self.problem.init)} failed (exit "
                                         f"{r.exit_code}): {r.output.strip()[-800:]}")
