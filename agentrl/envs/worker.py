@@ -10,9 +10,9 @@ know it. Every route requires the run's secret (`agentrl.auth`); /expert answers
 turned it on (`envs.expert_route`).
 
 Faults stay with the session that caused them:
-  * a blocking task's calls run on this worker's own thread pool, with a thread for every slot, so the
-    event loop (and with it the heartbeats) never waits on task work and one slow session never queues
-    behind others;
+  * every task call runs on this worker's own thread pool (`blocking` or not: a session can make a fast
+    task slow), with a thread for every slot, so the event loop (and with it the heartbeats) never waits
+    on task work and one slow session never queues behind others;
   * a call that outlives `call_timeout_s` (below the controller's request timeout) ends its session as
     env_error with that reason; the thread it holds is counted as taken (`stuck`) until it returns,
     when the session is closed;
@@ -120,14 +120,14 @@ class EnvWorker:
     # ------------------------------------------------------------------------------------ helpers
     async def _run(self, task: Task, fn: Callable[..., Any], *args: Any,
                    late: Callable[[Future[Any]], None] | None = None) -> Any:
-        """Call task code. A task that says it blocks runs on the pool, bounded by `call_timeout_s`.
+        """Call task code on the pool, bounded by `call_timeout_s`, whatever the task's `blocking` says.
 
-        Fast tasks (lookup, echo) are called directly. On a timeout the thread keeps running: it counts
-        as `stuck` until it returns, and then `late(future)` cleans up what it produced (e.g. closes a
-        session whose caller was already told it timed out).
+        Even a fast task's call can be made slow by its session (kg's programs once grew exponentially):
+        on the event loop it would stop the heartbeats, and the controller would declare the whole worker
+        dead. On a timeout the thread keeps running: it counts as `stuck` until it returns, and then
+        `late(future)` cleans up what it produced (e.g. closes a session whose caller was already told it
+        timed out).
         """
-        if not getattr(task, "blocking", False):
-            return fn(*args)
         future = self.pool.submit(fn, *args)
         try:
             async with asyncio.timeout(self.call_timeout_s):

@@ -156,6 +156,27 @@ def test_hung_call_ends_only_its_session(stack: Stack) -> None:
     asyncio.run(main())
 
 
+def test_a_cpu_bound_call_of_a_non_blocking_task_keeps_the_worker_alive(stack: Stack) -> None:
+    """issue 20, 3: on c07c523 a task without `blocking` ran on the worker's event loop, so one CPU-bound
+    call (kg's exponential programs) stopped the heartbeats and the controller declared the worker dead.
+    Every task call now runs on the pool: heartbeats go on, and a call past its deadline ends its session."""
+    async def main() -> None:
+        async with stack.client(timeout_s=60.0) as env:
+            short, long = await env.start_sample("spin", "train-0"), await env.start_sample("spin", "train-1")
+            stop = asyncio.Event()
+            watcher = asyncio.create_task(watch_heartbeats(env, stop))
+            r = await env.interact(short.session_id, nap(4.0))  # longer than dead_after_s (3 s)
+            assert (r.done, r.status, r.reward) == (True, Status.COMPLETED, 1.0)
+            r = await env.interact(long.session_id, nap(8.0))  # past the call's deadline: only this session ends
+            assert (r.done, r.status) == (True, Status.ENV_ERROR) and "took longer" in (r.error or "")
+            stop.set()
+            assert await watcher < 2.5
+            ok = await env.start_sample("lookup", "train-0")
+            assert ok.session_id
+            await env.cancel(ok.session_id)
+    asyncio.run(main())
+
+
 def test_racing_interacts_on_one_session_are_busy(stack: Stack) -> None:
     """20 interacts at once on one session, through the controller and straight to the worker: one
     runs, 19 get 409 busy, and the session carries on (it is never "lost")."""
