@@ -125,6 +125,39 @@ def test_statements_cannot_escape_or_run_forever(tmp_path: Path) -> None:
     assert db.execute("SELECT a FROM t") == "[('1',)]"  # still usable afterwards
 
 
+# issue 20, 4: statements of process-wide effect, each played in a fresh interpreter (on c07c523 the third
+# crashed it, and the fifth made every later SqliteDatabase of the process fail with MemoryError).
+PROCESS_WIDE = ("SELECT hex(fts3_tokenizer('simple'))", "SELECT fts3_tokenizer('simple', x'4141414141414141')",
+                "CREATE VIRTUAL TABLE v USING fts3(x, tokenize=simple)", "PRAGMA soft_heap_limit = 1",
+                "PRAGMA hard_heap_limit = 1", "PRAGMA writable_schema = 1", "PRAGMA temp_store_directory = '/x'",
+                "PRAGMA cache_size = -100000000", "SELECT load_extension('/lib/x86_64-linux-gnu/libc.so.6')")
+PLAY = """
+import sys
+from agentrl.envs.tasks.db_backends import SqliteDatabase, Table
+db = SqliteDatabase([Table("t", ("a",), (("1",),))])
+for sql in sys.argv[1:]:
+    print(db.execute(sql), flush=True)
+print(SqliteDatabase([Table("u", ("b",), (("2",),))]).execute("SELECT b FROM u"))
+"""
+
+
+def test_no_statement_acts_on_the_whole_process() -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-c", PLAY, *PROCESS_WIDE], capture_output=True, text=True, timeout=60,
+                       cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr[-2000:])
+    assert len(lines) == len(PROCESS_WIDE) + 1 and lines[-1] == "[('2',)]", lines  # a later session still works
+    assert all(line.startswith("Error: not authorized") for line in lines[:-1]), lines
+    # introspection stays: AgentBench's agents read schemas
+    db = SqliteDatabase([Table("t", ("a",), (("1",),))])
+    assert db.execute("PRAGMA table_info(t)") == "[(0, 'a', 'TEXT', 0, None, 0)]"
+    assert db.execute("SELECT name FROM pragma_table_list WHERE name = 't'") == "[('t',)]"
+
+
 @pytest.mark.parametrize("message, expected", [
     (call("execute_sql", {"sql": "SELECT 1"}), "Error: invalid arguments for execute_sql: 'query' is a required"),
     (call("commit_final_answer", {"answers": "42"}), "Error: invalid arguments for commit_final_answer at answers"),

@@ -30,6 +30,7 @@ numeric comparisons while keeping the hash the same for values written back in c
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import logging
 import os
@@ -131,6 +132,8 @@ class SqliteDatabase:
                 self._create(t, affinity)
         page = self.conn.execute("PRAGMA page_size").fetchone()[0]
         self.conn.execute(f"PRAGMA max_page_count = {max(1, max_bytes // page)}")
+        self.conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
+        defensive(self.conn)
         self.conn.set_authorizer(self._authorize)
         self.conn.set_progress_handler(self._progress, 10_000)
 
@@ -146,11 +149,7 @@ class SqliteDatabase:
 
     @staticmethod
     def _authorize(action: int, arg1: str | None, arg2: str | None, db: str | None, trigger: str | None) -> int:
-        if action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH):
-            return sqlite3.SQLITE_DENY
-        if action == sqlite3.SQLITE_PRAGMA and (arg1 or "").lower() in ("max_page_count", "page_size") and arg2:
-            return sqlite3.SQLITE_DENY
-        return sqlite3.SQLITE_OK
+        return authorize(action, arg1, arg2)
 
     def _progress(self) -> int:
         return 1 if time.monotonic() > self._deadline else 0
@@ -188,6 +187,95 @@ class SqliteDatabase:
 
     def close(self) -> None:
         self.conn.close()
+
+
+CACHE_KIB = 8 << 10  # the page cache of one session's connection (SQLite's default is 2 MiB)
+READ_PRAGMAS = frozenset({
+    "table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo", "foreign_key_list",
+    "foreign_key_check", "collation_list", "database_list", "function_list", "module_list", "pragma_list",
+    "integrity_check", "quick_check", "encoding", "user_version", "schema_version", "application_id",
+    "compile_options", "page_count", "page_size", "max_page_count", "freelist_count", "data_version",
+    "foreign_keys", "case_sensitive_like", "recursive_triggers", "defer_foreign_keys", "cache_size"})
+"""PRAGMAs a session may run: schema introspection and read-outs. Anything else is refused, since several
+act on the whole process (hard_heap_limit, soft_heap_limit, temp_store_directory, shrink_memory: one
+session's `PRAGMA hard_heap_limit = 1` once failed every later db session of its worker) or on the
+database's integrity (writable_schema, journal_mode)."""
+ARGUMENT_PRAGMAS = frozenset({
+    "foreign_keys", "case_sensitive_like", "recursive_triggers", "defer_foreign_keys", "user_version",
+    "application_id", "table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo",
+    "foreign_key_list", "foreign_key_check", "integrity_check", "quick_check"})
+"""The PRAGMAs of those that may take a value: a setting of the session's own connection or database, or
+the table or index an introspection PRAGMA reads."""
+DENIED_FUNCTIONS = frozenset({"fts3_tokenizer", "load_extension"})
+"""SQL functions no session may call: `fts3_tokenizer` reads and installs raw C pointers (one call leaked
+an address, its two-argument form then crashed the worker), `load_extension` loads native code."""
+
+
+def authorize(action: int, arg1: str | None, arg2: str | None) -> int:
+    """SQLite's authorizer for a session's statements: no other database file, no process-wide PRAGMA,
+    no function that touches native memory or code, no virtual table (each module is C code of its own)."""
+    if action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH, sqlite3.SQLITE_CREATE_VTABLE,
+                  sqlite3.SQLITE_DROP_VTABLE):
+        return sqlite3.SQLITE_DENY
+    if action == sqlite3.SQLITE_PRAGMA:
+        name = (arg1 or "").lower()
+        if name not in READ_PRAGMAS or (arg2 is not None and name not in ARGUMENT_PRAGMAS):
+            return sqlite3.SQLITE_DENY
+    if action == sqlite3.SQLITE_FUNCTION and (arg2 or "").lower() in DENIED_FUNCTIONS:
+        return sqlite3.SQLITE_DENY
+    return sqlite3.SQLITE_OK
+
+
+SQLITE_DBCONFIG_DEFENSIVE = 1010
+SQLITE_DBCONFIG_ENABLE_FTS3_TOKENIZER = 1004
+
+
+def defensive(conn: sqlite3.Connection) -> None:
+    """SQLite's defensive mode on `conn` (no writable_schema, no journal_mode=OFF, no writes to shadow
+    tables) and the two-argument fts3_tokenizer off: `setconfig` from Python 3.12; on 3.11 through the
+    C API of the very library the `sqlite3` module loaded (found in this process's mappings, its version
+    checked), with the connection's handle read from the object. Where neither works it logs and goes on:
+    the authorizer (`authorize`) refuses the same statements."""
+    setconfig = getattr(conn, "setconfig", None)
+    if setconfig is not None:
+        setconfig(SQLITE_DBCONFIG_DEFENSIVE, True)
+        setconfig(SQLITE_DBCONFIG_ENABLE_FTS3_TOKENIZER, False)
+        return
+    lib = _sqlite_library()
+    if lib is None:
+        return
+    handle = ctypes.c_void_p.from_address(id(conn) + ctypes.sizeof(ctypes.c_ssize_t) * 2).value  # after PyObject_HEAD
+    out = ctypes.c_int(-1)
+    for op, value in ((SQLITE_DBCONFIG_DEFENSIVE, 1), (SQLITE_DBCONFIG_ENABLE_FTS3_TOKENIZER, 0)):
+        if lib.sqlite3_db_config(ctypes.c_void_p(handle), op, ctypes.c_int(value), ctypes.byref(out)) != 0 \
+                or out.value != value:
+            log.warning("sqlite3_db_config(%d, %d) did not hold; the authorizer alone guards", op, value)
+
+
+_LIBRARY: list[Any] = []
+
+
+def _sqlite_library() -> Any:
+    """The SQLite library the `sqlite3` module uses, by ctypes (None where it cannot be found for sure)."""
+    if _LIBRARY:
+        return _LIBRARY[0]
+    lib = None
+    try:
+        maps = Path("/proc/self/maps").read_text()
+        paths = sorted({line.split()[-1] for line in maps.splitlines() if "libsqlite3" in line and "/" in line})
+        for path in paths:
+            candidate = ctypes.CDLL(path)
+            candidate.sqlite3_libversion.restype = ctypes.c_char_p
+            if candidate.sqlite3_libversion().decode() == sqlite3.sqlite_version:
+                candidate.sqlite3_db_config.restype = ctypes.c_int
+                lib = candidate
+                break
+    except (OSError, AttributeError, ValueError):
+        lib = None
+    if lib is None:
+        log.warning("SQLite's defensive mode is not set (no sqlite3_db_config found); the authorizer alone guards")
+    _LIBRARY.append(lib)
+    return lib
 
 
 def _quote(name: str) -> str:
