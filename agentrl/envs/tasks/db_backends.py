@@ -41,6 +41,7 @@ import signal
 import sqlite3
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,7 @@ RESULT_LIMIT = 800  # AgentBench cuts a result string here and appends "[TRUNCAT
 MAX_ROWS = 10_000  # rows fetched for one observation (the text is cut at 800 characters anyway)
 GROUP_CONCAT_MAX = 1024
 # MySQL 8's default sql_mode: AgentBench-FC's mysql:8 container sets none (environment.py, see above)
+KILL_GRACE_S = 2.0  # past a statement's deadline, our watchdog KILLs it (the server's own limit comes first)
 MYSQL8_SQL_MODE = ("ONLY_FULL_GROUP_BY,STRICT_TRANS_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,"
                    "ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION")
 
@@ -411,10 +413,18 @@ class MariaDBDatabase:
         return conn
 
     def execute(self, sql: str) -> str:
+        """The observation for one statement. The server's own limit (`max_statement_time`, set at login) is
+        the session's to change (`SET SESSION max_statement_time = 0`, `SET STATEMENT ... FOR`), so a
+        watchdog of ours also ends the statement (`KILL QUERY` from another connection) `KILL_GRACE_S`
+        after its deadline, whatever the session set."""
         pymysql = _pymysql()
+        watchdog: threading.Timer | None = None
         try:
             if self.conn is None:
                 self.conn = self._connect()
+            watchdog = threading.Timer(self.timeout_s + KILL_GRACE_S, self._kill, ("QUERY", self.conn.thread_id()))
+            watchdog.daemon = True
+            watchdog.start()
             with self.conn.cursor() as cur:
                 cur.execute(sql)
                 rows = list(cur.fetchmany(MAX_ROWS)) if cur.description else []
@@ -425,7 +435,23 @@ class MariaDBDatabase:
             text = _mysql_error(e)
             if isinstance(e, (pymysql.err.OperationalError, pymysql.err.InterfaceError)) and not _alive(self.conn):
                 self.conn = None  # reconnect on the next statement
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
         return truncate(text)
+
+    def _kill(self, what: str, thread_id: int) -> None:
+        """`KILL QUERY|CONNECTION id` of the session's connection, from a short connection of the server's
+        account (the session's user could not be trusted to do it, nor could its connection, which is busy)."""
+        try:
+            conn = self.server.connect()
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(f"KILL {what} {int(thread_id)}")
+            finally:
+                conn.close()
+        except Exception as e:  # gone already: nothing to end
+            log.debug("KILL %s %s: %s", what, thread_id, e)
 
     def table_hash(self, tables: list[Table]) -> str:
         hashes = []
@@ -445,14 +471,32 @@ class MariaDBDatabase:
         return combine_hashes(hashes)
 
     def close(self) -> None:
-        for conn in (self.conn,):
-            try:
-                if conn is not None:
-                    conn.close()
-            except Exception:
-                pass
-        self.conn = None
+        """Drop the session's database and user; first end every connection of its user (a statement still
+        running, e.g. one the session freed of its time limit, holds locks that DROP DATABASE would wait on,
+        and would otherwise run on after the session)."""
+        conn, self.conn = self.conn, None
         admin, self.admin = getattr(self, "admin", None), None
+        ids = set()
+        try:
+            if conn is not None:
+                ids.add(int(conn.thread_id()))
+            if admin is not None:  # KILL before closing ours: a thread blocked reading it holds its reader's lock
+                with admin.cursor() as cur:
+                    if self.user:
+                        cur.execute("SELECT ID FROM information_schema.PROCESSLIST WHERE USER = %s", (self.user,))
+                        ids |= {int(row[0]) for row in cur.fetchall()}
+                    for thread_id in sorted(ids):
+                        try:
+                            cur.execute(f"KILL CONNECTION {thread_id}")
+                        except Exception:  # ended meanwhile
+                            pass
+        except Exception as e:
+            log.warning("could not end the connections of MariaDB database %s: %s", self.name, e)
+        try:
+            if conn is not None:
+                conn.close()
+        except Exception:
+            pass
         if admin is None:
             return
         try:
