@@ -95,6 +95,19 @@ def test_start_up_files_under_usr_earn_nothing(task: OsTask) -> None:
     assert attack_then_answer(task, "train-0", PYVENV, right) == (1.0, Status.COMPLETED)
 
 
+def test_destroying_what_the_example_counts_earns_nothing(task: OsTask) -> None:
+    """issue 20, 6: on c07c523 the example ran on the state the agent left: `rm -rf` what it counts and
+    answer "0" scored 1.0. The strict protocol's example runs before the agent acts (example_state
+    "start"); "end" keeps AgentBench's semantics, and with it the hole."""
+    right = expected_count(task, "train-0")
+    assert right != "0"
+    assert attack_then_answer(task, "train-0", "rm -rf /root/juniper; echo gone", "0") == (0.0, Status.COMPLETED)
+    assert attack_then_answer(task, "train-0", "rm -rf /root/juniper; echo gone", right) == (1.0, Status.COMPLETED)
+    faithful_semantics = OsTask(sandbox={"backend": "bwrap", "command_timeout_s": 5.0}, example_state="end")
+    assert attack_then_answer(faithful_semantics, "train-0", "rm -rf /root/juniper; echo gone", "0") == \
+        (1.0, Status.COMPLETED)  # the hole AgentBench's own protocol has (documented in docs/tasks.md)
+
+
 def test_a_grader_runs_while_the_agents_processes_are_stopped(task: OsTask) -> None:
     # The check sees the agent's processes (they exist) but none of them runs while it does.
     probe = {"description": "d", "evaluation": {"check": {"code": (

@@ -145,10 +145,16 @@ class SessionBudget:
 class OsEpisode:
     """One sample in its own sandbox (strict protocol). `close()` ends the sandbox; the Session calls it."""
 
-    def __init__(self, problem: OsProblem, sandbox: SandboxConfig, budget: SessionBudget | None = None) -> None:
+    def __init__(self, problem: OsProblem, sandbox: SandboxConfig, budget: SessionBudget | None = None,
+                 example_state: str = "start") -> None:
+        if example_state not in EXAMPLE_STATES:
+            raise ValueError(f"os: unknown example_state {example_state!r} ({' | '.join(EXAMPLE_STATES)})")
         self.problem = problem
         self.cfg = sandbox
         self.budget = budget
+        self.example_state = example_state
+        self.reference: CommandResult | None = None
+        """The example's run on the state before the agent acted (example_state "start")."""
         self._shell: Shell | None = None
         self.closed = False
         self.setup_error: str | None = None
@@ -183,6 +189,10 @@ class OsEpisode:
                     return shell
             if self.problem.start:  # AgentBench runs it in the shell and ignores its exit status
                 shell.run(shell_command(self.problem.start), timeout=SCRIPT_TIMEOUT_S)
+            p = self.problem
+            if self.example_state == "start" and p.example is not None and p.check and None in p.check:
+                self.reference = shell.run_independent(script_argv(p.example, []), timeout=SCRIPT_TIMEOUT_S,
+                                                       freeze=True)
         return self._shell
 
     def initial_messages(self) -> list[dict[str, Any]]:
@@ -253,7 +263,11 @@ class OsEpisode:
                 script = p.example
             if script is None:  # a `null` check with no example: nothing to compare against
                 return False
-            r = self.shell.run_independent(script_argv(script, params), timeout=SCRIPT_TIMEOUT_S, freeze=True)
+            shell = self.shell  # made now if it was not (its reference with it)
+            if script is p.example and self.reference is not None:  # computed before the agent acted
+                r = self.reference
+            else:
+                r = shell.run_independent(script_argv(script, params), timeout=SCRIPT_TIMEOUT_S, freeze=True)
             if r.exit_code != 0:
                 return False
             params.append(r.output)
@@ -289,8 +303,8 @@ class FaithfulOsEpisode(OsEpisode):
     call_policy = CallPolicy(first_call_only=True, lenient_arguments=True)
 
     def __init__(self, problem: OsProblem, sandbox: SandboxConfig, protocol: ab.Protocol,
-                 budget: SessionBudget | None = None) -> None:
-        super().__init__(problem, sandbox, budget)
+                 budget: SessionBudget | None = None, example_state: str = "end") -> None:
+        super().__init__(problem, sandbox, budget, example_state)
         self.protocol = protocol
 
     def initial_messages(self) -> list[dict[str, Any]]:
@@ -340,6 +354,12 @@ class FaithfulOsEpisode(OsEpisode):
         return self._check([str(answer)])
 
 
+EXAMPLE_STATES = ("start", "end")
+"""Where a `null` check's example script runs. "start": once, as a grader, right after the sample's init
+and start scripts, before the agent acts: the reference answer is the sample's, so deleting or shrinking
+what it counts earns nothing (the default of the strict protocol, which trains). "end": after the
+agent's answer, on the state it left, as AgentBench does (the faithful protocol's default, whose score
+must be comparable with AgentBench's; docs/tasks.md lists the holes it keeps)."""
 DEFAULT_FILES = {"train": "os/train.json", "test": "os/test.json"}
 OUR_DEV = ("agentbench/os_interaction/dev.json", "agentbench/os_interaction/scripts/dev")  # under data/
 AGENTBENCH_DEV = ("data/os_interaction/data/dev.json", "data/os_interaction/scripts/dev")  # in a checkout
@@ -363,6 +383,8 @@ class OsTask:
             `/var/cache/agentrl/rootfs/os-bookworm`; `python -m jobs.make_rootfs` builds it).
         protocol: "strict" or "faithful" (default: faithful with source="agentbench", else strict).
         slots: sessions the serving worker may hold; checked against the host's PID budget now.
+        example_state: "start" or "end" (`EXAMPLE_STATES`; default: "start" in the strict protocol, "end"
+            in the faithful one).
     """
 
     name = "os"
@@ -371,10 +393,13 @@ class OsTask:
 
     def __init__(self, source: str = "ours", agentbench_dir: str | Path | None = None,
                  data_dir: str | Path | None = None, sandbox: SandboxConfig | dict[str, Any] | None = None,
-                 protocol: str | None = None, slots: int | None = None) -> None:
+                 protocol: str | None = None, slots: int | None = None, example_state: str | None = None) -> None:
         if source not in ("ours", "agentbench"):
             raise ValueError(f"os: unknown source {source!r} (ours | agentbench)")
         self.protocol_name = resolve_protocol(protocol, source == "agentbench", "os")
+        self.example_state = example_state or ("end" if self.protocol_name == "faithful" else "start")
+        if self.example_state not in EXAMPLE_STATES:
+            raise ValueError(f"os: unknown example_state {self.example_state!r} ({' | '.join(EXAMPLE_STATES)})")
         root = Path(data_dir) if data_dir else data_root()
         checkout = Path(agentbench_dir) if agentbench_dir else env_path("AGENTRL_AGENTBENCH_DIR")
         self.sandbox = sandbox if isinstance(sandbox, SandboxConfig) else SandboxConfig(**(sandbox or {}))
@@ -419,8 +444,9 @@ class OsTask:
     def start(self, index: str) -> OsEpisode:
         split, i = split_index(self.name, index, self.sizes)
         if self.protocol is not None:
-            return FaithfulOsEpisode(self.problems[split][i], self.sandbox, self.protocol, self.budget)
-        return OsEpisode(self.problems[split][i], self.sandbox, self.budget)
+            return FaithfulOsEpisode(self.problems[split][i], self.sandbox, self.protocol, self.budget,
+                                     self.example_state)
+        return OsEpisode(self.problems[split][i], self.sandbox, self.budget, self.example_state)
 
 
 def _load_globs(checkout: Path, patterns: list[tuple[str, str]]) -> list[OsProblem]:
