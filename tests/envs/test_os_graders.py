@@ -44,7 +44,7 @@ def attack_then_answer(task: OsTask, index: str, attack: str, answer: str,
                        problem: dict[str, Any] | None = None) -> tuple[float, Status]:
     session = Session(task, index)
     if problem is not None:
-        session.episode = OsEpisode(parse_problem(problem, None), task.sandbox, task.budget)
+        session.episode = OsEpisode(parse_problem(problem, None), task.sandbox, task.budget, task.example_state)
     r = session.interact(call("bash_action", {"script": attack}))
     assert not r.done, r.messages
     r = session.interact(call("answer_action", {"answer": answer}, "c1"))
@@ -106,6 +106,27 @@ def test_destroying_what_the_example_counts_earns_nothing(task: OsTask) -> None:
     faithful_semantics = OsTask(sandbox={"backend": "bwrap", "command_timeout_s": 5.0}, example_state="end")
     assert attack_then_answer(faithful_semantics, "train-0", "rm -rf /root/juniper; echo gone", "0") == \
         (1.0, Status.COMPLETED)  # the hole AgentBench's own protocol has (documented in docs/tasks.md)
+
+
+def test_a_grader_the_session_hangs_is_the_agents_failure(task: OsTask, monkeypatch: pytest.MonkeyPatch) -> None:
+    """issue 20, 7: a FIFO where the example reads: on c07c523 the grader outlived the worker's call deadline
+    and the episode ended env_error (neither trained on nor counted). Now the message's time budget ends it
+    as the agent's `grader_failed`, reward 0; a right answer on an untouched sample still passes."""
+    import time
+
+    problem = {"description": "d", "evaluation": {"check": [None, {"language": "python", "code": (
+        "import sys; sys.exit(sys.argv[1].strip() != sys.argv[2].strip())")}], "example": {"code": "cat /root/n"}},
+        "create": {"init": {"code": "echo 7 > /root/n"}}}
+    fifo = "rm /root/n && mkfifo /root/n && echo ok"
+    hung = OsTask(sandbox={"backend": "bwrap", "command_timeout_s": 5.0}, example_state="end")
+    monkeypatch.setattr(OsEpisode, "step_budget_s", 3.0)  # 18 s by default, below the worker's 24 s
+    t = time.monotonic()
+    assert attack_then_answer(hung, "train-0", fifo, "7", problem) == (0.0, Status.GRADER_FAILED)
+    assert time.monotonic() - t < 3.0 + 3.0
+    assert attack_then_answer(hung, "train-0", "echo hi", "7", problem) == (1.0, Status.COMPLETED)
+    # the strict protocol's reference comes from before the agent acted: the FIFO changes nothing
+    assert attack_then_answer(task, "train-0", fifo, "7", problem) == (1.0, Status.COMPLETED)
+    assert Status.GRADER_FAILED.is_agent_failure and not Status.GRADER_FAILED.is_infra
 
 
 def test_a_grader_runs_while_the_agents_processes_are_stopped(task: OsTask) -> None:

@@ -48,6 +48,7 @@ import glob
 import logging
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,12 @@ log = logging.getLogger(__name__)
 
 MAX_ROUNDS = 8
 OUTPUT_LIMIT, OUTPUT_KEEP = 800, 780  # AgentBench's truncation of one command's output
-SCRIPT_TIMEOUT_S = 60.0  # check and example scripts
+SCRIPT_TIMEOUT_S = 60.0  # init-time example scripts (the reference answer)
+STEP_BUDGET_S = 18.0
+"""One message's time: its bash calls and the grading of its answer together, below the worker's default
+deadline for a call (24 s), so that a session that makes its commands or its graders slow (a FIFO where a
+check reads a file) ends by this task's rule, never as the worker's env_error. A bash call gets what is
+left of it (at most `command_timeout_s`), the check scripts share the rest."""
 INIT_TIMEOUT_S = 300.0  # init scripts: AgentBench sets none, and some of its train samples `sleep 60`
 
 TOOLS: list[dict[str, Any]] = [
@@ -145,6 +151,8 @@ class SessionBudget:
 class OsEpisode:
     """One sample in its own sandbox (strict protocol). `close()` ends the sandbox; the Session calls it."""
 
+    step_budget_s = STEP_BUDGET_S
+
     def __init__(self, problem: OsProblem, sandbox: SandboxConfig, budget: SessionBudget | None = None,
                  example_state: str = "start") -> None:
         if example_state not in EXAMPLE_STATES:
@@ -155,6 +163,8 @@ class OsEpisode:
         self.example_state = example_state
         self.reference: CommandResult | None = None
         """The example's run on the state before the agent acted (example_state "start")."""
+        self.deadline = float("inf")  # of the message being handled (`STEP_BUDGET_S`)
+        self.grader_failure: str | None = None
         self._shell: Shell | None = None
         self.closed = False
         self.setup_error: str | None = None
@@ -209,8 +219,8 @@ class OsEpisode:
         return StepResult(messages=[message], done=True, reward=0.0, status=Status.COMPLETED,
                           metrics=self._metrics(0.0))
 
-    def bash(self, script: str) -> CommandResult:
-        result = self.shell.run(script)
+    def bash(self, script: str, timeout: float | None = None) -> CommandResult:
+        result = self.shell.run(script, timeout)
         self.last_output = result.output
         self.ran_example = self.ran_example or script == self.example
         return result
@@ -222,18 +232,32 @@ class OsEpisode:
         if ended is not None:
             return ended
         messages: list[dict[str, Any]] = []
+        self.deadline = time.monotonic() + self.step_budget_s
         for call in action.tool_calls:
             if call.name == "bash_action":
-                result = self.bash(call.arguments["script"])
-                messages.append(tool_message(call.id, call.name, format_output(result, self.cfg.command_timeout_s)))
+                left = min(self.cfg.command_timeout_s, self.deadline - time.monotonic())
+                if left < 0.5:
+                    messages.append(tool_message(call.id, call.name, f"Error: this message's {self.step_budget_s:g} "
+                                                 "s are spent; the command did not run."))
+                    continue
+                result = self.bash(call.arguments["script"], left)
+                messages.append(tool_message(call.id, call.name, format_output(result, left)))
                 continue
             answer = call.arguments["answer"] if call.name == "answer_action" else None
             reward = 1.0 if self.judge(answer) else 0.0
             messages.append(tool_message(call.id, call.name, "Your answer has been recorded." if answer is not None
                                          else "The task has been marked as finished."))
-            return StepResult(messages=messages, done=True, reward=reward, status=Status.COMPLETED,
-                              metrics=self._metrics(reward))
+            return self.verdict(messages, reward)
         return StepResult(messages=messages, metrics=self._metrics(0.0))
+
+    def verdict(self, messages: list[dict[str, Any]], reward: float) -> StepResult:
+        """The episode's end after a judged answer: `grader_failed` when a grader could not finish."""
+        if self.grader_failure is not None:
+            log.info("os grader failed (the agent's state): %s", self.grader_failure)
+            return StepResult(messages=messages, done=True, reward=0.0, status=Status.GRADER_FAILED,
+                              metrics={**self._metrics(0.0), "grader_failed": 1.0})
+        return StepResult(messages=messages, done=True, reward=reward, status=Status.COMPLETED,
+                          metrics=self._metrics(reward))
 
     def _metrics(self, success: float) -> dict[str, float]:
         return {"success": success, "setup_failed": float(self.setup_error is not None)}
@@ -267,7 +291,14 @@ class OsEpisode:
             if script is p.example and self.reference is not None:  # computed before the agent acted
                 r = self.reference
             else:
-                r = shell.run_independent(script_argv(script, params), timeout=SCRIPT_TIMEOUT_S, freeze=True)
+                left = self.deadline - time.monotonic()
+                if left < 0.5:
+                    self.grader_failure = "no time was left for the check scripts"
+                    return False
+                r = shell.run_independent(script_argv(script, params), timeout=min(left, SCRIPT_TIMEOUT_S), freeze=True)
+            if r.timed_out or (r.exit_code == 126 and r.output.startswith("agentrl:")):
+                self.grader_failure = f"a check script {'ran out of time' if r.timed_out else r.output[:200]}"
+                return False
             if r.exit_code != 0:
                 return False
             params.append(r.output)
@@ -334,13 +365,14 @@ class FaithfulOsEpisode(OsEpisode):
         if act.kind == "crash":  # AgentBench's task raises here: the sample ends as a task error, failed
             return StepResult([tool_message(call_id, act.name, "Error: the call has no arguments.")],
                               done=True, reward=0.0, status=Status.INVALID_ACTION, metrics=self._metrics(0.0))
+        self.deadline = time.monotonic() + self.step_budget_s
         if act.kind == "bash":
             # AgentBench runs nothing for a non-string script and shows an empty output.
             output = self.bash(act.content).output if isinstance(act.content, str) else ""
             return StepResult([tool_message(call_id, act.name, ab.observation(output))], metrics=self._metrics(0.0))
         reward = 1.0 if self.judge_faithful(act.content) else 0.0
         # AgentBench answers a commit with no tool message: the episode ends.
-        return StepResult([], done=True, reward=reward, status=Status.COMPLETED, metrics=self._metrics(reward))
+        return self.verdict([], reward)
 
     def judge_faithful(self, answer: Any) -> bool:
         """AgentBench's `_evaluate_answer`: strip only strings; a check gets `str(answer)` ("None" too)."""
