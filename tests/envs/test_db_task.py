@@ -57,6 +57,27 @@ def test_answer_grading(answer: Any, truth: Any, kind: str, ok: bool) -> None:
     assert answers_match(answer, truth, kind) is ok
 
 
+@pytest.mark.parametrize("answer, truth, ok", [
+    (["Fantasy", "Fantasy"], ["Fantasy"], False),  # issue 20, 10: 1.0 on c07c523
+    (["a", "a", "b"], ["a", "b"], False),
+    (["b", "a"], ["a", "b"], True),
+    (["John"], ["John", "John"], True),  # fewer copies than a label with duplicates: still its set
+    (["1", "1"], ["1"], False),
+])
+def test_strict_grading_refuses_padded_answers(answer: Any, truth: Any, ok: bool) -> None:
+    assert answers_match(answer, truth, "comparison", no_extra=True) is ok
+
+
+def test_a_padded_answer_scores_nothing(task: DbTask) -> None:
+    index, sample = next((i, s) for i, s in zip(task.indices("test"), task.split("test"))
+                         if s.kind not in ("INSERT", "UPDATE", "DELETE") and len(clean_answers(s.label)) == 1)
+    value = clean_answers(sample.label)[0]
+    r = Session(task, index).interact(call("commit_final_answer", {"answers": [value, value]}))
+    assert (r.done, r.reward) == (True, 0.0)
+    r = Session(task, index).interact(call("commit_final_answer", {"answers": [value]}))
+    assert (r.done, r.reward) == (True, 1.0)
+
+
 def test_clean_answers() -> None:
     assert clean_answers(None) == ["0"]
     assert clean_answers("[('a',), ('b',)]") == ["a", "b"]

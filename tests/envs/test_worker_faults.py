@@ -226,6 +226,23 @@ def test_a_message_of_38000_tool_calls_is_one_cheap_error(stack: Stack) -> None:
     asyncio.run(main())
 
 
+def test_arguments_nested_4000_deep_are_an_observation(stack: Stack) -> None:
+    """issue 20, 9: 8 KB of arguments nested 4,000 deep answered 502 RecursionError on c07c523."""
+    async def main() -> None:
+        deep = '{"name": ' + "[" * 4000 + "]" * 4000 + ', "field": "x"}'
+        message = {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "lookup", "arguments": deep}}]}
+        async with stack.client(timeout_s=60.0) as env:
+            before = await env.status()
+            start = await env.start_sample("lookup", "train-0")
+            r = await env.interact(start.session_id, message)
+            assert (r.done, r.status) == (False, Status.RUNNING), r
+            assert r.messages[0]["content"].startswith("Error: arguments are nested too deeply (4001 levels")
+            await env.cancel(start.session_id)
+            assert delta(await env.status(), before) == {}
+    asyncio.run(main())
+
+
 async def raw_request(url: str, head: str, body: bytes, close_after_send: bool = False,
                       wait_s: float = 20.0) -> tuple[int, bytes]:
     """One hand-made HTTP request; (status, body) of the answer, read by its Content-Length (the server
