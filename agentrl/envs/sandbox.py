@@ -56,6 +56,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentrl.envs.cgroups import CgroupSupport, SessionCgroup
+from agentrl.envs.cgroups import detect as detect_cgroups
 from agentrl.envs.rootfs import GRADER_TOOLS, default_rootfs_dir, require_rootfs
 
 log = logging.getLogger(__name__)
@@ -129,6 +131,11 @@ class SandboxConfig:
     """How many ids a root worker maps into its bubblewrap sandboxes (1: only root, as host_uid)."""
     fakeroot: bool = True
     """Apptainer: `--fakeroot` (root inside, a uid range mapped; needs subuid entries or root)."""
+    session_memory_mb: int = 2048
+    """A cgroup per session (`agentrl.envs.cgroups`) bounds all it makes, processes and tmpfs pages
+    together, to this (pids to `nproc` + 8); 0: none. Where the worker may not make cgroups, sessions run
+    with the per-process limits only, said once at start (or fail to start with `cgroup_required`)."""
+    cgroup_required: bool = False
     hostname: str = "agentrl-sandbox"
     work_dir: str = ""
     """backend "none" only: where session directories are made ("" = the temp dir)."""
@@ -177,6 +184,40 @@ def select_backend(requested: str = "auto", isolation: bool = True) -> str:
         raise SandboxUnavailable("no sandbox available: install Apptainer or bubblewrap (apt-get install "
                                  "bubblewrap), or turn isolation off to run commands unsandboxed on the host")
     return "none"
+
+
+@functools.lru_cache(maxsize=1)
+def cgroup_support() -> CgroupSupport:
+    """This worker's session cgroups (probed once per process)."""
+    return detect_cgroups()
+
+
+def check_cgroups(cfg: SandboxConfig, backend: str) -> CgroupSupport | None:
+    """The start-up word on per-session cgroups (logged once per process): where they are made, or why
+    they cannot be and what bounds a session instead. Raises SandboxUnavailable with `cgroup_required`."""
+    if backend == "none" or cfg.session_memory_mb <= 0:
+        return None
+    support = cgroup_support()
+    if support.kind is None:
+        message = (f"os sessions get no cgroup of their own ({support.reason}): each process is bounded "
+                   f"(RLIMIT_AS {cfg.memory_mb} MB, {cfg.nproc} processes) but not their sum with the "
+                   f"session's tmpfs mounts; run the worker as root or give it a delegated cgroup subtree")
+        if cfg.cgroup_required:
+            raise SandboxUnavailable(message + " (sandbox.cgroup_required is set)")
+        _announce(logging.WARNING, message)
+        return None
+    _announce(logging.INFO, f"os sessions: a cgroup each ({support.kind}, under "
+                            f"{', '.join(map(str, support.parents.values()))}): at most {cfg.session_memory_mb} MB "
+                            f"and {cfg.nproc + CGROUP_EXTRA_PIDS} tasks")
+    return support
+
+
+CGROUP_EXTRA_PIDS = 8  # the launcher, bubblewrap and the driver, beyond the session's own `nproc`
+
+
+@functools.lru_cache(maxsize=4)
+def _announce(level: int, message: str) -> None:
+    log.log(level, "%s", message)
 
 
 def check_image(cfg: SandboxConfig, backend: str) -> None:
@@ -474,6 +515,7 @@ class Shell:
         check_image(self.cfg, self.backend)
         self.uid = self.cfg.sandbox_uid(self.backend)
         self.closed = False
+        self.cgroup: SessionCgroup | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._buf = b""
         self._dir: Path | None = None
@@ -530,14 +572,31 @@ class Shell:
         return cfg, seed
 
     def _start(self) -> None:
-        kwargs: dict[str, object] = {}
-        if self.uid is not None and not self.cfg.many_uids(self.backend):  # the launcher maps the ids itself
-            kwargs.update(user=self.uid, group=self.uid, extra_groups=[])
+        support = check_cgroups(self.cfg, self.backend)
+        if support is not None:
+            try:
+                self.cgroup = SessionCgroup(support, "agentrl-session", self.cfg.session_memory_mb << 20,
+                                            self.cfg.nproc + CGROUP_EXTRA_PIDS)
+            except OSError as e:
+                if self.cfg.cgroup_required:
+                    raise SandboxError(f"could not make the session's cgroup: {e}") from e
+                log.warning("os session without a cgroup of its own: %s", e)
+        uid = self.uid if self.uid is not None and not self.cfg.many_uids(self.backend) else None
+        cgroup = self.cgroup
+
+        def enter() -> None:  # in the child, before exec: the whole sandbox starts inside its cgroup
+            if cgroup is not None:
+                cgroup.join_self()
+            if uid is not None:  # the launcher maps the ids itself (many_uids); here: one unprivileged uid
+                os.setgroups([])
+                os.setresgid(uid, uid, uid)
+                os.setresuid(uid, uid, uid)
+
         self._stderr = tempfile.TemporaryFile()
         self._proc = subprocess.Popen(self.argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=self._stderr, start_new_session=True, cwd="/",
                                       env={"PATH": BASE_ENV["PATH"], "LANG": "C.UTF-8"},
-                                      **kwargs)  # type: ignore[call-overload]
+                                      preexec_fn=enter if cgroup is not None or uid is not None else None)
         cfg, seed = self._driver_config()
         source = DRIVER_SOURCE.read_bytes()
         header = json.dumps(cfg).encode()
@@ -645,6 +704,12 @@ class Shell:
         stderr = getattr(self, "_stderr", None)
         if stderr is not None:
             stderr.close()
+        cgroup, self.cgroup = getattr(self, "cgroup", None), None
+        if cgroup is not None:
+            try:
+                cgroup.remove()
+            except OSError as e:
+                log.warning("could not remove the session's cgroup %s: %s", cgroup.name, e)
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
 

@@ -179,7 +179,7 @@ class Driver:
             self.reap()
             if req["op"] == "run":
                 env = dict(self.cfg["env"], __AR_STATE=self.state, __AR_CMD=req["cmd"])
-                self.send(self._spawn(["bash"], env, req["timeout"], True, WRAPPER))
+                self.send(self._spawn(["bash"], env, req["timeout"], True, WRAPPER, lambda: oom_first(AGENT_OOM)))
             elif req["op"] == "exec":
                 self.send(self.grader(req))
             else:
@@ -198,7 +198,7 @@ class Driver:
                 if self.view is not None and req.get("view", True):
                     overrides = self.tools.overrides() if self.tools is not None else []
                     view = self.view
-                    preexec = lambda: enter_view(view, overrides)  # noqa: E731 (runs in the forked child)
+                    preexec = lambda: (oom_first(GRADER_OOM), enter_view(view, overrides))  # noqa: E731 (in the child)
             except OSError as e:  # fail closed: no grader runs over a layout that could not be checked
                 return failed(f"agentrl: system tools: {e}")
             # AgentBench's container always holds its interactive `bash`; graders that count
@@ -206,7 +206,8 @@ class Driver:
             try:
                 shell = subprocess.Popen(["bash"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.DEVNULL, env=env, cwd=self.cfg.get("home", "/root"),
-                                         start_new_session=True, close_fds=True)
+                                         start_new_session=True, close_fds=True,
+                                         preexec_fn=lambda: oom_first(AGENT_OOM))
             except OSError:  # the sandbox's process limit is full: the grader's own spawn will say so
                 shell = None
             try:
@@ -540,6 +541,22 @@ def confine_own_caps(libc, keep, admin):
     if admin is not None and not data[admin // 32].effective >> (admin % 32) & 1:
         return f"the driver lacks capability {admin}, which the graders' read-only view of /usr needs"
     return None
+
+
+AGENT_OOM, GRADER_OOM = 1000, 500
+"""oom_score_adj of the session's commands (and all they start) and of graders: when the session's cgroup
+is full, the kernel kills the agent's processes first, then a grader, and the driver (0) last, so a
+memory hog ends its own processes, not the session as an env_error. Raising it needs no privilege; no
+session process can lower it again (that takes CAP_SYS_RESOURCE of the host)."""
+
+
+def oom_first(score):
+    """Mark this (forked, not yet exec'd) process to be killed before the driver when memory runs out."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(score))
+    except OSError:  # no /proc here (the unsandboxed backend): the cgroup limit still holds
+        pass
 
 
 def failed(message):

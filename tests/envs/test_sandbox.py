@@ -310,6 +310,30 @@ def test_a_shared_mapping_of_a_tool_changes_nothing_a_grader_runs(needs_sandbox:
         sh.close()
 
 
+def test_a_session_cgroup_bounds_what_all_its_processes_hold(needs_sandbox: None) -> None:
+    """issue 20, 8: on c07c523 nothing bounded the sum of a session's processes (each under RLIMIT_AS).
+    Now a cgroup per session does; the kernel kills the agent's processes first (oom_score_adj 1000,
+    which they cannot lower), so the session itself lives on."""
+    from agentrl.envs.sandbox import cgroup_support
+
+    if cgroup_support().kind is None:
+        pytest.skip(f"this worker may not make cgroups: {cgroup_support().reason}")
+    sh = Shell(fast(timeout=20.0, session_memory_mb=384, disk_mb=64))
+    try:
+        assert sh.cgroup is not None and all(d.is_dir() for d in sh.cgroup.dirs)
+        r = sh.run("echo -1000 > /proc/self/oom_score_adj; cat /proc/self/oom_score_adj")
+        assert r.output.endswith("1000\n"), r.output
+        hog = "python3 -c 'x = b\"x\" * (200 << 20); import time; time.sleep(60)'"
+        r = sh.run(f"for i in 1 2 3; do ({hog} &); done; sleep 3; pgrep -c python3")
+        assert int(r.output.split()[-1]) < 3, r.output  # three of 200 MB each do not fit in 384 MB
+        assert sh.run("echo alive").output == "alive\n"
+        assert sh.run_independent(["bash", "-c", "cat /proc/self/oom_score_adj"], freeze=True).output == "500\n"
+        dirs = sh.cgroup.dirs
+    finally:
+        sh.close()
+    assert not any(d.exists() for d in dirs)  # removed with the session
+
+
 def test_session_cannot_reach_the_network(needs_sandbox: None) -> None:
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
