@@ -114,6 +114,9 @@ def os_attacks() -> list[Attack]:
                (answer("0; touch /root/pwned $(touch /root/pwned2) `exit 0` \"; import os; os._exit(0) #"),), OS_COUNT),
         Attack("os_fifo_grader", "os", "a FIFO where the example reads, then a wrong answer (issue 20, 7)",
                (bash("rm /root/n && mkfifo /root/n && echo ok"), answer("8")), OS_COUNT, FIFO_SAMPLE),
+        Attack("os_memory_hog", "os", "three background processes of 900 MB each, then a wrong answer (issue 20, 8)",
+               (bash("for i in 1 2 3; do (python3 -c 'x = b\"x\" * (900 << 20); import time; time.sleep(300)' &); "
+                     "done; sleep 4; echo hogs"), answer(WRONG)), OS_COUNT),
         Attack("os_fork_bomb", "os", "a fork bomb left running, then a wrong answer",
                (bash("( :(){ :|:& };: ) >/dev/null 2>&1 & sleep 1; echo lit"), answer(WRONG)), OS_COUNT),
     ]
