@@ -12,8 +12,10 @@ What is here:
     the worker on a channel nothing inside can write to; the shell's state (working directory,
     variables, functions) carries over between commands through a state file, background jobs keep
     running. `run` is the agent's shell; `run_independent` runs init and check scripts in /root with
-    a fixed environment whose PATH puts the image's pristine tools first, stdout only, and can
-    stop every other process of the sandbox while it runs (graders the policy cannot touch).
+    a fixed environment, stdout only, in a mount namespace of their own whose /usr is the image's,
+    read-only (graders; under bubblewrap), and can stop every other process of the sandbox while it
+    runs (graders the policy cannot touch);
+  * `check_cgroups`: a cgroup per session (`agentrl.envs.cgroups`) where the worker may make one.
 
 Isolation with bubblewrap: new user, PID, network (loopback only), IPC, UTS and mount namespaces. The
 root is a tmpfs of `disk_mb` (everything a session writes lives there, bounded); the image's system
@@ -297,7 +299,8 @@ CHECK_ENV: dict[str, str] = {
 TRUSTED_PYTHON = ["/usr/bin/python3", "-I", "-S"]
 """The image's interpreter, isolated (no PYTHON* variables, no cwd or user site on sys.path) and without
 `site` (no .pth file or sitecustomize runs, wherever the agent could write one). Under bubblewrap the
-session's /usr/bin is its own copy, which the driver makes the image's again before any grader runs."""
+session's /usr/bin is its own copy; a grader's /usr is a read-only view of the image instead
+(`sandbox_driver.enter_view`), so this path and its start-up files (pyvenv.cfg, ._pth) are the image's."""
 GRADER_BIN = f"/{GRADER_TOOLS}/bin"
 """The image's own tools inside a bubblewrap sandbox, under the read-only /usr/lib: the driver runs from
 here (the session's /usr/bin is empty until it copies these) and restores /usr/bin from here."""

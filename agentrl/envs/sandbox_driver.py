@@ -26,7 +26,13 @@ Protocol (over stdin/stdout, one JSON object per line; the worker sends first):
     and stderr together); {"op": "exec", "argv", "timeout", "stderr", "freeze"} runs a program outside
     that state, in /root with the fixed environment (stdout only unless "stderr"); with "freeze" every
     other process of the sandbox is stopped (SIGSTOP) while it runs, so that nothing the agent left
-    running can touch a grader. Answer: {"exit", "output" (base64), "timed_out", "truncated"}.
+    running can touch a grader; with "view" (default) in its own mount namespace whose /usr is the
+    image's, read-only (`enter_view`; the config's "view" says what it is made of). Answer: {"exit",
+    "output" (base64), "timed_out", "truncated"}.
+
+Capabilities: with "caps" the bounding set keeps only those (the session's root's), and inheritable
+and ambient sets none beyond; the driver itself keeps "admin" (CAP_SYS_ADMIN of the sandbox's user
+namespace) in its effective set, which no process it execs can hold, to make the graders' views.
 """
 import base64
 import ctypes
@@ -187,7 +193,8 @@ class Driver:
 
     def grader(self, req):
         """An independent program (a grader, an init script): every other process stopped first (with
-        "freeze"), then the image's tools put back, then the program runs beside an idle shell."""
+        "freeze"), the top-level links put back, then the program runs beside an idle shell, in a mount
+        namespace of its own whose /usr is the image's, read-only (with "view", the default)."""
         env = dict(self.cfg["check_env"])
         stopped = self.freeze() if req.get("freeze") else []
         try:
