@@ -16,12 +16,24 @@ import argparse
 import logging
 import sys
 
+import yaml
+
 from agentrl.envs.attacks import attacks_for, play_attacks
 from agentrl.envs.sandbox import SandboxUnavailable
 from agentrl.envs.tasks import get_task
-from jobs.check_task import parse_options
 
 BUILTIN = ("os", "db", "kg", "lookup")
+
+
+def parse_options(items: list[str]) -> dict[str, object]:
+    """`key=value` pairs, values read as YAML scalars (as `jobs/check_task.py` reads them)."""
+    out: dict[str, object] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--option {item!r}: expected key=value")
+        out[key] = yaml.safe_load(raw) if raw else ""
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
