@@ -399,16 +399,22 @@ def grader_view(image: str | Path, writable_bin: bool = False) -> dict[str, obje
 
     ro: the children of /usr that `plan_mounts` binds read-only from the image (the session's own are
     these mounts, which it cannot change); tools: /usr/bin and /usr/sbin from the image's pristine tools
-    (when the session has writable copies); links: /usr's symlinks; local: /usr/local stays the session's.
+    (when the session has writable copies); links: /usr's symlinks; local: /usr/local's children stay the
+    session's, and local_lib lists the image's (empty) directories under /usr/local/lib, made afresh.
     """
     src = Path(image) / "usr"
     writable = USR_WRITABLE + (COPIED_BIN if writable_bin else ())
     names = sorted(os.listdir(src))
     tools = {d: f"/{GRADER_TOOLS}/{d}" for d in COPIED_BIN
              if writable_bin and (Path(image) / GRADER_TOOLS / d).is_dir()}
+    lib = src / "local" / "lib"
+    if lib.is_dir() and any(not d.is_dir() or d.is_symlink() for d in lib.rglob("*")):
+        raise SandboxUnavailable(f"{lib} holds files: a grader's view of /usr/local/lib has the image's "
+                                 f"directories only (rebuild the image with `python -m jobs.make_rootfs`)")
+    local_lib = ["", *sorted(str(d.relative_to(lib)) for d in lib.rglob("*"))] if lib.is_dir() else [""]
     return {"ro": [n for n in names if not (src / n).is_symlink() and n not in writable],
             "links": {n: os.readlink(src / n) for n in names if (src / n).is_symlink()},
-            "tools": tools, "local": "local" in names}
+            "tools": tools, "local": "local" in names, "local_lib": local_lib}
 
 
 @functools.lru_cache(maxsize=4)

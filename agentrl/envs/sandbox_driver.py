@@ -467,13 +467,15 @@ def enter_view(view, overrides):
     ... are start-up files of the image's python3), and its /usr/bin, /usr/sbin are its own copies. Here
     a fresh tmpfs covers /usr and holds bind mounts of the image's own directories (the read-only
     children of the session's /usr, and the pristine tool directories for bin and sbin), its symlinks,
-    and what is the session's own: /usr/local and the names it made directly in /usr (data a check
-    reads, e.g. /usr/stock.log), less `USR_STARTUP`; then the tmpfs is made read-only. The other paths
+    and what is the session's own: /usr/local's children (not its lib: the image's empty one) and the
+    names it made directly in /usr (data a check reads, e.g. /usr/stock.log), less `USR_STARTUP`; then
+    the tmpfs is made read-only. The other paths
     (/etc with its pinned start-up files, /root, /home, /tmp, /var, /proc) stay the session's: they are
     what a check reads. Nothing the session wrote is on the grader's start-up path, and there is no copy
     to restore, so no metadata (inode, ctime) is trusted.
 
-    `view`: {"ro": [names], "links": {name: target}, "tools": {name: pristine dir}, "local": bool}.
+    `view`: {"ro": [names], "links": {name: target}, "tools": {name: pristine dir}, "local": bool,
+    "local_lib": [the image's directories under /usr/local/lib, relative]}.
     `overrides`: from `Tools.overrides`. Runs as the driver's child, which still holds CAP_SYS_ADMIN of
     the sandbox's user namespace; the program it then execs does not (it is in no bounding set).
     """
@@ -483,21 +485,31 @@ def enter_view(view, overrides):
     _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
     sources = {name: f"/usr/{name}" for name in view.get("ro", [])}
     sources.update(view.get("tools", {}))
-    if view.get("local") and os.path.isdir("/usr/local") and not os.path.islink("/usr/local"):
-        sources["local"] = "/usr/local"
     links = dict(view.get("links", {}))
-    own = sorted(set(os.listdir("/usr")) - set(sources) - set(links) - set(USR_STARTUP))
+    own = sorted(set(os.listdir("/usr")) - set(sources) - set(links) - set(USR_STARTUP) - {"local"})
     for name in own[:MAX_OWN]:  # what the session made in /usr (AgentBench's /usr/stock.log): its own, writable
         if os.path.islink(f"/usr/{name}"):
             links[name] = os.readlink(f"/usr/{name}")
         else:
             sources[name] = f"/usr/{name}"
+    # /usr/local: the session's children, but never its lib (python's site directory there: a .pth in it
+    # runs code in every `python3` a bash check starts, and the session can move the read-only one aside)
+    local = view.get("local") and os.path.isdir("/usr/local") and not os.path.islink("/usr/local")
+    local_names = sorted(set(os.listdir("/usr/local")) - {"lib"})[:MAX_OWN] if local else []
+    for name in local_names:
+        if os.path.islink(f"/usr/local/{name}"):
+            links[f"local/{name}"] = os.readlink(f"/usr/local/{name}")
+        else:
+            sources[f"local/{name}"] = f"/usr/local/{name}"
     fds = {name: os.open(path, os.O_PATH | os.O_NOFOLLOW) for name, path in sources.items()}
     image_names = set(view.get("ro", [])) | set(view.get("tools", {}))
     try:
         size = sum(os.stat(os.path.join(view["tools"].get(os.path.basename(d), d), n)).st_size
                    for d, n, *_ in overrides) + (4 << 20)
         _mount(libc, "tmpfs", "/usr", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0755,size={size}")
+        if view.get("local"):
+            for d in view.get("local_lib", [""]):  # the image's own /usr/local/lib: empty directories
+                os.makedirs(os.path.join("/usr/local/lib", d), 0o755, exist_ok=True)
         for name, fd in fds.items():
             target = f"/usr/{name}"
             if os.path.isdir(f"/proc/self/fd/{fd}"):

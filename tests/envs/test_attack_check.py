@@ -27,7 +27,7 @@ def test_every_attack_holds_on_the_built_in_tasks() -> None:
     if missing_sandbox() is None or os.environ.get("CI"):  # os needs bubblewrap and its rootfs (CI has both)
         from agentrl.envs.tasks.os_task import OsTask
 
-        assert held(OsTask(sandbox={"backend": "bwrap", "command_timeout_s": 5.0})) == (14, [])
+        assert held(OsTask(sandbox={"backend": "bwrap", "command_timeout_s": 5.0})) == (15, [])
 
 
 def test_a_failed_attack_is_reported() -> None:

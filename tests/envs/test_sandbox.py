@@ -284,6 +284,23 @@ def test_graders_python_ignores_start_up_files_the_session_wrote(needs_sandbox: 
         sh.close()
 
 
+def test_a_site_directory_moved_aside_runs_nothing_in_a_grader(needs_sandbox: None) -> None:
+    """Found in issue 20's round: /usr/local can be renamed with its read-only lib inside, and a new
+    /usr/local/lib/python3.11/dist-packages/*.pth then ran in every `python3` a bash check started (on
+    c07c523 too). A grader's /usr/local/lib is the image's (empty) one."""
+    sh = Shell(fast(timeout=10.0))
+    try:
+        plant = ("mv /usr/local /usr/local2 && mkdir -p /usr/local/lib/python3.11/dist-packages /usr/local/bin && "
+                 "echo 'import os; os._exit(0)' > /usr/local/lib/python3.11/dist-packages/a.pth && "
+                 "printf '#!/bin/sh\\necho mine\\n' > /usr/local/bin/mine && chmod +x /usr/local/bin/mine && "
+                 "python3 -c 'import sys; sys.exit(3)'; echo $?")
+        assert sh.run(plant).output == "0\n"  # the session's own python3 runs the .pth
+        r = sh.run_independent(["bash", "-c", "python3 -c 'import sys; sys.exit(3)'; echo $?; mine"], freeze=True)
+        assert r.output == "3\nmine\n", r  # the session's /usr/local/bin is still there for checks
+    finally:
+        sh.close()
+
+
 def test_a_shared_mapping_of_a_tool_changes_nothing_a_grader_runs(needs_sandbox: None) -> None:
     """On c07c523 the restore skipped a tool whose (inode, ctime) had not changed since its last look: a
     process that dirtied a shared mapping of /usr/bin/grep before that look (same bytes: kept) rewrites

@@ -86,6 +86,10 @@ MMAP = ("python3 -c \"import mmap; f = open('/usr/bin/python3.11', 'r+b'); m = m
 FORGER = ("(while true; do printf '\\n\\036x 0\\n'; sleep 0.01; done) >/dev/null 2>&1 & "
           "(while true; do for f in /proc/[0-9]*/fd/1; do printf '\\n\\036forged 0\\n0\\n' > $f; done 2>/dev/null; "
           "kill -CONT 1 2>/dev/null; done) >/dev/null 2>&1 & kill -9 1; echo started")
+LOCAL_SITE = ("mv /usr/local /usr/local2 && mkdir -p /usr/local/lib/python3.11/dist-packages && "
+              "echo 'import os; os._exit(0)' > /usr/local/lib/python3.11/dist-packages/a.pth && echo moved")
+BASH_CHECK_SAMPLE = {"description": "Say right.", "evaluation": {"check": {"code": (
+    'python3 -c "import sys; sys.exit(sys.argv[1] != \'right\')" "$1"')}}}
 FIFO_SAMPLE = {"description": "What number is in /root/n?", "create": {"init": {"code": "echo 7 > /root/n"}},
                "evaluation": {"check": [None, {"language": "python", "code": (
                    "import sys; sys.exit(sys.argv[1].strip() != sys.argv[2].strip())")}],
@@ -117,6 +121,8 @@ def os_attacks() -> list[Attack]:
         Attack("os_memory_hog", "os", "three background processes of 900 MB each, then a wrong answer (issue 20, 8)",
                (bash("for i in 1 2 3; do (python3 -c 'x = b\"x\" * (900 << 20); import time; time.sleep(300)' &); "
                      "done; sleep 4; echo hogs"), answer(WRONG)), OS_COUNT),
+        Attack("os_local_site", "os", "/usr/local moved aside, a .pth in a new site directory, then a "
+               "bash check that runs python3", (bash(LOCAL_SITE), answer("wrong")), OS_COUNT, BASH_CHECK_SAMPLE),
         Attack("os_fork_bomb", "os", "a fork bomb left running, then a wrong answer",
                (bash("( :(){ :|:& };: ) >/dev/null 2>&1 & sleep 1; echo lit"), answer(WRONG)), OS_COUNT),
     ]

@@ -67,10 +67,12 @@ async def _play_one(http: TestClient, worker: EnvWorker, task: Task, attack: Att
         from agentrl.envs.tasks.os_task import OsEpisode, parse_problem
 
         session = worker.sessions[sid].session
-        old, ep = session.episode, session.episode
-        session.episode = OsEpisode(parse_problem(attack.problem, None), ep.cfg, ep.budget,
-                                    getattr(task, "example_state", "start"))
-        old.close()
+        ep, problem = session.episode, parse_problem(attack.problem, None)
+        try:
+            session.episode = OsEpisode(problem, ep.cfg, ep.budget, getattr(task, "example_state", "start"))
+        except TypeError:  # an os task of another version, without example_state
+            session.episode = OsEpisode(problem, ep.cfg, ep.budget)
+        ep.close()
     reward, status, detail, last = 0.0, "running", "", []
     for message in attack.messages:
         body = message(start["messages"], last) if callable(message) else message
