@@ -38,7 +38,7 @@ def is_lagging_engine(engine: np.ndarray | int) -> np.ndarray | bool:
 
 
 class Status(str, enum.Enum):
-    """How an episode ended. completed..context_limit are the agent's doing; truncated is the run's budget
+    """How an episode ended. completed..grader_failed are the agent's doing; truncated is the run's budget
     (`rollout.max_turns`, a global cap below the task's own limit: trained on with the task's reward and no
     failure penalty, and counted); env_error and cancelled are infrastructure."""
 
@@ -46,6 +46,9 @@ class Status(str, enum.Enum):
     INVALID_ACTION = "invalid_action"
     TURN_LIMIT = "turn_limit"
     CONTEXT_LIMIT = "context_limit"
+    GRADER_FAILED = "grader_failed"
+    """The task's grader hung or failed because of the state the agent left (a FIFO where it reads a
+    file): reward 0, the agent's failure, counted per task; never env_error, which is not trained on."""
     TRUNCATED = "truncated"
     ENV_ERROR = "env_error"
     CANCELLED = "cancelled"
@@ -58,7 +61,7 @@ class Status(str, enum.Enum):
 
     @property
     def is_agent_failure(self) -> bool:
-        return self in (Status.INVALID_ACTION, Status.TURN_LIMIT, Status.CONTEXT_LIMIT)
+        return self in (Status.INVALID_ACTION, Status.TURN_LIMIT, Status.CONTEXT_LIMIT, Status.GRADER_FAILED)
 
 
 def new_id() -> str:

@@ -34,6 +34,8 @@ class WorkerEntry:
     """start_sample calls in flight to this worker: counted as taken so concurrent starts spread out."""
     failures: int = 0
     """Consecutive calls that timed out or got a garbage answer; reset by any good answer."""
+    unhealthy: dict[str, str] = field(default_factory=dict)
+    """Tasks the worker's heartbeats say fail every start there (task -> its last error)."""
 
     @property
     def free(self) -> int:
@@ -43,7 +45,7 @@ class WorkerEntry:
         return {"worker_id": self.worker_id, "address": self.address, "tasks": list(self.tasks),
                 "slots": self.slots, "active": len(self.sessions), "free": max(0, self.free),
                 "reported_active": self.reported_active, "draining": self.draining, "alive": self.alive,
-                "failures": self.failures}
+                "failures": self.failures, "unhealthy": dict(self.unhealthy)}
 
 
 @dataclass
@@ -98,7 +100,8 @@ class Registry:
                 self.add_session(sid, task, worker_id, now)
         return drop
 
-    def heartbeat(self, worker_id: str, active: int, draining: bool, now: float) -> bool:
+    def heartbeat(self, worker_id: str, active: int, draining: bool, now: float,
+                  unhealthy: dict[str, str] | None = None) -> bool:
         """Record a heartbeat; False means "unknown or declared dead: register again".
 
         Draining only ever turns on here (a drain asked of the controller holds even if a heartbeat
@@ -109,6 +112,7 @@ class Registry:
             return False
         entry.last_heartbeat = now
         entry.reported_active = active
+        entry.unhealthy = dict(unhealthy or {})
         entry.draining = entry.draining or draining
         return True
 
@@ -140,8 +144,9 @@ class Registry:
         return ended
 
     def pick(self, task: str, exclude: frozenset[str] | set[str] = frozenset()) -> WorkerEntry:
-        """The live, non-draining worker of `task` with the most free slots; a suspect one (its last
-        call timed out or came back garbled) only when no other has room.
+        """The live, non-draining worker of `task` with the most free slots; one that reports `task`
+        unhealthy (its starts all fail) only when no other has room, and after it a suspect one (its
+        last call timed out or came back garbled).
 
         Raises unknown_task if no registered worker (alive or not) ever served `task`, no_capacity if
         none can take a session now (also when no worker has registered yet: that is a wait, not a typo).
@@ -156,7 +161,7 @@ class Registry:
         if not ready:
             raise EnvError("no_capacity", f"no live worker of task {shown(task)} has a free slot")
         # ties go to the lowest worker id: deterministic, and all workers fill evenly anyway
-        return min(ready, key=lambda w: (w.failures > 0, -w.free, w.worker_id))
+        return min(ready, key=lambda w: (task in w.unhealthy, w.failures > 0, -w.free, w.worker_id))
 
     def any_worker(self, task: str) -> WorkerEntry:
         """A live worker of `task`, full or draining ones included (for read-only calls like indices)."""

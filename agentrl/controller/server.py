@@ -434,8 +434,10 @@ class Controller:
         body = parse_json(await self._read(request))
         worker_id = require(body, "worker_id")
         active = body.get("active", 0)
+        unhealthy = body.get("unhealthy") or {}
+        unhealthy = {str(k)[:200]: str(v)[:300] for k, v in unhealthy.items()} if isinstance(unhealthy, dict) else {}
         known = self.registry.heartbeat(worker_id, active if isinstance(active, int) else 0,
-                                        bool(body.get("draining", False)), time.monotonic())
+                                        bool(body.get("draining", False)), time.monotonic(), unhealthy)
         idle = body.get("idle") or []
         drop = self.registry.not_held(worker_id, [i for i in idle if isinstance(i, str)]) \
             if known and isinstance(idle, list) else []

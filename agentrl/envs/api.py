@@ -350,10 +350,15 @@ class ToolBox:
         size = len(arguments.encode())
         if size > self.max_argument_bytes:
             return f"arguments are too long ({size} bytes, limit {self.max_argument_bytes}).", {}
+        depth = json_depth(arguments)
+        if depth > MAX_ARGUMENT_DEPTH:
+            return f"arguments are nested too deeply ({depth} levels, limit {MAX_ARGUMENT_DEPTH}).", {}
         try:
             args = json.loads(arguments)
         except json.JSONDecodeError as e:
             return f"arguments are not valid JSON ({e.msg} at position {e.pos}).", {}
+        except RecursionError:  # not reached under the depth bound; kept so that no input becomes a 5xx
+            return "arguments are nested too deeply.", {}
         if not isinstance(args, dict):
             return "arguments must be a JSON object.", {}
         err = jsonschema.exceptions.best_match(self.validators[name].iter_errors(args))
@@ -361,6 +366,34 @@ class ToolBox:
             where = "/".join(str(p) for p in err.absolute_path)
             return f"invalid arguments for {name}{' at ' + where if where else ''}: {err.message}.", {}
         return None, args
+
+
+MAX_ARGUMENT_DEPTH = 32
+"""How deeply a call's JSON arguments may nest. No tool's schema needs more than a few levels; 4,000
+levels (8 KB, within the size bound) once reached the parser's recursion limit and answered 502."""
+
+
+def json_depth(text: str) -> int:
+    """The deepest nesting of arrays and objects in JSON `text`, by one pass that skips strings (valid or
+    not: it only bounds what the parser would recurse into)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
 
 
 def truncate_messages(messages: list[dict[str, Any]], max_chars: int) -> list[dict[str, Any]]:

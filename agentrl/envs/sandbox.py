@@ -12,8 +12,10 @@ What is here:
     the worker on a channel nothing inside can write to; the shell's state (working directory,
     variables, functions) carries over between commands through a state file, background jobs keep
     running. `run` is the agent's shell; `run_independent` runs init and check scripts in /root with
-    a fixed environment whose PATH puts the image's pristine tools first, stdout only, and can
-    stop every other process of the sandbox while it runs (graders the policy cannot touch).
+    a fixed environment, stdout only, in a mount namespace of their own whose /usr is the image's,
+    read-only (graders; under bubblewrap), and can stop every other process of the sandbox while it
+    runs (graders the policy cannot touch);
+  * `check_cgroups`: a cgroup per session (`agentrl.envs.cgroups`) where the worker may make one.
 
 Isolation with bubblewrap: new user, PID, network (loopback only), IPC, UTS and mount namespaces. The
 root is a tmpfs of `disk_mb` (everything a session writes lives there, bounded); the image's system
@@ -56,6 +58,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentrl.envs.cgroups import CgroupSupport, SessionCgroup
+from agentrl.envs.cgroups import detect as detect_cgroups
 from agentrl.envs.rootfs import GRADER_TOOLS, default_rootfs_dir, require_rootfs
 
 log = logging.getLogger(__name__)
@@ -69,6 +73,11 @@ DOCKER_CAPS = {"CAP_AUDIT_WRITE": 29, "CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CA
                "CAP_SETGID": 6, "CAP_SETPCAP": 8, "CAP_SETUID": 7, "CAP_SYS_CHROOT": 18}
 """Docker's default capabilities, which root has in AgentBench's containers; here they hold only in the
 sandbox's user namespace, over the ids it maps (no CAP_SYS_ADMIN: no mount can be undone)."""
+DRIVER_CAPS = {"CAP_SYS_ADMIN": 21, "CAP_SETPCAP": 8}
+"""What the sandbox's PID 1, the driver, holds beyond the session's: CAP_SYS_ADMIN (of the sandbox's user
+namespace) to give each grader its own read-only view of /usr, CAP_SETPCAP to cut the bounding set. The
+driver takes both out of the bounding, inheritable and ambient sets before anything else runs, so no
+session process ever holds CAP_SYS_ADMIN (no mount can be undone)."""
 # Reads the driver's source (length-prefixed) from stdin and runs it: keeps the command line short.
 BOOT = ("import os\ndef r(n):\n b=b''\n while len(b)<n:\n  c=os.read(0,n-len(b))\n  if not c: raise SystemExit(1)\n"
         "  b+=c\n return b\nh=b''\nwhile not h.endswith(b'\\n'): h+=r(1)\n"
@@ -124,6 +133,11 @@ class SandboxConfig:
     """How many ids a root worker maps into its bubblewrap sandboxes (1: only root, as host_uid)."""
     fakeroot: bool = True
     """Apptainer: `--fakeroot` (root inside, a uid range mapped; needs subuid entries or root)."""
+    session_memory_mb: int = 2048
+    """A cgroup per session (`agentrl.envs.cgroups`) bounds all it makes, processes and tmpfs pages
+    together, to this (pids to `nproc` + 8); 0: none. Where the worker may not make cgroups, sessions run
+    with the per-process limits only, said once at start (or fail to start with `cgroup_required`)."""
+    cgroup_required: bool = False
     hostname: str = "agentrl-sandbox"
     work_dir: str = ""
     """backend "none" only: where session directories are made ("" = the temp dir)."""
@@ -172,6 +186,40 @@ def select_backend(requested: str = "auto", isolation: bool = True) -> str:
         raise SandboxUnavailable("no sandbox available: install Apptainer or bubblewrap (apt-get install "
                                  "bubblewrap), or turn isolation off to run commands unsandboxed on the host")
     return "none"
+
+
+@functools.lru_cache(maxsize=1)
+def cgroup_support() -> CgroupSupport:
+    """This worker's session cgroups (probed once per process)."""
+    return detect_cgroups()
+
+
+def check_cgroups(cfg: SandboxConfig, backend: str) -> CgroupSupport | None:
+    """The start-up word on per-session cgroups (logged once per process): where they are made, or why
+    they cannot be and what bounds a session instead. Raises SandboxUnavailable with `cgroup_required`."""
+    if backend == "none" or cfg.session_memory_mb <= 0:
+        return None
+    support = cgroup_support()
+    if support.kind is None:
+        message = (f"os sessions get no cgroup of their own ({support.reason}): each process is bounded "
+                   f"(RLIMIT_AS {cfg.memory_mb} MB, {cfg.nproc} processes) but not their sum with the "
+                   f"session's tmpfs mounts; run the worker as root or give it a delegated cgroup subtree")
+        if cfg.cgroup_required:
+            raise SandboxUnavailable(message + " (sandbox.cgroup_required is set)")
+        _announce(logging.WARNING, message)
+        return None
+    _announce(logging.INFO, f"os sessions: a cgroup each ({support.kind}, under "
+                            f"{', '.join(map(str, support.parents.values()))}): at most {cfg.session_memory_mb} MB "
+                            f"and {cfg.nproc + CGROUP_EXTRA_PIDS} tasks")
+    return support
+
+
+CGROUP_EXTRA_PIDS = 8  # the launcher, bubblewrap and the driver, beyond the session's own `nproc`
+
+
+@functools.lru_cache(maxsize=4)
+def _announce(level: int, message: str) -> None:
+    log.log(level, "%s", message)
 
 
 def check_image(cfg: SandboxConfig, backend: str) -> None:
@@ -251,7 +299,8 @@ CHECK_ENV: dict[str, str] = {
 TRUSTED_PYTHON = ["/usr/bin/python3", "-I", "-S"]
 """The image's interpreter, isolated (no PYTHON* variables, no cwd or user site on sys.path) and without
 `site` (no .pth file or sitecustomize runs, wherever the agent could write one). Under bubblewrap the
-session's /usr/bin is its own copy, which the driver makes the image's again before any grader runs."""
+session's /usr/bin is its own copy; a grader's /usr is a read-only view of the image instead
+(`sandbox_driver.enter_view`), so this path and its start-up files (pyvenv.cfg, ._pth) are the image's."""
 GRADER_BIN = f"/{GRADER_TOOLS}/bin"
 """The image's own tools inside a bubblewrap sandbox, under the read-only /usr/lib: the driver runs from
 here (the session's /usr/bin is empty until it copies these) and restores /usr/bin from here."""
@@ -345,6 +394,29 @@ def plan_mounts(image: str | Path, writable_bin: bool = False, disk_mb: int = 51
     return args
 
 
+def grader_view(image: str | Path, writable_bin: bool = False) -> dict[str, object]:
+    """What a grader's /usr is made of (the driver's `enter_view`): the image's, read-only, never the session's.
+
+    ro: the children of /usr that `plan_mounts` binds read-only from the image (the session's own are
+    these mounts, which it cannot change); tools: /usr/bin and /usr/sbin from the image's pristine tools
+    (when the session has writable copies); links: /usr's symlinks; local: /usr/local's children stay the
+    session's, and local_lib lists the image's (empty) directories under /usr/local/lib, made afresh.
+    """
+    src = Path(image) / "usr"
+    writable = USR_WRITABLE + (COPIED_BIN if writable_bin else ())
+    names = sorted(os.listdir(src))
+    tools = {d: f"/{GRADER_TOOLS}/{d}" for d in COPIED_BIN
+             if writable_bin and (Path(image) / GRADER_TOOLS / d).is_dir()}
+    lib = src / "local" / "lib"
+    if lib.is_dir() and any(not d.is_dir() or d.is_symlink() for d in lib.rglob("*")):
+        raise SandboxUnavailable(f"{lib} holds files: a grader's view of /usr/local/lib has the image's "
+                                 f"directories only (rebuild the image with `python -m jobs.make_rootfs`)")
+    local_lib = ["", *sorted(str(d.relative_to(lib)) for d in lib.rglob("*"))] if lib.is_dir() else [""]
+    return {"ro": [n for n in names if not (src / n).is_symlink() and n not in writable],
+            "links": {n: os.readlink(src / n) for n in names if (src / n).is_symlink()},
+            "tools": tools, "local": "local" in names, "local_lib": local_lib}
+
+
 @functools.lru_cache(maxsize=4)
 def seed_archive(image: str) -> bytes:
     """A tar of what each session gets as its own writable copy: /etc (less the pinned entries), /var
@@ -397,9 +469,11 @@ def bwrap_argv(mounts: list[str], command: list[str], hostname: str, disk_mb: in
     masks = [a for path in PROC_MASKED for a in ("--size", "4096", "--tmpfs", path, "--remount-ro", path)]
     if in_userns:
         users = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
-                 "--assert-userns-disabled", "--cap-drop", "ALL", *(a for c in DOCKER_CAPS for a in ("--cap-add", c))]
+                 "--assert-userns-disabled", "--cap-drop", "ALL",
+                 *(a for c in (*DOCKER_CAPS, *DRIVER_CAPS) for a in ("--cap-add", c))]
     else:
-        users = ["--unshare-all", "--unshare-user", "--disable-userns", "--uid", "0", "--gid", "0"]
+        users = ["--unshare-all", "--unshare-user", "--disable-userns", "--uid", "0", "--gid", "0",
+                 "--cap-drop", "ALL", *(a for c in DRIVER_CAPS for a in ("--cap-add", c))]
     return ["bwrap", *users, "--die-with-parent", "--new-session", "--as-pid-1", "--hostname", hostname,
             "--size", str(disk_mb << 20), "--tmpfs", "/", *mounts, "--proc", "/proc", *masks,
             "--dev", "/dev", "--size", str(shm_mb << 20), "--tmpfs", "/dev/shm",
@@ -450,6 +524,7 @@ class Shell:
         check_image(self.cfg, self.backend)
         self.uid = self.cfg.sandbox_uid(self.backend)
         self.closed = False
+        self.cgroup: SessionCgroup | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._buf = b""
         self._dir: Path | None = None
@@ -485,8 +560,9 @@ class Shell:
                   "nofile": c.nofile(), "cpu": c.cpu_s}
         cfg: dict[str, object] = {"env": BASE_ENV, "check_env": CHECK_ENV, "max_output": c.max_output_bytes,
                                   "limits": limits, "home": "/root"}
-        if c.many_uids(self.backend):
-            cfg["caps"] = sorted(DOCKER_CAPS.values())  # the bounding set the driver keeps
+        if self.backend == "bwrap":  # the bounding set the driver keeps for the session's root
+            cfg["caps"] = sorted(DOCKER_CAPS.values()) if c.many_uids(self.backend) else []
+            cfg["admin"] = DRIVER_CAPS["CAP_SYS_ADMIN"]
         seed = b""
         if self.backend == "bwrap":
             seed = seed_archive(str(self.cfg.image_dir().absolute()))
@@ -495,6 +571,7 @@ class Shell:
             if c.writable_bin:
                 cfg["copies"] = [[f"/{GRADER_TOOLS}/{d}", f"/usr/{d}"] for d in COPIED_BIN
                                  if (image / GRADER_TOOLS / d).is_dir()]
+            cfg["view"] = grader_view(image, c.writable_bin)
         elif self.backend == "none":  # unsandboxed: keep HOME and the state inside the session directory
             self._dir = Path(tempfile.mkdtemp(prefix="agentrl-sbx-", dir=c.work_dir or None))
             home = str(self._dir)
@@ -504,14 +581,31 @@ class Shell:
         return cfg, seed
 
     def _start(self) -> None:
-        kwargs: dict[str, object] = {}
-        if self.uid is not None and not self.cfg.many_uids(self.backend):  # the launcher maps the ids itself
-            kwargs.update(user=self.uid, group=self.uid, extra_groups=[])
+        support = check_cgroups(self.cfg, self.backend)
+        if support is not None:
+            try:
+                self.cgroup = SessionCgroup(support, "agentrl-session", self.cfg.session_memory_mb << 20,
+                                            self.cfg.nproc + CGROUP_EXTRA_PIDS)
+            except OSError as e:
+                if self.cfg.cgroup_required:
+                    raise SandboxError(f"could not make the session's cgroup: {e}") from e
+                log.warning("os session without a cgroup of its own: %s", e)
+        uid = self.uid if self.uid is not None and not self.cfg.many_uids(self.backend) else None
+        cgroup = self.cgroup
+
+        def enter() -> None:  # in the child, before exec: the whole sandbox starts inside its cgroup
+            if cgroup is not None:
+                cgroup.join_self()
+            if uid is not None:  # the launcher maps the ids itself (many_uids); here: one unprivileged uid
+                os.setgroups([])
+                os.setresgid(uid, uid, uid)
+                os.setresuid(uid, uid, uid)
+
         self._stderr = tempfile.TemporaryFile()
         self._proc = subprocess.Popen(self.argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=self._stderr, start_new_session=True, cwd="/",
                                       env={"PATH": BASE_ENV["PATH"], "LANG": "C.UTF-8"},
-                                      **kwargs)  # type: ignore[call-overload]
+                                      preexec_fn=enter if cgroup is not None or uid is not None else None)
         cfg, seed = self._driver_config()
         source = DRIVER_SOURCE.read_bytes()
         header = json.dumps(cfg).encode()
@@ -587,11 +681,13 @@ class Shell:
         return self._request({"op": "run", "cmd": command}, self.cfg.command_timeout_s if timeout is None else timeout)
 
     def run_independent(self, argv: list[str], timeout: float | None = None, stderr: bool = False,
-                        freeze: bool = False) -> CommandResult:
+                        freeze: bool = False, view: bool = True) -> CommandResult:
         """Run a program outside the shell's state: cwd /root, the fixed check environment, stdout only
-        (unless `stderr`); with `freeze`, every other process of the sandbox is stopped meanwhile."""
+        (unless `stderr`); with `freeze`, every other process of the sandbox is stopped meanwhile; with
+        `view` (bubblewrap), in its own mount namespace whose /usr is the image's, read-only (graders);
+        without, in the session's own (a sample's init script, which may write its /usr/bin)."""
         argv = [a.replace("\0", "") for a in argv]
-        return self._request({"op": "exec", "argv": argv, "stderr": stderr, "freeze": freeze},
+        return self._request({"op": "exec", "argv": argv, "stderr": stderr, "freeze": freeze, "view": view},
                              self.cfg.command_timeout_s if timeout is None else timeout)
 
     def close(self) -> None:
@@ -617,6 +713,12 @@ class Shell:
         stderr = getattr(self, "_stderr", None)
         if stderr is not None:
             stderr.close()
+        cgroup, self.cgroup = getattr(self, "cgroup", None), None
+        if cgroup is not None:
+            try:
+                cgroup.remove()
+            except OSError as e:
+                log.warning("could not remove the session's cgroup %s: %s", cgroup.name, e)
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
 

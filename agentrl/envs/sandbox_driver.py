@@ -26,7 +26,13 @@ Protocol (over stdin/stdout, one JSON object per line; the worker sends first):
     and stderr together); {"op": "exec", "argv", "timeout", "stderr", "freeze"} runs a program outside
     that state, in /root with the fixed environment (stdout only unless "stderr"); with "freeze" every
     other process of the sandbox is stopped (SIGSTOP) while it runs, so that nothing the agent left
-    running can touch a grader. Answer: {"exit", "output" (base64), "timed_out", "truncated"}.
+    running can touch a grader; with "view" (default) in its own mount namespace whose /usr is the
+    image's, read-only (`enter_view`; the config's "view" says what it is made of). Answer: {"exit",
+    "output" (base64), "timed_out", "truncated"}.
+
+Capabilities: with "caps" the bounding set keeps only those (the session's root's), and inheritable
+and ambient sets none beyond; the driver itself keeps "admin" (CAP_SYS_ADMIN of the sandbox's user
+namespace) in its effective set, which no process it execs can hold, to make the graders' views.
 """
 import base64
 import ctypes
@@ -93,6 +99,7 @@ class Driver:
         self.wake = -1
         self.state = STATE
         self.tools = None
+        self.view = None
 
     # ------------------------------------------------------------------------------- worker channel
     def read_exact(self, n):
@@ -133,11 +140,14 @@ class Driver:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
             return f"prctl(PR_SET_DUMPABLE, 0) failed: errno {ctypes.get_errno()}"
-        if "caps" in self.cfg:  # root with Docker's capabilities: no file capability may add another
+        if "caps" in self.cfg:  # the session's root keeps these (Docker's, or none): no file capability adds another
             keep = set(self.cfg["caps"])
             for cap in range(64):
                 if cap not in keep and libc.prctl(24, cap, 0, 0, 0) != 0 and ctypes.get_errno() != 22:
                     return f"prctl(PR_CAPBSET_DROP, {cap}) failed: errno {ctypes.get_errno()}"  # 22: unknown cap
+            error = confine_own_caps(libc, keep, self.cfg.get("admin"))
+            if error:
+                return error
         for name, value in sorted(self.cfg.get("limits", {}).items()):
             try:
                 resource.setrlimit(LIMITS[name], (int(value), int(value)))
@@ -152,6 +162,7 @@ class Driver:
             self.tools = Tools(self.cfg.get("copies", []), self.cfg.get("links", {}))
         except (OSError, shutil.Error) as e:
             return f"could not copy the system tools: {e}"
+        self.view = self.cfg.get("view")
         self.state = self.cfg.get("state", STATE)
         os.makedirs(os.path.dirname(self.state), exist_ok=True)
         os.chmod(os.path.dirname(self.state), 0o700)
@@ -174,7 +185,7 @@ class Driver:
             self.reap()
             if req["op"] == "run":
                 env = dict(self.cfg["env"], __AR_STATE=self.state, __AR_CMD=req["cmd"])
-                self.send(self._spawn(["bash"], env, req["timeout"], True, WRAPPER))
+                self.send(self._spawn(["bash"], env, req["timeout"], True, WRAPPER, lambda: oom_first(AGENT_OOM)))
             elif req["op"] == "exec":
                 self.send(self.grader(req))
             else:
@@ -182,26 +193,32 @@ class Driver:
 
     def grader(self, req):
         """An independent program (a grader, an init script): every other process stopped first (with
-        "freeze"), then the image's tools put back, then the program runs beside an idle shell."""
+        "freeze"), the top-level links put back, then the program runs beside an idle shell, in a mount
+        namespace of its own whose /usr is the image's, read-only (with "view", the default)."""
         env = dict(self.cfg["check_env"])
         stopped = self.freeze() if req.get("freeze") else []
         try:
-            if self.tools is not None:
-                try:
+            preexec = None
+            try:
+                if self.tools is not None:
                     self.tools.restore()
-                except OSError as e:  # fail closed: no grader runs over tools that could not be checked
-                    return {"exit": 126, "output": base64.b64encode(f"agentrl: system tools: {e}".encode()).decode(),
-                            "timed_out": False, "truncated": False}
+                if self.view is not None and req.get("view", True):
+                    overrides = self.tools.overrides() if self.tools is not None else []
+                    view = self.view
+                    preexec = lambda: (oom_first(GRADER_OOM), enter_view(view, overrides))  # noqa: E731 (in the child)
+            except OSError as e:  # fail closed: no grader runs over a layout that could not be checked
+                return failed(f"agentrl: system tools: {e}")
             # AgentBench's container always holds its interactive `bash`; graders that count
             # processes (`ps -ef | grep bash`) expect it, so an idle one stands in meanwhile.
             try:
                 shell = subprocess.Popen(["bash"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.DEVNULL, env=env, cwd=self.cfg.get("home", "/root"),
-                                         start_new_session=True, close_fds=True)
+                                         start_new_session=True, close_fds=True,
+                                         preexec_fn=lambda: oom_first(AGENT_OOM))
             except OSError:  # the sandbox's process limit is full: the grader's own spawn will say so
                 shell = None
             try:
-                return self._spawn(req["argv"], env, req["timeout"], bool(req.get("stderr")), None)
+                return self._spawn(req["argv"], env, req["timeout"], bool(req.get("stderr")), None, preexec)
             finally:
                 if shell is not None:
                     self.end(shell)
@@ -219,7 +236,7 @@ class Driver:
         except ChildProcessError:
             pass
 
-    def _spawn(self, argv, env, timeout, stderr, script):
+    def _spawn(self, argv, env, timeout, stderr, script, preexec=None):
         r, w = os.pipe()
         try:
             for attempt in range(10):  # like bash's "fork: retry" when the sandbox's process limit is full
@@ -228,12 +245,16 @@ class Driver:
                                             stdout=w,
                                             stderr=w if stderr else subprocess.DEVNULL, env=env,
                                             cwd=self.cfg.get("home", "/root"), start_new_session=True,
-                                            close_fds=True)
+                                            close_fds=True, preexec_fn=preexec)
                     break
                 except BlockingIOError:
                     if attempt == 9:
                         raise
                     time.sleep(0.1 * (attempt + 1))
+        except subprocess.SubprocessError as e:  # the grader's view could not be made: fail closed
+            os.close(r)
+            os.close(w)
+            return failed(f"agentrl: grader view: {e}")
         except OSError as e:
             os.close(r)
             os.close(w)
@@ -360,65 +381,206 @@ class Driver:
 
 
 class Tools:
-    """The session's own copies of the image's tool directories, made whole again before each grader.
+    """The session's own copies of the image's tool directories, and the top-level links of its root.
 
     `copies`: [pristine, session] directory pairs (/usr/lib/agentrl/bin -> /usr/bin, ...), copied at
-    start; `links`: top-level symlinks of the image that must point where they did (/bin -> usr/bin).
-    `restore` puts back every name the image has whose content or link target the session changed
-    (a chmod or chown alone is kept: test-50's check reads /usr/bin/find's mode), a renamed or replaced
-    directory or link, and removes names the image has in another tool directory (a /usr/sbin/grep would
-    come first on PATH). Other new files stay. What is untouched since the last look (same inode and
-    ctime, which no process can set back) is not read again, so a restore costs a few hundred lstat calls.
+    start: the session's to change as it likes (AgentBench's root may replace a tool). Graders never run
+    them: their /usr is a fresh view of the image (`enter_view`), which takes from these copies only the
+    mode and owner of an image tool (`overrides`: test-50's check reads /usr/bin/find's mode), never bytes
+    or names. `links`: top-level symlinks of the image that must point where they did (/bin -> usr/bin);
+    `restore` puts them back before a grader (a link, unlike a directory, cannot be mounted over).
     """
+
+    MAX_OVERRIDES = 32
+    MAX_OVERRIDE_BYTES = 64 << 20
 
     def __init__(self, copies, links):
         self.copies = [(src, dst) for src, dst in copies]
         self.links = dict(links)
-        self.pristine = {src: set(os.listdir(src)) for src, _ in self.copies}  # read-only: listed once
-        self.names = set().union(*self.pristine.values())
-        self.seen = {}
+        self.pristine = {src: sorted(os.listdir(src)) for src, _ in self.copies}  # read-only: listed once
+        self.initial = {}  # (dir, name) -> (mode, uid, gid) of the copy as made: what "changed" is measured from
         for src, dst in self.copies:
             shutil.copytree(src, dst, symlinks=True)
-            self.seen[dst] = self.snapshot(dst)
-
-    @staticmethod
-    def snapshot(d):
-        out = {}
-        with os.scandir(d) as entries:
-            for e in entries:
-                st = e.stat(follow_symlinks=False)
-                out[e.name] = (st.st_ino, st.st_ctime_ns)
-        return out
+            for name in self.pristine[src]:
+                st = os.lstat(os.path.join(dst, name))
+                if stat.S_ISREG(st.st_mode):
+                    self.initial[dst, name] = (st.st_ino, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
 
     def restore(self):
-        for src, dst in self.copies:  # its owner may always chmod it back (no capability needed)
-            if os.path.isdir(dst) and not os.path.islink(dst):
-                os.chmod(dst, os.stat(src).st_mode & 0o7777)
         for path, target in self.links.items():
             if not (os.path.islink(path) and os.readlink(path) == target):
                 remove(path)
                 os.symlink(target, path)
+
+    def overrides(self):
+        """[dir, name, mode, uid, gid] of the image's tools whose session copy (the same file as made: a
+        chmod or chown, not a replacement) has another mode or owner: the grader's view shows the image's
+        bytes with the session's metadata. Only metadata is taken, so the inode trusted here decides
+        nothing a grader runs."""
+        out, total = [], 0
         for src, dst in self.copies:
-            if os.path.islink(dst) or not os.path.isdir(dst):
-                remove(dst)
-                shutil.copytree(src, dst, symlinks=True)
-                self.seen[dst] = self.snapshot(dst)
-                continue
-            before, now, pristine = self.seen[dst], self.snapshot(dst), self.pristine[src]
-            for name in now.keys() | pristine:
-                if name in before and now.get(name) == before[name]:
+            for name in self.pristine[src]:
+                if (dst, name) not in self.initial:
                     continue
-                s, d = os.path.join(src, name), os.path.join(dst, name)
-                if name not in pristine:
-                    if name in self.names:
-                        remove(d)
-                elif not same(s, d):
-                    remove(d)
-                    if os.path.islink(s):
-                        os.symlink(os.readlink(s), d)
-                    else:
-                        shutil.copy2(s, d)
-            self.seen[dst] = self.snapshot(dst)
+                try:
+                    b = os.lstat(os.path.join(dst, name))
+                except OSError:
+                    continue
+                ino, *meta = self.initial[dst, name]
+                # a chmod or chown of the copy as made (same inode); a replaced tool shows the image's own
+                if b.st_ino != ino or meta == [stat.S_IMODE(b.st_mode), b.st_uid, b.st_gid]:
+                    continue
+                total += os.lstat(os.path.join(src, name)).st_size
+                if len(out) == self.MAX_OVERRIDES or total > self.MAX_OVERRIDE_BYTES:
+                    return out
+                out.append([dst, name, stat.S_IMODE(b.st_mode), b.st_uid, b.st_gid])
+        return out
+
+
+# ------------------------------------------------------------------------------- the grader's view
+
+CLONE_NEWNS = 0x00020000
+USR_STARTUP = ("pyvenv.cfg",)
+"""Names directly in /usr that decide what code the image's programs run: CPython reads `pyvenv.cfg` one
+directory above its executable (/usr/bin/python3 -> /usr), even under -I -S. (Its `._pth` and
+`pybuilddir.txt` are read beside the executable, in /usr/bin: the image's own in a grader's view.)"""
+MAX_OWN = 256  # the session's own names in /usr a grader's view shows (sorted; each one bind mount)
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+RO_REMOUNT = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
+
+
+def _encoded(text):
+    return None if text is None else text.encode()
+
+
+def _mount(libc, source, target, fstype, flags, data=None):
+    args = (_encoded(source), _encoded(target), _encoded(fstype), ctypes.c_ulong(flags), _encoded(data))
+    if libc.mount(*args) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"mount {source} on {target}: {os.strerror(errno)}")
+
+
+def enter_view(view, overrides):
+    """Give this (forked, not yet exec'd) process its own mount namespace whose /usr is the image's, read-only.
+
+    The session's /usr is a tmpfs the session may write (a new /usr/pyvenv.cfg, /usr/bin/python3._pth,
+    ... are start-up files of the image's python3), and its /usr/bin, /usr/sbin are its own copies. Here
+    a fresh tmpfs covers /usr and holds bind mounts of the image's own directories (the read-only
+    children of the session's /usr, and the pristine tool directories for bin and sbin), its symlinks,
+    and what is the session's own: /usr/local's children (not its lib: the image's empty one) and the
+    names it made directly in /usr (data a check reads, e.g. /usr/stock.log), less `USR_STARTUP`; then
+    the tmpfs is made read-only. The other paths
+    (/etc with its pinned start-up files, /root, /home, /tmp, /var, /proc) stay the session's: they are
+    what a check reads. Nothing the session wrote is on the grader's start-up path, and there is no copy
+    to restore, so no metadata (inode, ctime) is trusted.
+
+    `view`: {"ro": [names], "links": {name: target}, "tools": {name: pristine dir}, "local": bool,
+    "local_lib": [the image's directories under /usr/local/lib, relative]}.
+    `overrides`: from `Tools.overrides`. Runs as the driver's child, which still holds CAP_SYS_ADMIN of
+    the sandbox's user namespace; the program it then execs does not (it is in no bounding set).
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) failed")
+    _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
+    sources = {name: f"/usr/{name}" for name in view.get("ro", [])}
+    sources.update(view.get("tools", {}))
+    links = dict(view.get("links", {}))
+    own = sorted(set(os.listdir("/usr")) - set(sources) - set(links) - set(USR_STARTUP) - {"local"})
+    for name in own[:MAX_OWN]:  # what the session made in /usr (AgentBench's /usr/stock.log): its own, writable
+        if os.path.islink(f"/usr/{name}"):
+            links[name] = os.readlink(f"/usr/{name}")
+        else:
+            sources[name] = f"/usr/{name}"
+    # /usr/local: the session's children, but never its lib (python's site directory there: a .pth in it
+    # runs code in every `python3` a bash check starts, and the session can move the read-only one aside)
+    local = view.get("local") and os.path.isdir("/usr/local") and not os.path.islink("/usr/local")
+    local_names = sorted(set(os.listdir("/usr/local")) - {"lib"})[:MAX_OWN] if local else []
+    for name in local_names:
+        if os.path.islink(f"/usr/local/{name}"):
+            links[f"local/{name}"] = os.readlink(f"/usr/local/{name}")
+        else:
+            sources[f"local/{name}"] = f"/usr/local/{name}"
+    fds = {name: os.open(path, os.O_PATH | os.O_NOFOLLOW) for name, path in sources.items()}
+    image_names = set(view.get("ro", [])) | set(view.get("tools", {}))
+    try:
+        size = sum(os.stat(os.path.join(view["tools"].get(os.path.basename(d), d), n)).st_size
+                   for d, n, *_ in overrides) + (4 << 20)
+        _mount(libc, "tmpfs", "/usr", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0755,size={size}")
+        if view.get("local"):
+            for d in view.get("local_lib", [""]):  # the image's own /usr/local/lib: empty directories
+                os.makedirs(os.path.join("/usr/local/lib", d), 0o755, exist_ok=True)
+        for name, fd in fds.items():
+            target = f"/usr/{name}"
+            if os.path.isdir(f"/proc/self/fd/{fd}"):
+                os.mkdir(target, 0o755)
+            else:
+                os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o644))
+            _mount(libc, f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
+            if name in image_names:
+                _mount(libc, None, target, None, RO_REMOUNT)
+        for name, target in links.items():
+            os.symlink(target, f"/usr/{name}")
+        for i, (d, name, mode, uid, gid) in enumerate(overrides):
+            stage, target = f"/usr/.agentrl-{i}", os.path.join(d, name)
+            shutil.copyfile(target, stage)  # the view's (pristine) bytes
+            os.chown(stage, uid, gid)
+            os.chmod(stage, mode)
+            _mount(libc, stage, target, None, MS_BIND)
+            _mount(libc, None, target, None, RO_REMOUNT)
+            os.unlink(stage)
+        _mount(libc, None, "/usr", None, RO_REMOUNT)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+class CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def confine_own_caps(libc, keep, admin):
+    """After the bounding set was cut to `keep`: no inheritable or ambient capability outside it either,
+    so that nothing this driver execs holds another; the driver keeps `admin` (CAP_SYS_ADMIN, for the
+    graders' views) in its own effective set, and the start fails if it does not hold it."""
+    if libc.prctl(47, 4, 0, 0, 0) != 0 and ctypes.get_errno() != 22:  # PR_CAP_AMBIENT_CLEAR_ALL
+        return f"prctl(PR_CAP_AMBIENT_CLEAR_ALL) failed: errno {ctypes.get_errno()}"
+    header, data = CapHeader(0x20080522, 0), (CapData * 2)()  # _LINUX_CAPABILITY_VERSION_3
+    if libc.capget(ctypes.byref(header), data) != 0:
+        return f"capget failed: errno {ctypes.get_errno()}"
+    for word in range(2):
+        mask = sum(1 << (c - 32 * word) for c in keep if 32 * word <= c < 32 * (word + 1))
+        data[word].inheritable &= mask
+    if libc.capset(ctypes.byref(header), data) != 0:
+        return f"capset failed: errno {ctypes.get_errno()}"
+    if admin is not None and not data[admin // 32].effective >> (admin % 32) & 1:
+        return f"the driver lacks capability {admin}, which the graders' read-only view of /usr needs"
+    return None
+
+
+AGENT_OOM, GRADER_OOM = 1000, 500
+"""oom_score_adj of the session's commands (and all they start) and of graders: when the session's cgroup
+is full, the kernel kills the agent's processes first, then a grader, and the driver (0) last, so a
+memory hog ends its own processes, not the session as an env_error. Raising it needs no privilege; no
+session process can lower it again (that takes CAP_SYS_RESOURCE of the host)."""
+
+
+def oom_first(score):
+    """Mark this (forked, not yet exec'd) process to be killed before the driver when memory runs out."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(score))
+    except OSError:  # no /proc here (the unsandboxed backend): the cgroup limit still holds
+        pass
+
+
+def failed(message):
+    """A grader that could not run as it must: exit 126, never a pass."""
+    return {"exit": 126, "output": base64.b64encode(message.encode()).decode(), "timed_out": False, "truncated": False}
 
 
 def remove(path):
@@ -427,29 +589,6 @@ def remove(path):
         shutil.rmtree(path)
     elif os.path.lexists(path):
         os.unlink(path)
-
-
-def same(pristine, path):
-    """Whether `path` holds what `pristine` holds: the same link target, or a regular file with the same
-    bytes (read here, never a cached answer: a forged size and mtime prove nothing)."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    if os.path.islink(pristine):
-        return stat.S_ISLNK(st.st_mode) and os.readlink(path) == os.readlink(pristine)
-    if not stat.S_ISREG(st.st_mode) or st.st_size != os.lstat(pristine).st_size:
-        return False
-    try:
-        with open(pristine, "rb") as a, open(path, "rb") as b:
-            while True:
-                x, y = a.read(1 << 20), b.read(1 << 20)
-                if x != y:
-                    return False
-                if not x:
-                    return True
-    except OSError:  # unreadable (a mode of 000 without CAP_DAC_OVERRIDE): replaced, as if changed
-        return False
 
 
 if __name__ == "__main__":

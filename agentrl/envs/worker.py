@@ -10,9 +10,9 @@ know it. Every route requires the run's secret (`agentrl.auth`); /expert answers
 turned it on (`envs.expert_route`).
 
 Faults stay with the session that caused them:
-  * a blocking task's calls run on this worker's own thread pool, with a thread for every slot, so the
-    event loop (and with it the heartbeats) never waits on task work and one slow session never queues
-    behind others;
+  * every task call runs on this worker's own thread pool (`blocking` or not: a session can make a fast
+    task slow), with a thread for every slot, so the event loop (and with it the heartbeats) never waits
+    on task work and one slow session never queues behind others;
   * a call that outlives `call_timeout_s` (below the controller's request timeout) ends its session as
     env_error with that reason; the thread it holds is counted as taken (`stuck`) until it returns,
     when the session is closed;
@@ -61,6 +61,11 @@ from agentrl.types import Status
 
 log = logging.getLogger(__name__)
 
+UNHEALTHY_AFTER = 5
+"""Starts of one task failing in a row (none succeeding between) after which the worker reports that task
+unhealthy: a worker whose sessions all fail to start (a poisoned process) must not stay a target."""
+NOT_A_FAULT = ("bad_request", "unknown_task", "no_capacity", "unauthorized")
+"""Refusals of a start that say nothing about the worker's health."""
 MAX_ENDED = 10_000
 """Sessions this worker ended itself (a call timed out), remembered so later calls get the reason."""
 
@@ -109,7 +114,10 @@ class EnvWorker:
         """start_sample calls in flight: they hold a slot until they answer."""
         self.stuck = 0
         """Task calls past their deadline whose threads still run: each holds a slot until it returns."""
-        self.counters = {"call_timeouts": 0, "busy": 0, "unhandled": 0, "unauthorized": 0}
+        self.counters = {"call_timeouts": 0, "busy": 0, "unhandled": 0, "unauthorized": 0, "failed_starts": 0}
+        self.start_failures: dict[str, int] = {}
+        """Per task: starts that failed in a row (reset by one that succeeds)."""
+        self.last_start_error: dict[str, str] = {}
         # A thread for every slot, and as many again for starts and closes of sessions already gone:
         # a call never waits for a thread because other sessions are slow. Threads start only on demand.
         self.pool = ThreadPoolExecutor(max_workers=2 * slots + 4, thread_name_prefix=f"task-{worker_id}")
@@ -120,14 +128,14 @@ class EnvWorker:
     # ------------------------------------------------------------------------------------ helpers
     async def _run(self, task: Task, fn: Callable[..., Any], *args: Any,
                    late: Callable[[Future[Any]], None] | None = None) -> Any:
-        """Call task code. A task that says it blocks runs on the pool, bounded by `call_timeout_s`.
+        """Call task code on the pool, bounded by `call_timeout_s`, whatever the task's `blocking` says.
 
-        Fast tasks (lookup, echo) are called directly. On a timeout the thread keeps running: it counts
-        as `stuck` until it returns, and then `late(future)` cleans up what it produced (e.g. closes a
-        session whose caller was already told it timed out).
+        Even a fast task's call can be made slow by its session (kg's programs once grew exponentially):
+        on the event loop it would stop the heartbeats, and the controller would declare the whole worker
+        dead. On a timeout the thread keeps running: it counts as `stuck` until it returns, and then
+        `late(future)` cleans up what it produced (e.g. closes a session whose caller was already told it
+        timed out).
         """
-        if not getattr(task, "blocking", False):
-            return fn(*args)
         future = self.pool.submit(fn, *args)
         try:
             async with asyncio.timeout(self.call_timeout_s):
@@ -200,13 +208,29 @@ class EnvWorker:
     def taken(self) -> int:
         return len(self.sessions) + self.starting + self.stuck
 
+    def unhealthy(self) -> dict[str, str]:
+        """Tasks whose last `UNHEALTHY_AFTER` starts all failed here -> the last error (heartbeats carry it)."""
+        return {name: self.last_start_error.get(name, "") for name, n in self.start_failures.items()
+                if n >= UNHEALTHY_AFTER}
+
+    def _start_failed(self, task: str, e: BaseException) -> None:
+        if isinstance(e, EnvError) and e.code in NOT_A_FAULT:
+            return
+        self.counters["failed_starts"] += 1
+        self.start_failures[task] = self.start_failures.get(task, 0) + 1
+        self.last_start_error[task] = f"{type(e).__name__}: {e}"[:300]
+        if self.start_failures[task] == UNHEALTHY_AFTER:
+            log.error("task %s: the last %d starts failed (%s): reporting it unhealthy", task, UNHEALTHY_AFTER,
+                      self.last_start_error[task])
+            self.changed.set()
+
     def load(self) -> dict[str, Any]:
         per_task: dict[str, int] = {name: 0 for name in self.tasks}
         for live in self.sessions.values():
             per_task[live.task] += 1
         return {"worker_id": self.worker_id, "tasks": list(self.tasks), "slots": self.slots,
                 "active": len(self.sessions), "free": max(0, self.slots - self.taken), "stuck": self.stuck,
-                "draining": self.draining, "sessions": per_task, **self.counters}
+                "draining": self.draining, "sessions": per_task, "unhealthy": self.unhealthy(), **self.counters}
 
     def idle_candidates(self, limit: int = 1000) -> list[str]:
         """Sessions quiet here past the idle limit (at most `limit`): the controller says which to drop.
@@ -259,9 +283,15 @@ class EnvWorker:
             session = await self._run(task, Session, task, index, self.toolboxes[task.name], self.max_output_chars,
                                       late=self._close_started)
         except CallTimedOut as e:
+            self._start_failed(task.name, e)
             raise EnvError("env_error", str(e)) from None
+        except Exception as e:
+            self._start_failed(task.name, e)
+            raise
         finally:
             self.starting -= 1
+        if self.start_failures.pop(task.name, 0) >= UNHEALTHY_AFTER:
+            self.changed.set()  # healthy again: say so now
         sid = uuid.uuid4().hex
         self.sessions[sid] = _Live(session=session, task=task.name, last_used=time.monotonic())
         start = StartResult(sid, session.messages, session.toolbox.tools, task.max_turns)
@@ -398,7 +428,7 @@ class RunningWorker:
         w = self.worker
         idle = w.idle_candidates()
         answer = await self._post("/heartbeat", {"worker_id": w.worker_id, "active": len(w.sessions),
-                                                 "draining": w.draining, "idle": idle})
+                                                 "draining": w.draining, "idle": idle, "unhealthy": w.unhealthy()})
         if answer.get("reregister"):
             await self.register()
         else:

@@ -2,7 +2,7 @@
 
     python tests/envs/fault_worker.py RUN_DIR WORKER_ID SLOTS
 
-It serves `lookup` and `nap` with the run dir's controller settings and secret, registers with the
+It serves `lookup`, `nap` and `spin` (a CPU-bound `nap` of a task that says it does not block) with the run dir's controller settings and secret, registers with the
 controller published there, and runs until killed. `nap` is a blocking task whose one tool sleeps for
 as long as the model asks (a legal `sleep 9` in an `os` sandbox, without the sandbox), and reports how
 many of its episode's calls ever ran at once.
@@ -69,11 +69,33 @@ class NapTask:
         return NapEpisode()
 
 
+class SpinTask(NapTask):
+    """`nap` that burns the CPU in Python instead of sleeping, and says it does not block (as kg did)."""
+
+    name = "spin"
+    blocking = False
+
+    def start(self, index: str) -> NapEpisode:
+        episode = NapEpisode()
+        episode.step = lambda action: spin(action)  # type: ignore[method-assign]
+        return episode
+
+
+def spin(action: Action) -> StepResult:
+    call = action.tool_calls[0]
+    deadline = time.monotonic() + call.arguments["seconds"]
+    n = 0
+    while time.monotonic() < deadline:
+        n += 1
+    return StepResult([tool_message(call.id, call.name, f"spun {n > 0}")], done=True, reward=1.0)
+
+
 async def main(run_dir: Path, worker_id: str, slots: int) -> None:
     cfg = load_config(str(run_dir / "config.yaml"))
     url = await asyncio.to_thread(rendezvous.wait_for, run_dir, "controller_url", 60.0)
-    envs = EnvsConfig(tasks=("lookup", "nap"), slots=slots)
-    running = await start_worker(envs, cfg.controller, url, worker_id, tasks={"lookup": LookupTask(), "nap": NapTask()},
+    envs = EnvsConfig(tasks=("lookup", "nap", "spin"), slots=slots)
+    tasks = {"lookup": LookupTask(), "nap": NapTask(), "spin": SpinTask()}
+    running = await start_worker(envs, cfg.controller, url, worker_id, tasks=tasks,  # type: ignore[arg-type]
                                  secret=run_secret(run_dir), expert_route=True)
     print(running.address, flush=True)
     await asyncio.Event().wait()

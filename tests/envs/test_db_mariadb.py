@@ -80,6 +80,52 @@ def test_sessions_are_isolated_limited_and_dropped(task: DbTask, server: MariaDB
     assert databases(server) == before
 
 
+def queries_of(server: MariaDBServer, user: str) -> list[Any]:
+    conn = server.address.connect()
+    with conn.cursor() as cur:
+        cur.execute("SELECT ID, COMMAND, INFO FROM information_schema.PROCESSLIST WHERE USER = %s", (user,))
+        rows = list(cur.fetchall())
+    conn.close()
+    return rows
+
+
+ENDLESS = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
+           "SELECT COUNT(*) FROM c")
+
+
+def test_a_session_cannot_lift_its_limits_and_its_queries_end_with_it(task: DbTask, server: MariaDBServer) -> None:
+    """issue 20, 5: on c07c523 a session raised its own max_statement_time and max_recursive_iterations and
+    an endless recursive CTE ran on past the call's deadline and after the session was closed."""
+    import threading
+    import time
+
+    from agentrl.envs.tasks.db_backends import MariaDBDatabase
+
+    s = Session(task, "train-0")
+    user = s.episode.db.user
+    for i, q in enumerate(("SET SESSION max_statement_time = 0", "SET SESSION max_recursive_iterations = 4294967295")):
+        assert s.interact(call("execute_sql", {"query": q}, f"c{i}")).messages[0]["content"] == "[]"
+    t = time.monotonic()
+    r = s.interact(call("execute_sql", {"query": ENDLESS}, "c9"))
+    took = time.monotonic() - t
+    assert took < 6.0, took  # the 1 s limit, the watchdog's 2 s grace, margin
+    assert "interrupted" in r.messages[0]["content"], r.messages
+    assert [q for q in queries_of(server, user) if q[1] == "Query"] == []
+    s.close()
+    # a statement still running when its session closes (its call outlived the worker's deadline) ends too
+    db = MariaDBDatabase(server.address, [], timeout_s=60.0)
+    db.execute("SET SESSION max_statement_time = 0")
+    db.execute("SET SESSION max_recursive_iterations = 4294967295")
+    runner = threading.Thread(target=db.execute, args=(ENDLESS,), daemon=True)
+    runner.start()
+    time.sleep(0.5)
+    t = time.monotonic()
+    db.close()
+    assert time.monotonic() - t < 5.0
+    runner.join(timeout=5.0)
+    assert not runner.is_alive() and queries_of(server, str(db.user)) == []
+
+
 def test_private_server_starts_and_stops() -> None:
     s = MariaDBServer().start()
     sock = s.socket

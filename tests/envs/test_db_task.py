@@ -57,6 +57,27 @@ def test_answer_grading(answer: Any, truth: Any, kind: str, ok: bool) -> None:
     assert answers_match(answer, truth, kind) is ok
 
 
+@pytest.mark.parametrize("answer, truth, ok", [
+    (["Fantasy", "Fantasy"], ["Fantasy"], False),  # issue 20, 10: 1.0 on c07c523
+    (["a", "a", "b"], ["a", "b"], False),
+    (["b", "a"], ["a", "b"], True),
+    (["John"], ["John", "John"], True),  # fewer copies than a label with duplicates: still its set
+    (["1", "1"], ["1"], False),
+])
+def test_strict_grading_refuses_padded_answers(answer: Any, truth: Any, ok: bool) -> None:
+    assert answers_match(answer, truth, "comparison", no_extra=True) is ok
+
+
+def test_a_padded_answer_scores_nothing(task: DbTask) -> None:
+    index, sample = next((i, s) for i, s in zip(task.indices("test"), task.split("test"))
+                         if s.kind not in ("INSERT", "UPDATE", "DELETE") and len(clean_answers(s.label)) == 1)
+    value = clean_answers(sample.label)[0]
+    r = Session(task, index).interact(call("commit_final_answer", {"answers": [value, value]}))
+    assert (r.done, r.reward) == (True, 0.0)
+    r = Session(task, index).interact(call("commit_final_answer", {"answers": [value]}))
+    assert (r.done, r.reward) == (True, 1.0)
+
+
 def test_clean_answers() -> None:
     assert clean_answers(None) == ["0"]
     assert clean_answers("[('a',), ('b',)]") == ["a", "b"]
@@ -123,6 +144,39 @@ def test_statements_cannot_escape_or_run_forever(tmp_path: Path) -> None:
     out = db.execute("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT COUNT(*) FROM c")
     assert out == "Error: the statement ran past 0.5 s"
     assert db.execute("SELECT a FROM t") == "[('1',)]"  # still usable afterwards
+
+
+# issue 20, 4: statements of process-wide effect, each played in a fresh interpreter (on c07c523 the third
+# crashed it, and the fifth made every later SqliteDatabase of the process fail with MemoryError).
+PROCESS_WIDE = ("SELECT hex(fts3_tokenizer('simple'))", "SELECT fts3_tokenizer('simple', x'4141414141414141')",
+                "CREATE VIRTUAL TABLE v USING fts3(x, tokenize=simple)", "PRAGMA soft_heap_limit = 1",
+                "PRAGMA hard_heap_limit = 1", "PRAGMA writable_schema = 1", "PRAGMA temp_store_directory = '/x'",
+                "PRAGMA cache_size = -100000000", "SELECT load_extension('/lib/x86_64-linux-gnu/libc.so.6')")
+PLAY = """
+import sys
+from agentrl.envs.tasks.db_backends import SqliteDatabase, Table
+db = SqliteDatabase([Table("t", ("a",), (("1",),))])
+for sql in sys.argv[1:]:
+    print(db.execute(sql), flush=True)
+print(SqliteDatabase([Table("u", ("b",), (("2",),))]).execute("SELECT b FROM u"))
+"""
+
+
+def test_no_statement_acts_on_the_whole_process() -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-c", PLAY, *PROCESS_WIDE], capture_output=True, text=True, timeout=60,
+                       cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr[-2000:])
+    assert len(lines) == len(PROCESS_WIDE) + 1 and lines[-1] == "[('2',)]", lines  # a later session still works
+    assert all(line.startswith("Error: not authorized") for line in lines[:-1]), lines
+    # introspection stays: AgentBench's agents read schemas
+    db = SqliteDatabase([Table("t", ("a",), (("1",),))])
+    assert db.execute("PRAGMA table_info(t)") == "[(0, 'a', 'TEXT', 0, None, 0)]"
+    assert db.execute("SELECT name FROM pragma_table_list WHERE name = 't'") == "[('t',)]"
 
 
 @pytest.mark.parametrize("message, expected", [

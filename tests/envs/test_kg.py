@@ -235,3 +235,44 @@ def test_endpoint_failure_is_an_env_error_not_the_agents(endpoint: str) -> None:
     s = Session(KGTask(source="agentbench", sparql_url=endpoint), "dev-0")
     r = s.interact(s.expert_message())
     assert (r.done, r.status) == (True, Status.ENV_ERROR) and "SPARQL endpoint" in (r.error or "")
+
+
+def calls(*named: tuple[str, dict[str, str]]) -> dict[str, Any]:
+    return {"role": "assistant", "content": "", "tool_calls": [
+        {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+        for i, (name, args) in enumerate(named)]}
+
+
+def test_self_intersection_chains_are_bounded_and_linear(task: KGTask) -> None:
+    """issue 20, 3: `intersection(#k, #k)` doubles a program's tree per level; on c07c523 a chain of them
+    (16 calls a message) made the next query exponential and froze the worker. Now a program past
+    MAX_PROGRAM_NODES is refused with an observation, and shared sub-programs are evaluated once."""
+    s = Session(task, "test-0")
+    ent = next(iter(s.episode.sample.entities))
+    s.interact(call("get_relations", variable=ent))
+    rel = s.episode.backend.relations(("ENT", s.episode.sample.entities[ent]))[0]
+    s.interact(call("get_neighbors", variable=ent, relation=rel))
+    done: list[Any] = []
+
+    def chain() -> None:
+        for level in range(0, 48, 16):
+            done.append(s.interact(calls(*[("intersection", {"variable1": f"#{k}", "variable2": f"#{k}"})
+                                           for k in range(level, level + 16)])))
+        done.append(s.interact(calls(("get_relations", {"variable": f"#{len(s.episode.variables) - 1}"}))))
+
+    worker = threading.Thread(target=chain, daemon=True)
+    worker.start()
+    worker.join(timeout=10.0)
+    assert not worker.is_alive(), "a chain of self-intersections did not finish in 10 s"
+    from agentrl.envs.tasks.kg import MAX_PROGRAM_NODES, LocalGraph, program_size  # new in issue 20
+
+    refused = [m["content"] for r in done[:3] for m in r.messages if "operations; at most" in m["content"]]
+    assert refused and all(program_size(v.program) <= MAX_PROGRAM_NODES for v in s.episode.variables)
+    assert len(s.episode.variables) == 7  # #0 (2 operations) and six doublings; the seventh (383) is refused
+    assert done[-1].messages[0]["content"].startswith("Observation: [")
+    # evaluation by identity: a DAG of 200 levels (a tree of 2**200 nodes) runs in linear time
+    graph: LocalGraph = s.episode.backend
+    p: tuple[Any, ...] = ("JOIN", rel, ("ENT", s.episode.sample.entities[ent]))
+    for _ in range(200):
+        p = ("AND", p, p)
+    assert graph.execute(p) == graph.execute(("JOIN", rel, ("ENT", s.episode.sample.entities[ent])))

@@ -44,7 +44,7 @@ def attack_then_answer(task: OsTask, index: str, attack: str, answer: str,
                        problem: dict[str, Any] | None = None) -> tuple[float, Status]:
     session = Session(task, index)
     if problem is not None:
-        session.episode = OsEpisode(parse_problem(problem, None), task.sandbox, task.budget)
+        session.episode = OsEpisode(parse_problem(problem, None), task.sandbox, task.budget, task.example_state)
     r = session.interact(call("bash_action", {"script": attack}))
     assert not r.done, r.messages
     r = session.interact(call("answer_action", {"answer": answer}, "c1"))
@@ -80,6 +80,53 @@ def test_shadowed_interpreters_earn_nothing(task: OsTask) -> None:
         'echo "$1" | grep -qx right && python3 -c "import sys; sys.exit(sys.argv[1] != \'right\')" "$1"')}}}
     assert attack_then_answer(task, "train-0", SHADOW, "wrong", bash_check) == (0.0, Status.COMPLETED)
     assert attack_then_answer(task, "train-0", SHADOW, "right", bash_check) == (1.0, Status.COMPLETED)
+
+
+# issue 20, 1: a pyvenv.cfg under /usr whose `home` has the agent's `encodings`: on c07c523 every python-checked
+# sample passed with any answer. A grader's /usr is now a read-only view of the image.
+PYVENV = ("mkdir -p /tmp/e/bin /tmp/e/lib/python3.11/encodings && touch /tmp/e/lib/python3.11/os.py && "
+          "echo 'import posix; posix._exit(0)' > /tmp/e/lib/python3.11/encodings/__init__.py && "
+          "printf 'home = /tmp/e/bin\\n' > /usr/pyvenv.cfg && cp /usr/pyvenv.cfg /usr/bin/pyvenv.cfg && echo planted")
+
+
+def test_start_up_files_under_usr_earn_nothing(task: OsTask) -> None:
+    right = expected_count(task, "train-0")
+    assert attack_then_answer(task, "train-0", PYVENV, "this is not a number") == (0.0, Status.COMPLETED)
+    assert attack_then_answer(task, "train-0", PYVENV, right) == (1.0, Status.COMPLETED)
+
+
+def test_destroying_what_the_example_counts_earns_nothing(task: OsTask) -> None:
+    """issue 20, 6: on c07c523 the example ran on the state the agent left: `rm -rf` what it counts and
+    answer "0" scored 1.0. The strict protocol's example runs before the agent acts (example_state
+    "start"); "end" keeps AgentBench's semantics, and with it the hole."""
+    right = expected_count(task, "train-0")
+    assert right != "0"
+    assert attack_then_answer(task, "train-0", "rm -rf /root/juniper; echo gone", "0") == (0.0, Status.COMPLETED)
+    assert attack_then_answer(task, "train-0", "rm -rf /root/juniper; echo gone", right) == (1.0, Status.COMPLETED)
+    faithful_semantics = OsTask(sandbox={"backend": "bwrap", "command_timeout_s": 5.0}, example_state="end")
+    assert attack_then_answer(faithful_semantics, "train-0", "rm -rf /root/juniper; echo gone", "0") == \
+        (1.0, Status.COMPLETED)  # the hole AgentBench's own protocol has (documented in docs/tasks.md)
+
+
+def test_a_grader_the_session_hangs_is_the_agents_failure(task: OsTask, monkeypatch: pytest.MonkeyPatch) -> None:
+    """issue 20, 7: a FIFO where the example reads: on c07c523 the grader outlived the worker's call deadline
+    and the episode ended env_error (neither trained on nor counted). Now the message's time budget ends it
+    as the agent's `grader_failed`, reward 0; a right answer on an untouched sample still passes."""
+    import time
+
+    problem = {"description": "d", "evaluation": {"check": [None, {"language": "python", "code": (
+        "import sys; sys.exit(sys.argv[1].strip() != sys.argv[2].strip())")}], "example": {"code": "cat /root/n"}},
+        "create": {"init": {"code": "echo 7 > /root/n"}}}
+    fifo = "rm /root/n && mkfifo /root/n && echo ok"
+    hung = OsTask(sandbox={"backend": "bwrap", "command_timeout_s": 5.0}, example_state="end")
+    monkeypatch.setattr(OsEpisode, "step_budget_s", 3.0)  # 18 s by default, below the worker's 24 s
+    t = time.monotonic()
+    assert attack_then_answer(hung, "train-0", fifo, "7", problem) == (0.0, Status.GRADER_FAILED)
+    assert time.monotonic() - t < 3.0 + 3.0
+    assert attack_then_answer(hung, "train-0", "echo hi", "7", problem) == (1.0, Status.COMPLETED)
+    # the strict protocol's reference comes from before the agent acted: the FIFO changes nothing
+    assert attack_then_answer(task, "train-0", fifo, "7", problem) == (1.0, Status.COMPLETED)
+    assert Status.GRADER_FAILED.is_agent_failure and not Status.GRADER_FAILED.is_infra
 
 
 def test_a_grader_runs_while_the_agents_processes_are_stopped(task: OsTask) -> None:

@@ -86,7 +86,8 @@ def test_bwrap_command_line_in_a_prepared_user_namespace() -> None:
     i = argv.index("--cap-drop")
     assert argv[i + 1] == "ALL"
     added = {argv[j + 1] for j in range(len(argv)) if argv[j] == "--cap-add"}
-    assert added == set(sb.DOCKER_CAPS) and "CAP_SYS_ADMIN" not in added and len(added) == 14
+    # the driver alone (PID 1) gets CAP_SYS_ADMIN, for the graders' views; it leaves every session's bounding set
+    assert added == set(sb.DOCKER_CAPS) | {"CAP_SYS_ADMIN"} and len(added) == 15
 
 
 def test_launch_command_of_a_root_worker(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -234,8 +235,9 @@ def test_nothing_of_the_host_is_visible(needs_sandbox: None, tmp_path: Path) -> 
 def test_graders_run_the_images_tools_whatever_the_session_did(needs_sandbox: None) -> None:
     """The session's root may change its own /usr/bin (as in AgentBench's container) but not what a grader
     runs: the layout that decides which code runs (/usr, /etc, the loader's /lib64, pinned /etc files) is
-    made of mount points, which cannot be moved, and /usr/bin, /usr/sbin, /bin are the image's again
-    before a grader starts (a chmod alone stays: AgentBench's test-50 reads /usr/bin/find's mode)."""
+    made of mount points, which cannot be moved, a grader's /usr is a read-only view of the image (its
+    /usr/bin and /usr/sbin the image's, new names included: they are not there) and /bin is a link to it
+    again before a grader starts (a chmod alone shows: AgentBench's test-50 reads /usr/bin/find's mode)."""
     sh = Shell(fast(timeout=10.0))
     try:
         r = sh.run("cd /; for p in /usr /etc /lib64 /etc/ld.so.preload; do mv $p /moved 2>&1 | grep -c busy; done")
@@ -250,12 +252,103 @@ def test_graders_run_the_images_tools_whatever_the_session_did(needs_sandbox: No
         r = sh.run_independent(["bash", "-c", "echo abc | grep -c b; printf 'a\\nb\\n' | wc -l; /bin/sh -c 'echo sh'; "
                                 "ls -d /root; stat -c %A /usr/bin/find; readlink /bin; command -v mytool; echo ab | tr a x"],
                                freeze=True)
-        assert (r.exit_code, r.output) == (0, "1\n2\nsh\n/root\n-rwsr-xr-x\nusr/bin\n/usr/bin/mytool\nxb\n"), r.output
+        assert (r.exit_code, r.output) == (0, "1\n2\nsh\n/root\n-rwsr-xr-x\nusr/bin\nxb\n"), r.output
         r = sh.run_independent(["/usr/bin/python3", "-I", "-S", "-c", "print(6 * 7)"])
         assert (r.exit_code, r.output) == (0, "42\n")
-        assert sh.run("ls /usr/sbin/ls 2>&1; mytool").output.endswith("No such file or directory\nFAKE\n")
+        assert sh.run("command -v ls; mytool").output == "/usr/sbin/ls\nFAKE\n"  # the session's own stay its own
     finally:
         sh.close()
+
+
+# Start-up files of the image's python3 that the session can write (issue 20, 1): a pyvenv.cfg beside the
+# executable or one directory up whose `home` points at the agent's stdlib (read even under -I -S), and a
+# `._pth` beside it that replaces sys.path. Each makes the session's own python3 run the agent's code.
+PYVENV_PLANT = ("mkdir -p /tmp/e/bin /tmp/e/lib/python3.11/encodings && touch /tmp/e/lib/python3.11/os.py && "
+                "echo 'import posix; posix._exit(0)' > /tmp/e/lib/python3.11/encodings/__init__.py && "
+                "printf 'home = /tmp/e/bin\\n' > /usr/pyvenv.cfg; cp /usr/pyvenv.cfg /usr/bin/pyvenv.cfg; "
+                "printf '/tmp/e/lib/python3.11\\n' > /usr/bin/python3.11._pth; "
+                "/usr/bin/python3 -I -S -c 'import sys; sys.exit(1)'; echo $?")
+
+
+def test_graders_python_ignores_start_up_files_the_session_wrote(needs_sandbox: None) -> None:
+    """On c07c523 a grader's `python3 -I -S` read /usr/pyvenv.cfg and exited 0 for any script."""
+    sh = Shell(fast(timeout=10.0))
+    try:
+        assert sh.run(PYVENV_PLANT).output == "0\n"  # the session's python3 runs the agent's `encodings`
+        r = sh.run_independent(sb.python_argv("import sys; sys.exit(3)", []), freeze=True)
+        assert r.exit_code == 3, r
+        r = sh.run_independent(["bash", "-c", "python3 -c 'print(6 * 7)'; ls /usr | grep -c pyvenv"], freeze=True)
+        assert (r.exit_code, r.output) == (1, "42\n0\n"), r  # grep -c found none: exit 1
+        assert sh.run("ls /usr/pyvenv.cfg").output == "/usr/pyvenv.cfg\n"  # the session's file is untouched
+    finally:
+        sh.close()
+
+
+def test_a_site_directory_moved_aside_runs_nothing_in_a_grader(needs_sandbox: None) -> None:
+    """Found in issue 20's round: /usr/local can be renamed with its read-only lib inside, and a new
+    /usr/local/lib/python3.11/dist-packages/*.pth then ran in every `python3` a bash check started (on
+    c07c523 too). A grader's /usr/local/lib is the image's (empty) one."""
+    sh = Shell(fast(timeout=10.0))
+    try:
+        plant = ("mv /usr/local /usr/local2 && mkdir -p /usr/local/lib/python3.11/dist-packages /usr/local/bin && "
+                 "echo 'import os; os._exit(0)' > /usr/local/lib/python3.11/dist-packages/a.pth && "
+                 "printf '#!/bin/sh\\necho mine\\n' > /usr/local/bin/mine && chmod +x /usr/local/bin/mine && "
+                 "python3 -c 'import sys; sys.exit(3)'; echo $?")
+        assert sh.run(plant).output == "0\n"  # the session's own python3 runs the .pth
+        r = sh.run_independent(["bash", "-c", "python3 -c 'import sys; sys.exit(3)'; echo $?; mine"], freeze=True)
+        assert r.output == "3\nmine\n", r  # the session's /usr/local/bin is still there for checks
+    finally:
+        sh.close()
+
+
+def test_a_shared_mapping_of_a_tool_changes_nothing_a_grader_runs(needs_sandbox: None) -> None:
+    """On c07c523 the restore skipped a tool whose (inode, ctime) had not changed since its last look: a
+    process that dirtied a shared mapping of /usr/bin/grep before that look (same bytes: kept) rewrites
+    it afterwards without a new page fault, so without a new ctime, and the next grader ran the agent's
+    bytes. Graders now run the image's own tools: nothing is restored, no metadata is trusted."""
+    sh = Shell(fast(timeout=10.0))
+    try:
+        mapper = ("import mmap, os, time\nf = open('/usr/bin/grep', 'r+b')\nm = mmap.mmap(f.fileno(), 0)\n"
+                  "m[:1] = m[:1]\nopen('/root/mapped', 'w').close()\n"
+                  "while not os.path.exists('/root/go'): time.sleep(0.02)\n"
+                  "m[:40] = b'#!/bin/sh\\necho PWNED; exit 0\\n'.ljust(40, b'#')\nm.close()\nf.close()\n"
+                  "open('/root/done', 'w').close()\ntime.sleep(600)\n")
+        sh.run(f"cat > /root/m.py <<'EOF'\n{mapper}EOF\n")
+        r = sh.run("python3 /root/m.py >/dev/null 2>&1 & while [ ! -e /root/mapped ]; do sleep 0.05; done; echo mapped")
+        assert r.output == "mapped\n"
+        assert sh.run_independent(["true"], freeze=True).exit_code == 0  # the last look (c07c523: a restore)
+        r = sh.run("stat -c %i.%Z /usr/bin/grep; touch /root/go; while [ ! -e /root/done ]; do sleep 0.05; done; "
+                   "stat -c %i.%Z /usr/bin/grep; grep x /dev/null")
+        first, second, out = r.output.splitlines()
+        assert first == second and out == "PWNED", r.output  # rewritten, same inode and ctime
+        r = sh.run_independent(["bash", "-c", "echo abc | grep -c b"], freeze=True)
+        assert (r.exit_code, r.output) == (0, "1\n"), r
+    finally:
+        sh.close()
+
+
+def test_a_session_cgroup_bounds_what_all_its_processes_hold(needs_sandbox: None) -> None:
+    """issue 20, 8: on c07c523 nothing bounded the sum of a session's processes (each under RLIMIT_AS).
+    Now a cgroup per session does; the kernel kills the agent's processes first (oom_score_adj 1000,
+    which they cannot lower), so the session itself lives on."""
+    from agentrl.envs.sandbox import cgroup_support
+
+    if cgroup_support().kind is None:
+        pytest.skip(f"this worker may not make cgroups: {cgroup_support().reason}")
+    sh = Shell(fast(timeout=20.0, session_memory_mb=384, disk_mb=64))
+    try:
+        assert sh.cgroup is not None and all(d.is_dir() for d in sh.cgroup.dirs)
+        r = sh.run("echo -1000 > /proc/self/oom_score_adj; cat /proc/self/oom_score_adj")
+        assert r.output.endswith("1000\n"), r.output
+        hog = "python3 -c 'x = b\"x\" * (200 << 20); import time; time.sleep(60)'"
+        r = sh.run(f"for i in 1 2 3; do ({hog} &); done; sleep 3; pgrep -c python3")
+        assert int(r.output.split()[-1]) < 3, r.output  # three of 200 MB each do not fit in 384 MB
+        assert sh.run("echo alive").output == "alive\n"
+        assert sh.run_independent(["bash", "-c", "cat /proc/self/oom_score_adj"], freeze=True).output == "500\n"
+        dirs = sh.cgroup.dirs
+    finally:
+        sh.close()
+    assert not any(d.exists() for d in dirs)  # removed with the session
 
 
 def test_session_cannot_reach_the_network(needs_sandbox: None) -> None:

@@ -156,6 +156,27 @@ def test_hung_call_ends_only_its_session(stack: Stack) -> None:
     asyncio.run(main())
 
 
+def test_a_cpu_bound_call_of_a_non_blocking_task_keeps_the_worker_alive(stack: Stack) -> None:
+    """issue 20, 3: on c07c523 a task without `blocking` ran on the worker's event loop, so one CPU-bound
+    call (kg's exponential programs) stopped the heartbeats and the controller declared the worker dead.
+    Every task call now runs on the pool: heartbeats go on, and a call past its deadline ends its session."""
+    async def main() -> None:
+        async with stack.client(timeout_s=60.0) as env:
+            short, long = await env.start_sample("spin", "train-0"), await env.start_sample("spin", "train-1")
+            stop = asyncio.Event()
+            watcher = asyncio.create_task(watch_heartbeats(env, stop))
+            r = await env.interact(short.session_id, nap(4.0))  # longer than dead_after_s (3 s)
+            assert (r.done, r.status, r.reward) == (True, Status.COMPLETED, 1.0)
+            r = await env.interact(long.session_id, nap(8.0))  # past the call's deadline: only this session ends
+            assert (r.done, r.status) == (True, Status.ENV_ERROR) and "took longer" in (r.error or "")
+            stop.set()
+            assert await watcher < 2.5
+            ok = await env.start_sample("lookup", "train-0")
+            assert ok.session_id
+            await env.cancel(ok.session_id)
+    asyncio.run(main())
+
+
 def test_racing_interacts_on_one_session_are_busy(stack: Stack) -> None:
     """20 interacts at once on one session, through the controller and straight to the worker: one
     runs, 19 get 409 busy, and the session carries on (it is never "lost")."""
@@ -201,6 +222,23 @@ def test_a_message_of_38000_tool_calls_is_one_cheap_error(stack: Stack) -> None:
             assert oldest < CONTROLLER["dead_after_s"], oldest
             r = await env.interact(starts[0].session_id, {"role": "assistant", "content": "hmm"})
             assert r.messages[-1]["content"].startswith("Please call one of the tools")  # still serving
+            assert delta(await env.status(), before) == {}
+    asyncio.run(main())
+
+
+def test_arguments_nested_4000_deep_are_an_observation(stack: Stack) -> None:
+    """issue 20, 9: 8 KB of arguments nested 4,000 deep answered 502 RecursionError on c07c523."""
+    async def main() -> None:
+        deep = '{"name": ' + "[" * 4000 + "]" * 4000 + ', "field": "x"}'
+        message = {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "lookup", "arguments": deep}}]}
+        async with stack.client(timeout_s=60.0) as env:
+            before = await env.status()
+            start = await env.start_sample("lookup", "train-0")
+            r = await env.interact(start.session_id, message)
+            assert (r.done, r.status) == (False, Status.RUNNING), r
+            assert r.messages[0]["content"].startswith("Error: arguments are nested too deeply (4001 levels")
+            await env.cancel(start.session_id)
             assert delta(await env.status(), before) == {}
     asyncio.run(main())
 

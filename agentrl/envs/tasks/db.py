@@ -42,6 +42,7 @@ import copy
 import json
 import logging
 import threading
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -178,9 +179,19 @@ def _close(a: str, b: str, tol: float = 1e-2) -> bool:
     return abs(float(a) - float(b)) <= tol
 
 
-def answers_match(answer: Any, truth: Any, kind: str) -> bool:
-    """AgentBench's comparison of committed answers (or a table hash) with the ground truth."""
+def answers_match(answer: Any, truth: Any, kind: str, no_extra: bool = False) -> bool:
+    """AgentBench's comparison of committed answers (or a table hash) with the ground truth.
+
+    no_extra: also fail an answer that repeats a value more often than the truth holds it (AgentBench
+        compares several non-numeric values as sets, so ["Fantasy", "Fantasy"] passes for ["Fantasy"]:
+        a policy could pad answers for free). The strict protocol sets it; the faithful one keeps
+        AgentBench's sets.
+    """
     got, want = clean_answers(answer), clean_answers(truth)
+    if no_extra and kind not in MODIFY:
+        have = Counter(want)
+        if any(n > 1 and n > have[value] for value, n in Counter(got).items()):  # a repeated value, padded
+            return False
     if kind in MODIFY:
         return got == want
     if len(got) == 1 and len(want) == 1:
@@ -280,7 +291,7 @@ class DbEpisode:
         if s.kind in MODIFY:
             truth = s.answer_md5 or self.task.reference_hash(s)
             return answers_match(self.db.table_hash(s.tables), truth, s.kind)
-        return answers_match(answers, s.label, s.kind)
+        return answers_match(answers, s.label, s.kind, no_extra=True)
 
     def expert_message(self) -> dict[str, Any]:
         # A function of the episode's state, not of how often it is asked: asking twice gives one move.

@@ -30,6 +30,7 @@ numeric comparisons while keeping the hash the same for values written back in c
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import logging
 import os
@@ -40,6 +41,7 @@ import signal
 import sqlite3
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +53,7 @@ RESULT_LIMIT = 800  # AgentBench cuts a result string here and appends "[TRUNCAT
 MAX_ROWS = 10_000  # rows fetched for one observation (the text is cut at 800 characters anyway)
 GROUP_CONCAT_MAX = 1024
 # MySQL 8's default sql_mode: AgentBench-FC's mysql:8 container sets none (environment.py, see above)
+KILL_GRACE_S = 2.0  # past a statement's deadline, our watchdog KILLs it (the server's own limit comes first)
 MYSQL8_SQL_MODE = ("ONLY_FULL_GROUP_BY,STRICT_TRANS_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,"
                    "ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION")
 
@@ -131,6 +134,8 @@ class SqliteDatabase:
                 self._create(t, affinity)
         page = self.conn.execute("PRAGMA page_size").fetchone()[0]
         self.conn.execute(f"PRAGMA max_page_count = {max(1, max_bytes // page)}")
+        self.conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
+        defensive(self.conn)
         self.conn.set_authorizer(self._authorize)
         self.conn.set_progress_handler(self._progress, 10_000)
 
@@ -146,11 +151,7 @@ class SqliteDatabase:
 
     @staticmethod
     def _authorize(action: int, arg1: str | None, arg2: str | None, db: str | None, trigger: str | None) -> int:
-        if action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH):
-            return sqlite3.SQLITE_DENY
-        if action == sqlite3.SQLITE_PRAGMA and (arg1 or "").lower() in ("max_page_count", "page_size") and arg2:
-            return sqlite3.SQLITE_DENY
-        return sqlite3.SQLITE_OK
+        return authorize(action, arg1, arg2)
 
     def _progress(self) -> int:
         return 1 if time.monotonic() > self._deadline else 0
@@ -188,6 +189,95 @@ class SqliteDatabase:
 
     def close(self) -> None:
         self.conn.close()
+
+
+CACHE_KIB = 8 << 10  # the page cache of one session's connection (SQLite's default is 2 MiB)
+READ_PRAGMAS = frozenset({
+    "table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo", "foreign_key_list",
+    "foreign_key_check", "collation_list", "database_list", "function_list", "module_list", "pragma_list",
+    "integrity_check", "quick_check", "encoding", "user_version", "schema_version", "application_id",
+    "compile_options", "page_count", "page_size", "max_page_count", "freelist_count", "data_version",
+    "foreign_keys", "case_sensitive_like", "recursive_triggers", "defer_foreign_keys", "cache_size"})
+"""PRAGMAs a session may run: schema introspection and read-outs. Anything else is refused, since several
+act on the whole process (hard_heap_limit, soft_heap_limit, temp_store_directory, shrink_memory: one
+session's `PRAGMA hard_heap_limit = 1` once failed every later db session of its worker) or on the
+database's integrity (writable_schema, journal_mode)."""
+ARGUMENT_PRAGMAS = frozenset({
+    "foreign_keys", "case_sensitive_like", "recursive_triggers", "defer_foreign_keys", "user_version",
+    "application_id", "table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo",
+    "foreign_key_list", "foreign_key_check", "integrity_check", "quick_check"})
+"""The PRAGMAs of those that may take a value: a setting of the session's own connection or database, or
+the table or index an introspection PRAGMA reads."""
+DENIED_FUNCTIONS = frozenset({"fts3_tokenizer", "load_extension"})
+"""SQL functions no session may call: `fts3_tokenizer` reads and installs raw C pointers (one call leaked
+an address, its two-argument form then crashed the worker), `load_extension` loads native code."""
+
+
+def authorize(action: int, arg1: str | None, arg2: str | None) -> int:
+    """SQLite's authorizer for a session's statements: no other database file, no process-wide PRAGMA,
+    no function that touches native memory or code, no virtual table (each module is C code of its own)."""
+    if action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH, sqlite3.SQLITE_CREATE_VTABLE,
+                  sqlite3.SQLITE_DROP_VTABLE):
+        return sqlite3.SQLITE_DENY
+    if action == sqlite3.SQLITE_PRAGMA:
+        name = (arg1 or "").lower()
+        if name not in READ_PRAGMAS or (arg2 is not None and name not in ARGUMENT_PRAGMAS):
+            return sqlite3.SQLITE_DENY
+    if action == sqlite3.SQLITE_FUNCTION and (arg2 or "").lower() in DENIED_FUNCTIONS:
+        return sqlite3.SQLITE_DENY
+    return sqlite3.SQLITE_OK
+
+
+SQLITE_DBCONFIG_DEFENSIVE = 1010
+SQLITE_DBCONFIG_ENABLE_FTS3_TOKENIZER = 1004
+
+
+def defensive(conn: sqlite3.Connection) -> None:
+    """SQLite's defensive mode on `conn` (no writable_schema, no journal_mode=OFF, no writes to shadow
+    tables) and the two-argument fts3_tokenizer off: `setconfig` from Python 3.12; on 3.11 through the
+    C API of the very library the `sqlite3` module loaded (found in this process's mappings, its version
+    checked), with the connection's handle read from the object. Where neither works it logs and goes on:
+    the authorizer (`authorize`) refuses the same statements."""
+    setconfig = getattr(conn, "setconfig", None)
+    if setconfig is not None:
+        setconfig(SQLITE_DBCONFIG_DEFENSIVE, True)
+        setconfig(SQLITE_DBCONFIG_ENABLE_FTS3_TOKENIZER, False)
+        return
+    lib = _sqlite_library()
+    if lib is None:
+        return
+    handle = ctypes.c_void_p.from_address(id(conn) + ctypes.sizeof(ctypes.c_ssize_t) * 2).value  # after PyObject_HEAD
+    out = ctypes.c_int(-1)
+    for op, value in ((SQLITE_DBCONFIG_DEFENSIVE, 1), (SQLITE_DBCONFIG_ENABLE_FTS3_TOKENIZER, 0)):
+        if lib.sqlite3_db_config(ctypes.c_void_p(handle), op, ctypes.c_int(value), ctypes.byref(out)) != 0 \
+                or out.value != value:
+            log.warning("sqlite3_db_config(%d, %d) did not hold; the authorizer alone guards", op, value)
+
+
+_LIBRARY: list[Any] = []
+
+
+def _sqlite_library() -> Any:
+    """The SQLite library the `sqlite3` module uses, by ctypes (None where it cannot be found for sure)."""
+    if _LIBRARY:
+        return _LIBRARY[0]
+    lib = None
+    try:
+        maps = Path("/proc/self/maps").read_text()
+        paths = sorted({line.split()[-1] for line in maps.splitlines() if "libsqlite3" in line and "/" in line})
+        for path in paths:
+            candidate = ctypes.CDLL(path)
+            candidate.sqlite3_libversion.restype = ctypes.c_char_p
+            if candidate.sqlite3_libversion().decode() == sqlite3.sqlite_version:
+                candidate.sqlite3_db_config.restype = ctypes.c_int
+                lib = candidate
+                break
+    except (OSError, AttributeError, ValueError):
+        lib = None
+    if lib is None:
+        log.warning("SQLite's defensive mode is not set (no sqlite3_db_config found); the authorizer alone guards")
+    _LIBRARY.append(lib)
+    return lib
 
 
 def _quote(name: str) -> str:
@@ -323,10 +413,18 @@ class MariaDBDatabase:
         return conn
 
     def execute(self, sql: str) -> str:
+        """The observation for one statement. The server's own limit (`max_statement_time`, set at login) is
+        the session's to change (`SET SESSION max_statement_time = 0`, `SET STATEMENT ... FOR`), so a
+        watchdog of ours also ends the statement (`KILL QUERY` from another connection) `KILL_GRACE_S`
+        after its deadline, whatever the session set."""
         pymysql = _pymysql()
+        watchdog: threading.Timer | None = None
         try:
             if self.conn is None:
                 self.conn = self._connect()
+            watchdog = threading.Timer(self.timeout_s + KILL_GRACE_S, self._kill, ("QUERY", self.conn.thread_id()))
+            watchdog.daemon = True
+            watchdog.start()
             with self.conn.cursor() as cur:
                 cur.execute(sql)
                 rows = list(cur.fetchmany(MAX_ROWS)) if cur.description else []
@@ -337,7 +435,23 @@ class MariaDBDatabase:
             text = _mysql_error(e)
             if isinstance(e, (pymysql.err.OperationalError, pymysql.err.InterfaceError)) and not _alive(self.conn):
                 self.conn = None  # reconnect on the next statement
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
         return truncate(text)
+
+    def _kill(self, what: str, thread_id: int) -> None:
+        """`KILL QUERY|CONNECTION id` of the session's connection, from a short connection of the server's
+        account (the session's user could not be trusted to do it, nor could its connection, which is busy)."""
+        try:
+            conn = self.server.connect()
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(f"KILL {what} {int(thread_id)}")
+            finally:
+                conn.close()
+        except Exception as e:  # gone already: nothing to end
+            log.debug("KILL %s %s: %s", what, thread_id, e)
 
     def table_hash(self, tables: list[Table]) -> str:
         hashes = []
@@ -357,14 +471,32 @@ class MariaDBDatabase:
         return combine_hashes(hashes)
 
     def close(self) -> None:
-        for conn in (self.conn,):
-            try:
-                if conn is not None:
-                    conn.close()
-            except Exception:
-                pass
-        self.conn = None
+        """Drop the session's database and user; first end every connection of its user (a statement still
+        running, e.g. one the session freed of its time limit, holds locks that DROP DATABASE would wait on,
+        and would otherwise run on after the session)."""
+        conn, self.conn = self.conn, None
         admin, self.admin = getattr(self, "admin", None), None
+        ids = set()
+        try:
+            if conn is not None:
+                ids.add(int(conn.thread_id()))
+            if admin is not None:  # KILL before closing ours: a thread blocked reading it holds its reader's lock
+                with admin.cursor() as cur:
+                    if self.user:
+                        cur.execute("SELECT ID FROM information_schema.PROCESSLIST WHERE USER = %s", (self.user,))
+                        ids |= {int(row[0]) for row in cur.fetchall()}
+                    for thread_id in sorted(ids):
+                        try:
+                            cur.execute(f"KILL CONNECTION {thread_id}")
+                        except Exception:  # ended meanwhile
+                            pass
+        except Exception as e:
+            log.warning("could not end the connections of MariaDB database %s: %s", self.name, e)
+        try:
+            if conn is not None:
+                conn.close()
+        except Exception:
+            pass
         if admin is None:
             return
         try:

@@ -114,6 +114,24 @@ NUMBER_TYPE = "type.int"
 
 Program = tuple[Any, ...]
 """("ENT", id) | ("JOIN", relation, p) | ("AND", p, q) | ("COUNT", p) | ("ARGMAX"|"ARGMIN", p, attribute)."""
+MAX_PROGRAM_NODES = 256
+"""The most operations a variable's program may hold, counted as a tree (a variable used twice counts twice).
+Variables share sub-programs, so `intersection(#k, #k)` doubles the tree: a chain of them would make
+hashing the program, executing it and writing its SPARQL query exponential in the chain's length. A
+real question's program is a few dozen operations at most (15 rounds); past the bound the call is
+refused with an observation."""
+
+
+def program_size(program: Program) -> int:
+    """Operations in `program` counted as a tree, computed over the DAG (linear in distinct nodes)."""
+    sizes: dict[int, int] = {}
+
+    def size(p: Program) -> int:
+        if id(p) not in sizes:
+            sizes[id(p)] = 1 + sum(size(c) for c in p[1:] if isinstance(c, tuple))
+        return sizes[id(p)]
+
+    return size(program)
 
 
 class KGBackend(Protocol):
@@ -153,18 +171,25 @@ class LocalGraph:
     def load(cls, path: Path) -> LocalGraph:
         return cls(read_json(path, "the kg task's local graph"))
 
-    def _set(self, program: Program) -> set[str]:
+    def _set(self, program: Program, memo: dict[int, set[str]] | None = None) -> set[str]:
+        """The program's entities; each shared sub-program is evaluated once (`memo`, by identity)."""
+        memo = {} if memo is None else memo
+        if id(program) not in memo:
+            memo[id(program)] = self._eval(program, memo)
+        return memo[id(program)]
+
+    def _eval(self, program: Program, memo: dict[int, set[str]]) -> set[str]:
         op = program[0]
         if op == "ENT":
             return {program[1]} if program[1] in self.entities else set()
         if op == "JOIN":
-            return {o for s in self._set(program[2]) for o in self.out.get(s, {}).get(program[1], ())}
+            return {o for s in self._set(program[2], memo) for o in self.out.get(s, {}).get(program[1], ())}
         if op == "AND":
-            return self._set(program[1]) & self._set(program[2])
+            return self._set(program[1], memo) & self._set(program[2], memo)
         if op == "COUNT":
-            return {str(len(self._set(program[1])))}
+            return {str(len(self._set(program[1], memo)))}
         if op in ("ARGMAX", "ARGMIN"):
-            scored = {e: self.values[e][program[2]] for e in self._set(program[1])
+            scored = {e: self.values[e][program[2]] for e in self._set(program[1], memo)
                       if program[2] in self.values.get(e, {})}
             if not scored:
                 return set()
@@ -293,6 +318,10 @@ class KGEpisode:
         return v
 
     def _new(self, type_: str, program: Program) -> str:
+        size = program_size(program)
+        if size > MAX_PROGRAM_NODES:
+            raise ValueError(f"this query would make a variable of {size} operations; at most "
+                             f"{MAX_PROGRAM_NODES} are allowed.")
         self.variables.append(Variable(type_, program))
         k = len(self.variables) - 1
         if type_ == NUMBER_TYPE:

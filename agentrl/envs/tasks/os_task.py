@@ -48,6 +48,7 @@ import glob
 import logging
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,12 @@ log = logging.getLogger(__name__)
 
 MAX_ROUNDS = 8
 OUTPUT_LIMIT, OUTPUT_KEEP = 800, 780  # AgentBench's truncation of one command's output
-SCRIPT_TIMEOUT_S = 60.0  # check and example scripts
+SCRIPT_TIMEOUT_S = 60.0  # init-time example scripts (the reference answer)
+STEP_BUDGET_S = 18.0
+"""One message's time: its bash calls and the grading of its answer together, below the worker's default
+deadline for a call (24 s), so that a session that makes its commands or its graders slow (a FIFO where a
+check reads a file) ends by this task's rule, never as the worker's env_error. A bash call gets what is
+left of it (at most `command_timeout_s`), the check scripts share the rest."""
 INIT_TIMEOUT_S = 300.0  # init scripts: AgentBench sets none, and some of its train samples `sleep 60`
 
 TOOLS: list[dict[str, Any]] = [
@@ -145,10 +151,20 @@ class SessionBudget:
 class OsEpisode:
     """One sample in its own sandbox (strict protocol). `close()` ends the sandbox; the Session calls it."""
 
-    def __init__(self, problem: OsProblem, sandbox: SandboxConfig, budget: SessionBudget | None = None) -> None:
+    step_budget_s = STEP_BUDGET_S
+
+    def __init__(self, problem: OsProblem, sandbox: SandboxConfig, budget: SessionBudget | None = None,
+                 example_state: str = "start") -> None:
+        if example_state not in EXAMPLE_STATES:
+            raise ValueError(f"os: unknown example_state {example_state!r} ({' | '.join(EXAMPLE_STATES)})")
         self.problem = problem
         self.cfg = sandbox
         self.budget = budget
+        self.example_state = example_state
+        self.reference: CommandResult | None = None
+        """The example's run on the state before the agent acted (example_state "start")."""
+        self.deadline = float("inf")  # of the message being handled (`STEP_BUDGET_S`)
+        self.grader_failure: str | None = None
         self._shell: Shell | None = None
         self.closed = False
         self.setup_error: str | None = None
@@ -175,7 +191,7 @@ class OsEpisode:
                 raise
             self._shell = shell
             for n, script in enumerate(self.problem.init):
-                r = shell.run_independent(script_argv(script, []), timeout=INIT_TIMEOUT_S, stderr=True)
+                r = shell.run_independent(script_argv(script, []), timeout=INIT_TIMEOUT_S, stderr=True, view=False)
                 if r.exit_code != 0:
                     self.setup_error = (f"init script {n + 1} of {len(self.problem.init)} failed (exit "
                                         f"{r.exit_code}): {r.output.strip()[-800:]}")
@@ -183,6 +199,10 @@ class OsEpisode:
                     return shell
             if self.problem.start:  # AgentBench runs it in the shell and ignores its exit status
                 shell.run(shell_command(self.problem.start), timeout=SCRIPT_TIMEOUT_S)
+            p = self.problem
+            if self.example_state == "start" and p.example is not None and p.check and None in p.check:
+                self.reference = shell.run_independent(script_argv(p.example, []), timeout=SCRIPT_TIMEOUT_S,
+                                                       freeze=True)
         return self._shell
 
     def initial_messages(self) -> list[dict[str, Any]]:
@@ -199,8 +219,8 @@ class OsEpisode:
         return StepResult(messages=[message], done=True, reward=0.0, status=Status.COMPLETED,
                           metrics=self._metrics(0.0))
 
-    def bash(self, script: str) -> CommandResult:
-        result = self.shell.run(script)
+    def bash(self, script: str, timeout: float | None = None) -> CommandResult:
+        result = self.shell.run(script, timeout)
         self.last_output = result.output
         self.ran_example = self.ran_example or script == self.example
         return result
@@ -212,18 +232,32 @@ class OsEpisode:
         if ended is not None:
             return ended
         messages: list[dict[str, Any]] = []
+        self.deadline = time.monotonic() + self.step_budget_s
         for call in action.tool_calls:
             if call.name == "bash_action":
-                result = self.bash(call.arguments["script"])
-                messages.append(tool_message(call.id, call.name, format_output(result, self.cfg.command_timeout_s)))
+                left = min(self.cfg.command_timeout_s, self.deadline - time.monotonic())
+                if left < 0.5:
+                    messages.append(tool_message(call.id, call.name, f"Error: this message's {self.step_budget_s:g} "
+                                                 "s are spent; the command did not run."))
+                    continue
+                result = self.bash(call.arguments["script"], left)
+                messages.append(tool_message(call.id, call.name, format_output(result, left)))
                 continue
             answer = call.arguments["answer"] if call.name == "answer_action" else None
             reward = 1.0 if self.judge(answer) else 0.0
             messages.append(tool_message(call.id, call.name, "Your answer has been recorded." if answer is not None
                                          else "The task has been marked as finished."))
-            return StepResult(messages=messages, done=True, reward=reward, status=Status.COMPLETED,
-                              metrics=self._metrics(reward))
+            return self.verdict(messages, reward)
         return StepResult(messages=messages, metrics=self._metrics(0.0))
+
+    def verdict(self, messages: list[dict[str, Any]], reward: float) -> StepResult:
+        """The episode's end after a judged answer: `grader_failed` when a grader could not finish."""
+        if self.grader_failure is not None:
+            log.info("os grader failed (the agent's state): %s", self.grader_failure)
+            return StepResult(messages=messages, done=True, reward=0.0, status=Status.GRADER_FAILED,
+                              metrics={**self._metrics(0.0), "grader_failed": 1.0})
+        return StepResult(messages=messages, done=True, reward=reward, status=Status.COMPLETED,
+                          metrics=self._metrics(reward))
 
     def _metrics(self, success: float) -> dict[str, float]:
         return {"success": success, "setup_failed": float(self.setup_error is not None)}
@@ -253,7 +287,18 @@ class OsEpisode:
                 script = p.example
             if script is None:  # a `null` check with no example: nothing to compare against
                 return False
-            r = self.shell.run_independent(script_argv(script, params), timeout=SCRIPT_TIMEOUT_S, freeze=True)
+            shell = self.shell  # made now if it was not (its reference with it)
+            if script is p.example and self.reference is not None:  # computed before the agent acted
+                r = self.reference
+            else:
+                left = self.deadline - time.monotonic()
+                if left < 0.5:
+                    self.grader_failure = "no time was left for the check scripts"
+                    return False
+                r = shell.run_independent(script_argv(script, params), timeout=min(left, SCRIPT_TIMEOUT_S), freeze=True)
+            if r.timed_out or (r.exit_code == 126 and r.output.startswith("agentrl:")):
+                self.grader_failure = f"a check script {'ran out of time' if r.timed_out else r.output[:200]}"
+                return False
             if r.exit_code != 0:
                 return False
             params.append(r.output)
@@ -289,8 +334,8 @@ class FaithfulOsEpisode(OsEpisode):
     call_policy = CallPolicy(first_call_only=True, lenient_arguments=True)
 
     def __init__(self, problem: OsProblem, sandbox: SandboxConfig, protocol: ab.Protocol,
-                 budget: SessionBudget | None = None) -> None:
-        super().__init__(problem, sandbox, budget)
+                 budget: SessionBudget | None = None, example_state: str = "end") -> None:
+        super().__init__(problem, sandbox, budget, example_state)
         self.protocol = protocol
 
     def initial_messages(self) -> list[dict[str, Any]]:
@@ -320,13 +365,14 @@ class FaithfulOsEpisode(OsEpisode):
         if act.kind == "crash":  # AgentBench's task raises here: the sample ends as a task error, failed
             return StepResult([tool_message(call_id, act.name, "Error: the call has no arguments.")],
                               done=True, reward=0.0, status=Status.INVALID_ACTION, metrics=self._metrics(0.0))
+        self.deadline = time.monotonic() + self.step_budget_s
         if act.kind == "bash":
             # AgentBench runs nothing for a non-string script and shows an empty output.
             output = self.bash(act.content).output if isinstance(act.content, str) else ""
             return StepResult([tool_message(call_id, act.name, ab.observation(output))], metrics=self._metrics(0.0))
         reward = 1.0 if self.judge_faithful(act.content) else 0.0
         # AgentBench answers a commit with no tool message: the episode ends.
-        return StepResult([], done=True, reward=reward, status=Status.COMPLETED, metrics=self._metrics(reward))
+        return self.verdict([], reward)
 
     def judge_faithful(self, answer: Any) -> bool:
         """AgentBench's `_evaluate_answer`: strip only strings; a check gets `str(answer)` ("None" too)."""
@@ -340,6 +386,12 @@ class FaithfulOsEpisode(OsEpisode):
         return self._check([str(answer)])
 
 
+EXAMPLE_STATES = ("start", "end")
+"""Where a `null` check's example script runs. "start": once, as a grader, right after the sample's init
+and start scripts, before the agent acts: the reference answer is the sample's, so deleting or shrinking
+what it counts earns nothing (the default of the strict protocol, which trains). "end": after the
+agent's answer, on the state it left, as AgentBench does (the faithful protocol's default, whose score
+must be comparable with AgentBench's; docs/tasks.md lists the holes it keeps)."""
 DEFAULT_FILES = {"train": "os/train.json", "test": "os/test.json"}
 OUR_DEV = ("agentbench/os_interaction/dev.json", "agentbench/os_interaction/scripts/dev")  # under data/
 AGENTBENCH_DEV = ("data/os_interaction/data/dev.json", "data/os_interaction/scripts/dev")  # in a checkout
@@ -363,6 +415,8 @@ class OsTask:
             `/var/cache/agentrl/rootfs/os-bookworm`; `python -m jobs.make_rootfs` builds it).
         protocol: "strict" or "faithful" (default: faithful with source="agentbench", else strict).
         slots: sessions the serving worker may hold; checked against the host's PID budget now.
+        example_state: "start" or "end" (`EXAMPLE_STATES`; default: "start" in the strict protocol, "end"
+            in the faithful one).
     """
 
     name = "os"
@@ -371,10 +425,13 @@ class OsTask:
 
     def __init__(self, source: str = "ours", agentbench_dir: str | Path | None = None,
                  data_dir: str | Path | None = None, sandbox: SandboxConfig | dict[str, Any] | None = None,
-                 protocol: str | None = None, slots: int | None = None) -> None:
+                 protocol: str | None = None, slots: int | None = None, example_state: str | None = None) -> None:
         if source not in ("ours", "agentbench"):
             raise ValueError(f"os: unknown source {source!r} (ours | agentbench)")
         self.protocol_name = resolve_protocol(protocol, source == "agentbench", "os")
+        self.example_state = example_state or ("end" if self.protocol_name == "faithful" else "start")
+        if self.example_state not in EXAMPLE_STATES:
+            raise ValueError(f"os: unknown example_state {self.example_state!r} ({' | '.join(EXAMPLE_STATES)})")
         root = Path(data_dir) if data_dir else data_root()
         checkout = Path(agentbench_dir) if agentbench_dir else env_path("AGENTRL_AGENTBENCH_DIR")
         self.sandbox = sandbox if isinstance(sandbox, SandboxConfig) else SandboxConfig(**(sandbox or {}))
@@ -419,8 +476,9 @@ class OsTask:
     def start(self, index: str) -> OsEpisode:
         split, i = split_index(self.name, index, self.sizes)
         if self.protocol is not None:
-            return FaithfulOsEpisode(self.problems[split][i], self.sandbox, self.protocol, self.budget)
-        return OsEpisode(self.problems[split][i], self.sandbox, self.budget)
+            return FaithfulOsEpisode(self.problems[split][i], self.sandbox, self.protocol, self.budget,
+                                     self.example_state)
+        return OsEpisode(self.problems[split][i], self.sandbox, self.budget, self.example_state)
 
 
 def _load_globs(checkout: Path, patterns: list[tuple[str, str]]) -> list[OsProblem]:

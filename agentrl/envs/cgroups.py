@@ -1,0 +1,142 @@
+"""A cgroup per sandbox session: one memory and process budget for everything the session makes.
+
+Why: RLIMIT_AS bounds each process, RLIMIT_NPROC the number, and the tmpfs mounts their own sizes, but
+nothing bounds their sum: three background processes of 1 GB each plus 1.6 GB of tmpfs pages fit every
+one of those limits, and 256 such sessions take a node's memory and get the worker itself killed. A
+memory cgroup counts all of it (tmpfs pages are charged to the cgroup of the process that wrote them),
+and the kernel's OOM killer then acts inside that cgroup only.
+
+What is here: `detect` (cgroup v1 with the memory and pids hierarchies, or v2, under the worker's own
+cgroup, with a probe that a group can be made there) and `SessionCgroup` (make one, join it from a
+child before exec, remove it). Where the worker may not make cgroups (a non-root worker without a
+delegated subtree, a read-only /sys/fs/cgroup) `detect` says why; the os task logs that once at start
+and its sessions run with the per-process limits only (or fail, with `cgroup_required`).
+Not here: the sandbox itself (`agentrl.envs.sandbox`).
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path("/sys/fs/cgroup")
+
+
+@dataclass(frozen=True)
+class CgroupSupport:
+    """Where session cgroups are made: {"memory": dir, "pids": dir} (v1) or {"unified": dir} (v2); none
+    with `reason` saying why not."""
+
+    kind: str | None
+    parents: dict[str, Path] = field(default_factory=dict)
+    reason: str = ""
+
+
+def _own_paths(proc_cgroup: str) -> dict[str, str]:
+    """controller -> this process's cgroup path ("" for v2's unified line)."""
+    out = {}
+    for line in proc_cgroup.splitlines():
+        _, controllers, path = line.split(":", 2)
+        for c in controllers.split(",") if controllers else [""]:
+            out[c] = path
+    return out
+
+
+def detect(root: Path = ROOT, proc_cgroup: str | None = None) -> CgroupSupport:
+    """Whether this worker can make a memory+pids cgroup per session under its own cgroup (probed)."""
+    try:
+        own = _own_paths(proc_cgroup if proc_cgroup is not None else Path("/proc/self/cgroup").read_text())
+    except (OSError, ValueError) as e:
+        return CgroupSupport(None, reason=f"cannot read /proc/self/cgroup ({e})")
+    if (root / "memory").is_dir() and (root / "pids").is_dir() and "memory" in own and "pids" in own:
+        parents = {c: root / c / own[c].lstrip("/") for c in ("memory", "pids")}
+        kind = "v1"
+    elif (root / "cgroup.controllers").is_file() and "" in own:
+        parents = {"unified": root / own[""].lstrip("/")}
+        kind = "v2"
+        enabled = (parents["unified"] / "cgroup.subtree_control").read_text().split() \
+            if (parents["unified"] / "cgroup.subtree_control").is_file() else []
+        if not {"memory", "pids"} <= set(enabled):
+            return CgroupSupport(None, reason=f"cgroup v2: memory and pids are not enabled for children of "
+                                              f"{parents['unified']} (cgroup.subtree_control: {enabled})")
+    else:
+        return CgroupSupport(None, reason="no cgroup v1 memory+pids hierarchy and no cgroup v2 here")
+    try:
+        probe = SessionCgroup(CgroupSupport(kind, parents), "agentrl-probe", 64 << 20, 8)
+        probe.remove()
+    except OSError as e:
+        return CgroupSupport(None, reason=f"cannot make a cgroup under {', '.join(map(str, parents.values()))} "
+                                          f"({e.strerror or e})")
+    return CgroupSupport(kind, parents)
+
+
+class SessionCgroup:
+    """One session's cgroup: memory at most `memory_bytes` (swap included where the kernel counts it),
+    at most `pids` tasks. Made at once; `join_self()` is called in the child before exec; `remove()` when
+    the session's processes are gone."""
+
+    def __init__(self, support: CgroupSupport, name: str, memory_bytes: int, pids: int) -> None:
+        if support.kind is None:
+            raise OSError(f"no cgroups: {support.reason}")
+        self.name = f"{name}-{secrets.token_hex(4)}"
+        self.dirs = [p / self.name for p in support.parents.values()]
+        made: list[Path] = []
+        try:
+            for d in self.dirs:
+                d.mkdir()
+                made.append(d)
+            if support.kind == "v1":
+                mem, pid = self.dirs
+                (mem / "memory.limit_in_bytes").write_text(str(memory_bytes))
+                if (mem / "memory.memsw.limit_in_bytes").exists():  # swap too, where accounted
+                    (mem / "memory.memsw.limit_in_bytes").write_text(str(memory_bytes))
+                (pid / "pids.max").write_text(str(pids))
+            else:
+                (self.dirs[0] / "memory.max").write_text(str(memory_bytes))
+                (self.dirs[0] / "memory.swap.max").write_text("0")
+                (self.dirs[0] / "pids.max").write_text(str(pids))
+        except OSError:
+            for d in reversed(made):
+                try:
+                    d.rmdir()
+                except OSError:
+                    pass
+            raise
+        self.procs = [str(d / "cgroup.procs") for d in self.dirs]
+
+    def join_self(self) -> None:
+        """Move the calling process into this cgroup (a forked child, before exec: its whole tree follows)."""
+        for path in self.procs:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+
+    def memory_peak(self) -> int:
+        """The most memory the session held (bytes), 0 where unknown."""
+        for name in ("memory.max_usage_in_bytes", "memory.peak"):
+            path = self.dirs[0] / name
+            if path.exists():
+                try:
+                    return int(path.read_text())
+                except (OSError, ValueError):
+                    return 0
+        return 0
+
+    def remove(self, wait_s: float = 2.0) -> None:
+        """Remove the cgroup once its processes are gone (they were killed: wait a little for them)."""
+        deadline = time.monotonic() + wait_s
+        for d in self.dirs:
+            while True:
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.02)

@@ -1,0 +1,72 @@
+"""Play hostile-policy episodes against tasks: does any earn reward without the answer, or hurt the worker?
+
+    python -m jobs.attack_check                               # the built-in tasks: os, db, kg, lookup
+    python -m jobs.attack_check --tasks db,kg                 # some of them
+    PYTHONPATH=. python -m jobs.attack_check mypkg.mytask:MyTask --option split=dev   # a task of your own
+    srun -n1 python -m jobs.attack_check --tasks os           # on a node with the os sandbox
+
+Prints one line per attack and task: reward, status, whether the worker stayed healthy, and HELD or
+FAILED; then the totals. Exits 0 when every attack held, 1 when one did not, 2 when a task cannot be
+built. A task whose system tools are missing here (bubblewrap and the rootfs for os) is skipped with
+the reason. The attacks and the player are `agentrl.envs.attacks`.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import yaml
+
+from agentrl.envs.attacks import attacks_for, play_attacks
+from agentrl.envs.sandbox import SandboxUnavailable
+from agentrl.envs.tasks import get_task
+
+BUILTIN = ("os", "db", "kg", "lookup")
+
+
+def parse_options(items: list[str]) -> dict[str, object]:
+    """`key=value` pairs, values read as YAML scalars (as `jobs/check_task.py` reads them)."""
+    out: dict[str, object] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--option {item!r}: expected key=value")
+        out[key] = yaml.safe_load(raw) if raw else ""
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("task", nargs="*", help="tasks of your own, as import paths pkg.module:Class")
+    ap.add_argument("--tasks", default=None, help=f"built-in tasks, comma-separated (default {','.join(BUILTIN)}"
+                    " when no task of your own is given)")
+    ap.add_argument("--option", action="append", default=[], help="a constructor option key=value for your task")
+    ap.add_argument("--only", default="", help="play only the attacks whose names contain this")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.ERROR)
+    names = [t for t in (args.tasks or ("" if args.task else ",".join(BUILTIN))).split(",") if t]
+    specs = [(n, {}) for n in names] + [(t, parse_options(args.option)) for t in args.task]
+    failed = played = 0
+    for spec, options in specs:
+        try:
+            task = get_task(spec, **options)
+        except SandboxUnavailable as e:
+            print(f"{spec}: skipped, its sandbox cannot run here: {e}")
+            continue
+        except (ImportError, AttributeError, KeyError, TypeError, ValueError, FileNotFoundError) as e:
+            print(f"cannot build task {spec!r}: {type(e).__name__}: {e}", file=sys.stderr)
+            return 2
+        attacks = [a for a in attacks_for(task.name, task.tools()) if args.only in a.name]
+        for r in play_attacks(task, attacks):
+            played += 1
+            failed += not r.held
+            print(f"{r.attack:24} {r.task:8} {r.index:10} reward {r.reward:.1f}  {r.status:14} "
+                  f"worker {'healthy' if r.healthy else 'HURT':8} {'HELD' if r.held else 'FAILED'}"
+                  f"{'  ' + r.detail if r.detail and not r.held else ''}", flush=True)
+    print(f"{played} attacks played, {played - failed} held, {failed} succeeded")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""The attack suite (`agentrl.envs.attacks`, run by `jobs/attack_check.py`) on the built-in tasks: every
+attack holds (no reward, no env_error, the worker healthy). On c07c523 os_pyvenv, os_destroy_evidence,
+db_process_pragmas and deep_json did not (the crash of db_fts3_tokenizer and the stall of
+kg_intersection_chain took the whole player down there)."""
+from __future__ import annotations
+
+import os
+
+from sandbox_helpers import missing_sandbox
+
+from agentrl.envs.api import StepResult, Task
+from agentrl.envs.attacks import attacks_for, play_attacks
+from agentrl.envs.tasks.db import DbTask
+from agentrl.envs.tasks.kg import KGTask
+from agentrl.envs.tasks.lookup import LookupTask
+
+
+def held(task: Task) -> tuple[int, list[str]]:
+    results = play_attacks(task, attacks_for(task.name, task.tools()))
+    return len(results), [f"{r.attack}: reward {r.reward}, {r.status}, {r.detail}" for r in results if not r.held]
+
+
+def test_every_attack_holds_on_the_built_in_tasks() -> None:
+    assert held(LookupTask()) == (5, [])
+    assert held(KGTask()) == (7, [])
+    assert held(DbTask(statement_timeout_s=1.0)) == (10, [])
+    if missing_sandbox() is None or os.environ.get("CI"):  # os needs bubblewrap and its rootfs (CI has both)
+        from agentrl.envs.tasks.os_task import OsTask
+
+        assert held(OsTask(sandbox={"backend": "bwrap", "command_timeout_s": 5.0})) == (15, [])
+
+
+def test_a_failed_attack_is_reported() -> None:
+    """The player's verdict can fail: a task that pays for anything is caught by the generic attacks."""
+    class Generous(LookupTask):
+        name = "generous"
+
+        def start(self, index: str) -> object:
+            episode = super().start(index)
+            episode.text_step = lambda content: StepResult([], done=True, reward=1.0)  # type: ignore[attr-defined]
+            return episode
+
+    results = play_attacks(Generous(), attacks_for("generous", LookupTask().tools()))
+    assert [r.attack for r in results if not r.held] == ["forged_markers", "huge_text"]
