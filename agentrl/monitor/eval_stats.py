@@ -16,9 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# Every way an episode ends (types.Status without `running`), in the order tables show them.
-STATUSES: tuple[str, ...] = ("completed", "invalid_action", "turn_limit", "context_limit", "truncated",
-                             "env_error", "cancelled")
+from agentrl.types import Status
+
+# Every way an episode ends (types.Status without `running`), in the order tables show them: from the enum,
+# so a status added there (grader_failed) is a column here too.
+STATUSES: tuple[str, ...] = tuple(s.value for s in Status if s is not Status.RUNNING)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -20,7 +20,8 @@ from agentrl.monitor.eval_stats import STATUSES, wilson_interval
 from agentrl.monitor.run_data import RunData
 
 STATUS_COLORS = {"completed": "#4c9a2a", "invalid_action": "#d95f02", "turn_limit": "#e6ab02",
-                 "context_limit": "#a6761d", "truncated": "#7570b3", "env_error": "#e7298a", "cancelled": "#666666"}
+                 "context_limit": "#a6761d", "truncated": "#7570b3", "grader_failed": "#1b9e77", "env_error": "#e7298a",
+                 "cancelled": "#666666"}
 
 
 @dataclass

@@ -115,3 +115,13 @@ def test_normal_quantile_and_wilson_by_hand():
     assert (mid.lo, mid.hi) == pytest.approx((0.5 - half, 0.5 + half), abs=1e-9)
     with pytest.raises(ValueError):
         wilson_interval(0, 0)
+
+
+def test_every_ending_is_a_status_column_with_a_colour() -> None:
+    """A status added to the enum (the sandbox's grader_failed) gets a column and a colour without edits here."""
+    from agentrl.monitor.eval_stats import STATUSES
+    from agentrl.monitor.plots import STATUS_COLORS
+    from agentrl.types import Status
+
+    assert set(STATUSES) == {s.value for s in Status} - {"running"}
+    assert set(STATUS_COLORS) == set(STATUSES)
