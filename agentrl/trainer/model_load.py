@@ -1,9 +1,9 @@
 """Building the trainer's models without a whole float32 copy on every rank.
 
     policy     under FSDP2: built on the meta device, sharded, materialised empty, then filled from rank 0's
-               read of the safetensors (in the files' own dtype, cast tensor by tensor) by a broadcast of
-               each rank's shard. No rank but 0 ever holds the whole model, and rank 0 holds it once, in the
-               checkpoint's dtype (bf16 for the paper's models: half a float32 copy). DDP and one rank:
+               read of the safetensors (a chunk of ~256 MB at a time, in the files' own dtype, cast as each
+               rank's shard is copied in) by a broadcast. No rank holds the whole model: rank 0 holds its
+               shards and one chunk. DDP and one rank:
                `from_pretrained` on each rank (DDP keeps a whole replica per rank by design).
     reference  the frozen KL model, in the compute dtype (bf16 under `trainer.mixed_precision=bf16`), sharded
                like the policy; not built at all when `algo.kl_coef` is 0.
@@ -71,28 +71,47 @@ def _sharded(model_dir: str | Path, threads: int, par: Parallel, dtype: torch.dt
     with torch.no_grad():
         for name, b in model.named_buffers():
             b.copy_(buffers[name])
-    full: dict[str, torch.Tensor] = {}
-    if par.is_main:
-        # in the files' (or the state's) own dtype: each rank's shard is cast as it is copied in, so rank 0
-        # never holds a float32 copy of a bf16 checkpoint
-        full = dict(state) if state is not None else dict(read_safetensors(model_dir))
-        if getattr(config, "tie_word_embeddings", False):
-            full.pop("lm_head.weight", None)  # tied: the embedding is the one parameter
-    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
-                                                               strict=False))
+    # Rank 0 reads the tensors a chunk at a time, in the files' (or the state's) own dtype, and each chunk is
+    # broadcast into the ranks' shards (cast as it is copied in): rank 0 never holds a whole copy of the model.
+    source = iter(state.items()) if state is not None else read_safetensors(model_dir) if par.is_main else iter(())
+    more = True
+    while more:
+        chunk = _take(source, CHUNK_BYTES) if par.is_main else {}
+        more = bool(par.broadcast_object(bool(chunk)))
+        if more:
+            set_model_state_dict(model, chunk, options=StateDictOptions(full_state_dict=True,
+                                                                        broadcast_from_rank0=True, strict=False))
     return model
 
 
+CHUNK_BYTES = 256 << 20
+
+
+def _take(source: Iterator[tuple[str, torch.Tensor]], budget: int) -> dict[str, torch.Tensor]:
+    """The next tensors of `source`, up to about `budget` bytes (at least one; empty when it is exhausted)."""
+    out: dict[str, torch.Tensor] = {}
+    size = 0
+    for name, t in source:
+        out[name] = t
+        size += t.numel() * t.element_size()
+        if size >= budget:
+            break
+    return out
+
+
 def read_safetensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor of a model directory's safetensors files (one file or an index of shards), file by file."""
-    from safetensors.torch import load_file
+    """Every tensor of a model directory's safetensors files (one file or an index of shards), one tensor at a
+    time (the files are memory-mapped: nothing is read before it is asked for)."""
+    from safetensors import safe_open
 
     d = Path(model_dir)
     index = d / "model.safetensors.index.json"
     files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else \
         ["model.safetensors"]
     for name in files:
-        yield from load_file(str(d / name)).items()
+        with safe_open(str(d / name), framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118 - safe_open has keys(), not iteration
+                yield key, f.get_tensor(key)
 
 
 def gathered_state_dict(model: torch.nn.Module, par: Parallel, dtype: torch.dtype | None = None
