@@ -1,0 +1,196 @@
+"""One evaluation end to end: players for the targets, the plan scored into its results file, the tables.
+
+    settings     temperature (the rollout's; --greedy: 0 and one run), limits, retries, protocol
+    players      a local model: `VLLMEngine` + the model's `ChatFormat` through `run_episode`;
+                 an endpoint: `ChatEndpoint` through the message-level loop
+    score        `runner.score` into OUT/<stem>.jsonl, resumed from it
+    tables       `eval_tables.write_tables`: <stem>.{txt,json,csv,md}
+
+Cross-sampling scores three arms (A alone, B alone, cross) into <stem>-{A,B,cross}.jsonl and writes the
+pass@k curves (`cross.curves`) as <stem>-cross.{json,md}, beside each arm's own tables.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from agentrl.evaluation import cross
+from agentrl.evaluation.endpoint import ChatEndpoint
+from agentrl.evaluation.players import EndpointPlayer, LocalPlayer
+from agentrl.evaluation.runner import EvalPlan, plan_keys, progress_for, score
+from agentrl.evaluation.targets import Target
+from agentrl.monitor.eval_results import ResultsFile, aggregate
+from agentrl.monitor.eval_tables import terminal_table, write_tables
+from agentrl.rollout.agent_loop import EpisodeLimits
+from agentrl.rollout.role import Retry
+
+log = logging.getLogger("agentrl.evaluation")
+
+
+@dataclass(frozen=True)
+class Settings:
+    temperature: float
+    top_p: float
+    limits: EpisodeLimits
+    retry: Retry
+    protocol: str = "faithful"
+    tool_parser: str = "auto"
+    template_check: str = "warn"
+    kv_cache_gib: int = 1
+    seed: int = 0
+
+    def fingerprint(self, plan: EvalPlan, targets: list[Target]) -> dict[str, Any]:
+        """What a results file's episodes depend on: a rerun with another fingerprint must not resume it."""
+        return {"targets": [t.describe() for t in targets], "split": plan.split, "temperature": self.temperature,
+                "top_p": self.top_p, "limits": asdict(self.limits), "protocol": self.protocol,
+                "tool_parser": self.tool_parser}
+
+
+def check_resumable(meta_path: Path, fingerprint: dict[str, Any]) -> None:
+    """Write the fingerprint beside a new results file; refuse one written with other settings."""
+    if meta_path.exists():
+        old = json.loads(meta_path.read_text())
+        if old != fingerprint:
+            diff = sorted(k for k in old.keys() | fingerprint.keys() if old.get(k) != fingerprint.get(k))
+            raise ValueError(f"{meta_path.with_suffix('').with_suffix('.jsonl')} was scored with other settings "
+                             f"({', '.join(diff)}): pass --fresh to replace it, or --out for another directory")
+        return
+    meta_path.parent.mkdir(parents=True, exist_ok=True)
+    meta_path.write_text(json.dumps(fingerprint, indent=2))
+
+
+@contextlib.asynccontextmanager
+async def local_model(target: Target, settings: Settings, concurrency: int) -> AsyncIterator[tuple[Any, Any]]:
+    """(engine, chat format) of a local target, the engine closed on the way out."""
+    from agentrl.rollout.chat import ChatFormat
+    from agentrl.rollout.engine import VLLMEngine
+
+    assert target.model_dir is not None
+    fmt = ChatFormat.load(target.model_dir, settings.tool_parser, (), settings.template_check)
+    engine = VLLMEngine(str(target.model_dir), settings.limits.max_model_len, max_num_seqs=concurrency,
+                        kv_cache_gib=settings.kv_cache_gib, seed=settings.seed)
+    try:
+        yield engine, fmt
+    finally:
+        engine.close()
+
+
+@contextlib.asynccontextmanager
+async def chat_policy(target: Target, settings: Settings, concurrency: int) -> AsyncIterator[Any]:
+    """A message-level policy (`reply`) of any target: the endpoint, or a local model behind `LocalChat`."""
+    if target.is_endpoint:
+        ep = ChatEndpoint(str(target.base_url), str(target.model), target.api_key())
+        try:
+            yield ep
+        finally:
+            await ep.close()
+        return
+    async with local_model(target, settings, concurrency) as (engine, fmt):
+        yield cross.LocalChat(engine, fmt, settings.limits.max_model_len)
+
+
+@contextlib.asynccontextmanager
+async def player_of(client: Any, target: Target, settings: Settings, concurrency: int) -> AsyncIterator[Any]:
+    """The player of one target: local models through the token-level agent loop, endpoints at the message level."""
+    if target.is_endpoint:
+        async with chat_policy(target, settings, concurrency) as ep:
+            yield EndpointPlayer(client, ep, settings.temperature, settings.top_p, settings.limits, settings.retry)
+        return
+    from agentrl.rollout.engine import SamplingConfig
+
+    async with local_model(target, settings, concurrency) as (engine, fmt):
+        sampling = SamplingConfig(settings.limits.max_new_tokens, settings.temperature, settings.top_p, fmt.stop_ids)
+        yield LocalPlayer(client, engine, fmt, sampling, settings.limits, settings.retry)
+
+
+async def score_into(player: Any, keys: list, path: Path, fingerprint: dict[str, Any], concurrency: int,
+                     progress: bool | None, **extra: object) -> ResultsFile:
+    """Score the keys not yet in the results file at `path`; returns the (closed) file with every episode."""
+    check_resumable(path.with_suffix(".meta.json"), fingerprint)
+    with ResultsFile(path) as rf:
+        already = len([k for k in keys if k in rf.done])
+        if already:
+            log.info("%s: %d of %d episodes already scored; scoring the other %d", path, already, len(keys),
+                     len(keys) - already)
+        bar = progress_for(keys, rf, bars=progress)
+        try:
+            await score(player, keys, rf, concurrency, bar, **extra)
+        finally:
+            bar.close()
+    return rf
+
+
+def tables(rf: ResultsFile, keys: list, out: Path, stem: str, label: str, bootstrap: int = 0) -> str:
+    """Aggregate the planned episodes of `rf` and write the tables; returns the terminal table."""
+    planned = set(keys)
+    eps = [e for e in rf.episodes if e.key in planned]
+    runs = max((k[3] for k in keys), default=0) + 1
+    results = aggregate(eps, ks=range(1, runs + 1), bootstrap_resamples=bootstrap)
+    write_tables(results, out, stem, label=label)
+    return terminal_table(results)
+
+
+async def evaluate(client: Any, target: Target, plan: EvalPlan, settings: Settings, out: Path, stem: str,
+                   progress: bool | None = None, bootstrap: int = 0) -> str:
+    """Score `target` on `plan` into OUT/<stem>.jsonl and write its tables; returns the terminal table."""
+    keys = await plan_keys(client, plan)
+    async with player_of(client, target, settings, plan.concurrency) as player:
+        rf = await score_into(player, keys, out / f"{stem}.jsonl", settings.fingerprint(plan, [target]),
+                              plan.concurrency, progress)
+    return tables(rf, keys, out, stem, target.label, bootstrap)
+
+
+async def evaluate_cross(client: Any, a: Target, b: Target, prob: float, plan: EvalPlan, settings: Settings,
+                         out: Path, stem: str, progress: bool | None = None) -> str:
+    """The three arms of cross-sampling (A, B, and each turn from B with probability `prob`), then the pass@k
+    curves of single A, single B, mix and cross for k = 1..runs; returns the curves as markdown.
+
+    Two local models of one chat format cross at the token level through `EnginePool` (as training's lagging
+    pool does); otherwise each side is a message-level policy and `RoutedEndpoint` alternates them."""
+    keys = await plan_keys(client, plan)
+    files = {}
+    for arm, target in (("A", a), ("B", b)):
+        async with player_of(client, target, settings, plan.concurrency) as player:
+            files[arm] = await score_into(player, keys, out / f"{stem}-{arm}.jsonl",
+                                          settings.fingerprint(plan, [target]), plan.concurrency, progress, arm=arm)
+        tables(files[arm], keys, out, f"{stem}-{arm}", target.label)
+    fp = {**settings.fingerprint(plan, [a, b]), "cross_prob": prob}
+    async with _cross_player(client, a, b, prob, settings, plan.concurrency) as player:
+        files["cross"] = await score_into(player, keys, out / f"{stem}-cross.jsonl", fp, plan.concurrency, progress,
+                                          arm="cross")
+    tables(files["cross"], keys, out, f"{stem}-cross", f"{a.label} x {b.label} (p={prob:g})")
+    planned = set(keys)
+    c = cross.curves({arm: [e for e in rf.episodes if e.key in planned] for arm, rf in files.items()}, plan.runs)
+    (out / f"{stem}-curves.json").write_text(json.dumps({"A": a.label, "B": b.label, "prob": prob, "curves": c},
+                                                        indent=2))
+    md = cross.curves_markdown(c, a.label, b.label, prob)
+    (out / f"{stem}-curves.md").write_text(md)
+    return md
+
+
+@contextlib.asynccontextmanager
+async def _cross_player(client: Any, a: Target, b: Target, prob: float, settings: Settings,
+                        concurrency: int) -> AsyncIterator[Any]:
+    from agentrl.rollout.engine import SamplingConfig
+    from agentrl.rollout.engine_pool import EnginePool
+
+    if not a.is_endpoint and not b.is_endpoint:
+        async with local_model(a, settings, concurrency) as (ea, fa), \
+                local_model(b, settings, concurrency) as (eb, fb):
+            if fa.tokenizer.get_vocab() != fb.tokenizer.get_vocab() or fa.tokenizer.chat_template != \
+                    fb.tokenizer.chat_template:
+                raise ValueError(f"{a.label} and {b.label} have different chat formats: their turns cannot share one "
+                                 "episode's tokens; serve one of them as an endpoint to cross them by messages")
+            pool = EnginePool(ea, [eb], prob, seed=f"cross/{settings.seed}")
+            sampling = SamplingConfig(settings.limits.max_new_tokens, settings.temperature, settings.top_p,
+                                      fa.stop_ids)
+            yield LocalPlayer(client, pool, fa, sampling, settings.limits, settings.retry)
+        return
+    async with chat_policy(a, settings, concurrency) as pa, chat_policy(b, settings, concurrency) as pb:
+        routed = cross.RoutedEndpoint(pa, pb, prob, seed=f"cross/{settings.seed}")
+        yield EndpointPlayer(client, routed, settings.temperature, settings.top_p, settings.limits, settings.retry)
