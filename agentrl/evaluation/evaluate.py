@@ -150,18 +150,49 @@ async def evaluate_cross(client: Any, a: Target, b: Target, prob: float, plan: E
     """The three arms of cross-sampling (A, B, and each turn from B with probability `prob`), then the pass@k
     curves of single A, single B, mix and cross for k = 1..runs; returns the curves as markdown.
 
-    Two local models of one chat format cross at the token level through `EnginePool` (as training's lagging
-    pool does); otherwise each side is a message-level policy and `RoutedEndpoint` alternates them."""
+    Each local model is loaded once for all three arms. Two local models of one chat format cross at the
+    token level through `EnginePool` (as training's lagging pool does); otherwise each side is a message-level
+    policy (`LocalChat` for a local one) and `RoutedEndpoint` alternates them. Alone, each side plays as
+    `evaluate` would play it."""
+    from agentrl.rollout.engine import SamplingConfig
+    from agentrl.rollout.engine_pool import EnginePool
+
     keys = await plan_keys(client, plan)
-    files = {}
-    for arm, target in (("A", a), ("B", b)):
-        async with player_of(client, target, settings, plan.concurrency) as player:
-            files[arm] = await score_into(player, keys, out / f"{stem}-{arm}.jsonl",
+    files: dict[str, ResultsFile] = {}
+    async with contextlib.AsyncExitStack() as stack:
+        local = {}
+        for t in (a, b):
+            if not t.is_endpoint:
+                local[t] = await stack.enter_async_context(local_model(t, settings, plan.concurrency))
+        endpoints = {t: await stack.enter_async_context(chat_policy(t, settings, plan.concurrency))
+                     for t in (a, b) if t.is_endpoint}
+
+        def sampling(fmt: Any) -> SamplingConfig:
+            return SamplingConfig(settings.limits.max_new_tokens, settings.temperature, settings.top_p, fmt.stop_ids)
+
+        def alone(t: Target) -> Any:
+            if t in endpoints:
+                return EndpointPlayer(client, endpoints[t], settings.temperature, settings.top_p, settings.limits,
+                                      settings.retry)
+            engine, fmt = local[t]
+            return LocalPlayer(client, engine, fmt, sampling(fmt), settings.limits, settings.retry)
+
+        for arm, target in (("A", a), ("B", b)):
+            files[arm] = await score_into(alone(target), keys, out / f"{stem}-{arm}.jsonl",
                                           settings.fingerprint(plan, [target]), plan.concurrency, progress, arm=arm)
-        tables(files[arm], keys, out, f"{stem}-{arm}", target.label)
-    fp = {**settings.fingerprint(plan, [a, b]), "cross_prob": prob}
-    async with _cross_player(client, a, b, prob, settings, plan.concurrency) as player:
-        files["cross"] = await score_into(player, keys, out / f"{stem}-cross.jsonl", fp, plan.concurrency, progress,
+            tables(files[arm], keys, out, f"{stem}-{arm}", target.label)
+        seed = f"cross/{settings.seed}"
+        if a in local and b in local and same_format(local[a][1], local[b][1]):
+            (ea, fa), (eb, _) = local[a], local[b]
+            crossed: Any = LocalPlayer(client, EnginePool(ea, [eb], prob, seed=seed), fa, sampling(fa),
+                                       settings.limits, settings.retry)
+        else:
+            def side(t: Target) -> Any:
+                return endpoints[t] if t in endpoints else cross.LocalChat(*local[t], settings.limits.max_model_len)
+            crossed = EndpointPlayer(client, cross.RoutedEndpoint(side(a), side(b), prob, seed=seed),
+                                     settings.temperature, settings.top_p, settings.limits, settings.retry)
+        fp = {**settings.fingerprint(plan, [a, b]), "cross_prob": prob}
+        files["cross"] = await score_into(crossed, keys, out / f"{stem}-cross.jsonl", fp, plan.concurrency, progress,
                                           arm="cross")
     tables(files["cross"], keys, out, f"{stem}-cross", f"{a.label} x {b.label} (p={prob:g})")
     planned = set(keys)
@@ -173,24 +204,7 @@ async def evaluate_cross(client: Any, a: Target, b: Target, prob: float, plan: E
     return md
 
 
-@contextlib.asynccontextmanager
-async def _cross_player(client: Any, a: Target, b: Target, prob: float, settings: Settings,
-                        concurrency: int) -> AsyncIterator[Any]:
-    from agentrl.rollout.engine import SamplingConfig
-    from agentrl.rollout.engine_pool import EnginePool
-
-    if not a.is_endpoint and not b.is_endpoint:
-        async with local_model(a, settings, concurrency) as (ea, fa), \
-                local_model(b, settings, concurrency) as (eb, fb):
-            if fa.tokenizer.get_vocab() != fb.tokenizer.get_vocab() or fa.tokenizer.chat_template != \
-                    fb.tokenizer.chat_template:
-                raise ValueError(f"{a.label} and {b.label} have different chat formats: their turns cannot share one "
-                                 "episode's tokens; serve one of them as an endpoint to cross them by messages")
-            pool = EnginePool(ea, [eb], prob, seed=f"cross/{settings.seed}")
-            sampling = SamplingConfig(settings.limits.max_new_tokens, settings.temperature, settings.top_p,
-                                      fa.stop_ids)
-            yield LocalPlayer(client, pool, fa, sampling, settings.limits, settings.retry)
-        return
-    async with chat_policy(a, settings, concurrency) as pa, chat_policy(b, settings, concurrency) as pb:
-        routed = cross.RoutedEndpoint(pa, pb, prob, seed=f"cross/{settings.seed}")
-        yield EndpointPlayer(client, routed, settings.temperature, settings.top_p, settings.limits, settings.retry)
+def same_format(fa: Any, fb: Any) -> bool:
+    """Whether two chat formats can share one episode's tokens (the same vocabulary and template)."""
+    return fa.tokenizer.get_vocab() == fb.tokenizer.get_vocab() and \
+        fa.tokenizer.chat_template == fb.tokenizer.chat_template

@@ -44,42 +44,59 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class Server:
+    """vLLM's OpenAI server on the taught model, started in the background: `url()` waits for it, so that the
+    local path's engine starts while the server does."""
+
+    def __init__(self, model: Path, log_path: Path) -> None:
+        self.model, self.log_path = model, log_path
+        port = _free_port()
+        env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
+               "HF_HUB_OFFLINE": "1"}
+        with log_path.open("w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host",
+                 "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "1024",
+                 "--enforce-eager", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                 "--served-model-name", "policy"],
+                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+        self.up = False
+
+    def url(self) -> str:
+        import openai
+
+        client = openai.OpenAI(base_url=self.base_url, api_key="none", timeout=30)
+        deadline = time.monotonic() + 300
+        while not self.up:
+            try:
+                client.models.list()
+                self.up = True
+            except openai.APIConnectionError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError("the server did not start:\n" + self.log_path.read_text()[-3000:]) from None
+                time.sleep(1)
+        return self.base_url
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """(model dir, endpoint base URL) of the taught stand-in under vLLM's OpenAI server."""
+    """The taught stand-in and its server."""
     root = tmp_path_factory.mktemp("eval")
     model, loss = build_taught(root, TAUGHT)
     assert loss < 0.1
-    port = _free_port()
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
-    log_path = root / "server.log"
-    with log_path.open("w") as log:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host",
-             "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
-             "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--served-model-name", "policy"],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}/v1"
+    server = Server(model, root / "server.log")
     try:
-        import openai
-
-        client = openai.OpenAI(base_url=url, api_key="none", timeout=30)
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                client.models.list()
-                break
-            except openai.APIConnectionError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError("the server did not start:\n" + log_path.read_text()[-3000:]) from None
-                time.sleep(1)
-        yield model, url
+        yield server
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
+        server.stop()
 
 
 def _lookup_client() -> InProcessClient:
@@ -87,11 +104,10 @@ def _lookup_client() -> InProcessClient:
 
 
 def test_endpoint_and_local_paths_score_each_sample_alike_under_greedy(served, tmp_path: Path) -> None:
-    model, url = served
     plan = EvalPlan(("lookup",), "test", samples=5, runs=1, concurrency=4)
-    local_table = asyncio.run(evaluate(_lookup_client(), resolve(str(model), label="local"), plan, GREEDY,
+    local_table = asyncio.run(evaluate(_lookup_client(), resolve(str(served.model), label="local"), plan, GREEDY,
                                        tmp_path / "local", "eval", progress=False))
-    remote_table = asyncio.run(evaluate(_lookup_client(), resolve(f"{url}#policy"), plan, GREEDY,
+    remote_table = asyncio.run(evaluate(_lookup_client(), resolve(f"{served.url()}#policy"), plan, GREEDY,
                                         tmp_path / "endpoint", "eval", progress=False))
     local = {e.index: e for e in read_results(tmp_path / "local" / "eval.jsonl")}
     remote = {e.index: e for e in read_results(tmp_path / "endpoint" / "eval.jsonl")}
@@ -116,7 +132,7 @@ def test_an_interrupted_evaluation_resumes_with_only_the_missing_episodes(served
     """Sampled (temperature 1), 2 runs of 6 samples, through launched controller and env worker processes:
     SIGINT after a few episodes leaves whole lines; a cut-off last line is skipped; the same command then
     scores exactly the missing episodes, and the tables' pass@k and interval are those of the file's episodes."""
-    _, url = served
+    url = served.url()
     out = tmp_path / "ev"
     args = ("--samples", "6", "--runs", "2", "--temperature", "1.0", "--concurrency", "1")
     first = _eval_cli(url, out, *args)
