@@ -5,8 +5,9 @@
     python -m jobs.eval /models/qwen2.5-7b --tasks os,db --samples 100 --runs 4
     python -m jobs.eval --base-url http://127.0.0.1:8000/v1 --model policy --tasks lookup --inprocess
     python -m jobs.eval runs/demo@v30 --cross runs/demo@v10 --cross-prob 0.5 --runs 8   # pass@k curves
-Under Slurm (one node; the controller and env workers start beside it as in the training job):
-    srun --ntasks=1 --cpus-per-task=16 python -m jobs.eval runs/demo --out $SCRATCH/eval-demo
+Under Slurm (one node; jobs.eval starts the controller and env workers beside its engine):
+    srun --ntasks=1 --cpus-per-task=16 --gpus-per-task=1 python -m jobs.eval runs/demo --progress lines
+    python -m jobs.eval runs/demo --render-sbatch --slurm-partition gpu > eval.sbatch && sbatch eval.sbatch
 
 Results go to runs/<name>-eval/ (or --out): <stem>.jsonl (one line per episode; the same command run again
 skips what is scored: stop it whenever), <stem>.{txt,json,csv,md} (the md in AgentBench-FC's layout beside
@@ -31,6 +32,7 @@ import yaml
 from agentrl.config import ConfigError, load_config
 from agentrl.evaluation.evaluate import Settings, evaluate, evaluate_cross
 from agentrl.evaluation.runner import EvalPlan
+from agentrl.evaluation.sbatch import EvalJob, eval_argv, render
 from agentrl.evaluation.services import env_client, eval_config
 from agentrl.evaluation.targets import Target, resolve
 from agentrl.rollout.agent_loop import EpisodeLimits
@@ -71,6 +73,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fresh", action="store_true", help="replace this command's earlier results")
     ap.add_argument("--bootstrap", type=int, default=0, help="bootstrap resamples for a second interval (0: off)")
     ap.add_argument("--progress", choices=("auto", "bars", "lines"), default="auto")
+    job = ap.add_argument_group("Slurm", "--render-sbatch prints a one-node sbatch script of this evaluation")
+    job.add_argument("--render-sbatch", action="store_true")
+    job.add_argument("--slurm-partition", default="")
+    job.add_argument("--slurm-account", default="")
+    job.add_argument("--slurm-qos", default="")
+    job.add_argument("--slurm-time", default="04:00:00")
+    job.add_argument("--slurm-gpus", type=int, default=1)
+    job.add_argument("--slurm-cpus", type=int, default=16)
+    job.add_argument("--slurm-mem", default="")
+    job.add_argument("--slurm-job-name", default="agentrl-eval")
     return ap.parse_args(argv)
 
 
@@ -94,7 +106,13 @@ def _stop(signum: int, _frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
+    if args.render_sbatch:
+        job = EvalJob(args.slurm_job_name, args.slurm_partition, args.slurm_account, args.slurm_qos, args.slurm_time,
+                      args.slurm_gpus, args.slurm_cpus, args.slurm_mem)
+        print(render(job, eval_argv(argv)), end="")
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "openai", "vllm"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -125,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
                     capacity_wait_s=r.env_wait_s),
         protocol=args.protocol, tool_parser=cfg.model.tool_parser, template_check=r.template_check,
         kv_cache_gib=r.kv_cache_gib, seed=cfg.seed)
+    if temperature == 0 and runs > 1:
+        print(f"note: at temperature 0 the {runs} runs play the same tokens; --greedy plays one", file=sys.stderr)
     plan = EvalPlan(tuple(cfg.envs.tasks), args.split, args.samples, runs, args.concurrency)
     stem = f"{'cross' if other else 'eval'}-{args.split}" + (f"-v{target.version}" if target.version is not None
                                                             else "") + ("-greedy" if temperature == 0 else "")

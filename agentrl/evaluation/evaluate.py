@@ -24,7 +24,7 @@ from agentrl.evaluation.endpoint import ChatEndpoint
 from agentrl.evaluation.players import EndpointPlayer, LocalPlayer
 from agentrl.evaluation.runner import EvalPlan, plan_keys, progress_for, score
 from agentrl.evaluation.targets import Target
-from agentrl.monitor.eval_results import ResultsFile, aggregate
+from agentrl.monitor.eval_results import ResultsFile, aggregate, read_results
 from agentrl.monitor.eval_tables import terminal_table, write_tables
 from agentrl.rollout.agent_loop import EpisodeLimits
 from agentrl.rollout.role import Retry
@@ -139,9 +139,15 @@ async def evaluate(client: Any, target: Target, plan: EvalPlan, settings: Settin
                    progress: bool | None = None, bootstrap: int = 0) -> str:
     """Score `target` on `plan` into OUT/<stem>.jsonl and write its tables; returns the terminal table."""
     keys = await plan_keys(client, plan)
+    path = out / f"{stem}.jsonl"
+    done = {e.key for e in read_results(path)}
+    if all(k in done for k in keys):  # nothing left: the tables again, without starting an engine
+        check_resumable(path.with_suffix(".meta.json"), settings.fingerprint(plan, [target]))
+        log.info("%s: all %d episodes already scored", path, len(keys))
+        with ResultsFile(path) as rf:
+            return tables(rf, keys, out, stem, target.label, bootstrap)
     async with player_of(client, target, settings, plan.concurrency) as player:
-        rf = await score_into(player, keys, out / f"{stem}.jsonl", settings.fingerprint(plan, [target]),
-                              plan.concurrency, progress)
+        rf = await score_into(player, keys, path, settings.fingerprint(plan, [target]), plan.concurrency, progress)
     return tables(rf, keys, out, stem, target.label, bootstrap)
 
 

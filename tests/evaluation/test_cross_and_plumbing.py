@@ -177,3 +177,17 @@ def test_endpoint_loop_endings() -> None:
     assert p.status == Status.CONTEXT_LIMIT and p.context_tokens == 1048
     p = play([Reply({"role": "assistant", "content": "<tool_call>{"}, "length", 100, 48)] + [talk] * 3)
     assert p.status == Status.TURN_LIMIT  # cut off with room left: told so, the episode goes on
+
+
+def test_sbatch_script_of_an_evaluation() -> None:
+    from agentrl.evaluation.sbatch import EvalJob, eval_argv, render
+
+    argv = ["runs/demo", "--tasks", "os,db", "--render-sbatch", "--slurm-partition", "gpu", "--slurm-time=2:00:00",
+            "--label", "my model"]
+    args = eval_argv(argv)
+    assert args == ["runs/demo", "--tasks", "os,db", "--label", "my model"]
+    script = render(EvalJob(partition="gpu", time="2:00:00", gpus=0), args)
+    assert script.startswith("#!/bin/bash\n#SBATCH --job-name=agentrl-eval\n#SBATCH --nodes=1\n")
+    assert "#SBATCH --partition=gpu\n" in script and "#SBATCH --time=2:00:00\n" in script
+    assert "gpus" not in script and "#SBATCH --requeue\n" in script  # an endpoint's evaluation needs no GPU
+    assert script.endswith("python -m jobs.eval runs/demo --tasks os,db --label 'my model' --progress lines\n")
