@@ -123,7 +123,13 @@ def main(argv: list[str] | None = None) -> int:
         target = resolve(spec, args.version, args.model, args.api_key_env, args.label)
         other = resolve(args.cross, None, None, args.api_key_env) if args.cross else None
         preset = args.preset or (str(target.run_dir / "config.yaml") if target.run_dir else None)
-        base = load_config(preset)
+        try:
+            base = load_config(preset)
+        except ConfigError as e:
+            if args.preset:
+                raise
+            raise ConfigError(f"{preset}: {e} (a config another version of agentrl wrote? name the env settings "
+                              "with --preset)") from e
         tasks = tuple(args.tasks.split(",")) if args.tasks else base.envs.tasks
         name = slug(target.run_dir.name if target.run_dir else target.label)
         out = (args.out or Path(base.run_root) / f"{name}-eval").resolve()

@@ -176,3 +176,20 @@ def test_an_interrupted_evaluation_resumes_with_only_the_missing_episodes(served
     assert aggregate(eps, ks=(1, 2))[("lookup", "test")].pass_at_k[2] == pytest.approx(pass2)
     # the roles ran as processes, their logs in the evaluation's dir
     assert (out / "logs" / "controller.log").exists() and (out / "logs" / "env_worker-0.log").exists()
+
+
+def test_a_model_crossed_with_itself_scores_as_the_model_alone(served, tmp_path: Path) -> None:
+    """Cross-sampling end to end at the message level (`RoutedEndpoint`), the endpoint on both sides: under
+    greedy decoding every arm plays the same episodes, so single A, single B, mix and cross coincide."""
+    from agentrl.evaluation.evaluate import evaluate_cross
+
+    url = served.url()
+    plan = EvalPlan(("lookup",), "test", samples=3, runs=2, concurrency=3)
+    a, b = resolve(f"{url}#policy", label="A"), resolve(f"{url}#policy", label="B")
+    md = asyncio.run(evaluate_cross(_lookup_client(), a, b, 0.5, plan, GREEDY, tmp_path, "cross", progress=False))
+    curves = json.loads((tmp_path / "cross-curves.json").read_text())["curves"]["lookup"]
+    alone = [e.success for e in read_results(tmp_path / "cross-A.jsonl")]
+    assert len(alone) == 6 and curves["single A"][0] == pytest.approx(sum(alone) / 6) > 0
+    assert curves["single A"] == curves["single B"] == curves["mix"] == curves["cross"]
+    assert "| cross |" in md and {p.name for p in tmp_path.glob("cross-*.jsonl")} == \
+        {"cross-A.jsonl", "cross-B.jsonl", "cross-cross.jsonl"}
