@@ -7,7 +7,7 @@
     tables       `eval_tables.write_tables`: <stem>.{txt,json,csv,md}
 
 Cross-sampling scores three arms (A alone, B alone, cross) into <stem>-{A,B,cross}.jsonl and writes the
-pass@k curves (`cross.curves`) as <stem>-cross.{json,md}, beside each arm's own tables.
+pass@k curves (`cross.curves`) as <stem>-curves.{json,md,png}, beside each arm's own tables.
 """
 from __future__ import annotations
 
@@ -207,6 +207,10 @@ async def evaluate_cross(client: Any, a: Target, b: Target, prob: float, plan: E
                                                         indent=2))
     md = cross.curves_markdown(c, a.label, b.label, prob)
     (out / f"{stem}-curves.md").write_text(md)
+    if c:
+        from agentrl.evaluation.cross_plot import plot_curves
+
+        plot_curves(c, out / f"{stem}-curves.png", f"A = {a.label}, B = {b.label}, p = {prob:g}")
     return md
 
 

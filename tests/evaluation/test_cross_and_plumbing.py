@@ -191,3 +191,11 @@ def test_sbatch_script_of_an_evaluation() -> None:
     assert "#SBATCH --partition=gpu\n" in script and "#SBATCH --time=2:00:00\n" in script
     assert "gpus" not in script and "#SBATCH --requeue\n" in script  # an endpoint's evaluation needs no GPU
     assert script.endswith("python -m jobs.eval runs/demo --tasks os,db --label 'my model' --progress lines\n")
+
+
+def test_curves_figure_draws_every_arm(tmp_path: Path) -> None:
+    from agentrl.evaluation.cross_plot import plot_curves
+
+    c = {"lookup": {"single A": [0.2, 0.3], "single B": [0.1, 0.2], "mix": [0.2, 0.35], "cross": [0.25, 0.5]}}
+    path = plot_curves(c, tmp_path / "c.png", "A vs B")
+    assert path.stat().st_size > 1000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
