@@ -64,6 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-model-len", type=int)
     ap.add_argument("--max-new-tokens", type=int)
     ap.add_argument("--concurrency", type=int, default=32, help="episodes at once")
+    ap.add_argument("--dtype", default="float32", help="a local model's vLLM dtype (bfloat16 on a GPU)")
     ap.add_argument("--env-retries", type=int, help="more attempts after an env error (default: the config's)")
     ap.add_argument("--inprocess", action="store_true", help="tasks in this process (no controller, no workers)")
     ap.add_argument("--workers", type=int, help="env workers (default: the config's)")
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         retry=Retry(max_retries=r.env_retries if args.env_retries is None else args.env_retries,
                     capacity_wait_s=r.env_wait_s),
         protocol=args.protocol, tool_parser=cfg.model.tool_parser, template_check=r.template_check,
-        kv_cache_gib=r.kv_cache_gib, seed=cfg.seed)
+        kv_cache_gib=r.kv_cache_gib, seed=cfg.seed, engine_options=(("dtype", args.dtype),))
     if temperature == 0 and runs > 1:
         print(f"note: at temperature 0 the {runs} runs play the same tokens; --greedy plays one", file=sys.stderr)
     plan = EvalPlan(tuple(cfg.envs.tasks), args.split, args.samples, runs, args.concurrency)

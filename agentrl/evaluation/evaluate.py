@@ -43,12 +43,14 @@ class Settings:
     template_check: str = "warn"
     kv_cache_gib: int = 1
     seed: int = 0
+    engine_options: tuple[tuple[str, Any], ...] = ()
+    """More `VLLMEngine` arguments, e.g. (("dtype", "bfloat16"),) on a GPU (its defaults are the CPU's)."""
 
     def fingerprint(self, plan: EvalPlan, targets: list[Target]) -> dict[str, Any]:
         """What a results file's episodes depend on: a rerun with another fingerprint must not resume it."""
         return {"targets": [t.describe() for t in targets], "split": plan.split, "temperature": self.temperature,
                 "top_p": self.top_p, "limits": asdict(self.limits), "protocol": self.protocol,
-                "tool_parser": self.tool_parser}
+                "tool_parser": self.tool_parser, "engine": dict(self.engine_options)}
 
 
 def check_resumable(meta_path: Path, fingerprint: dict[str, Any]) -> None:
@@ -73,7 +75,7 @@ async def local_model(target: Target, settings: Settings, concurrency: int) -> A
     assert target.model_dir is not None
     fmt = ChatFormat.load(target.model_dir, settings.tool_parser, (), settings.template_check)
     engine = VLLMEngine(str(target.model_dir), settings.limits.max_model_len, max_num_seqs=concurrency,
-                        kv_cache_gib=settings.kv_cache_gib, seed=settings.seed)
+                        kv_cache_gib=settings.kv_cache_gib, seed=settings.seed, **dict(settings.engine_options))
     try:
         yield engine, fmt
     finally:
