@@ -172,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stopped; the episodes scored so far are in {out}/{stem}*.jsonl: run the same command to go on",
               file=sys.stderr)
         return e.code if isinstance(e, SystemExit) and isinstance(e.code, int) else 130
+    except (ValueError, FileNotFoundError) as e:  # settings that do not fit the results file, a task without samples
+        print(f"jobs.eval: {e}", file=sys.stderr)
+        return 2
     print(table)
     print(f"tables: {out}/{stem}.{{txt,json,csv,md}}" if not other else f"curves: {out}/{stem}-curves.{{md,json}}")
     return 0
