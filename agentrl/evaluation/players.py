@@ -1,0 +1,82 @@
+"""The players of an evaluation: a local model through the rollout's own agent loop, an endpoint through the
+message-level loop (`endpoint`), each retrying env failures as the rollout does.
+
+A local model is played by `role.collect` (one request per call: the runner bounds the concurrency and
+writes each episode as it ends), so it goes through exactly what training evaluates with: `run_episode`,
+the model's `ChatFormat`, the rollout's retries of env errors. An endpoint episode is retried with the same
+`Retry` policy and the same fatal codes.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from agentrl.envs.api import EnvError
+from agentrl.evaluation.endpoint import play_endpoint_episode
+from agentrl.evaluation.played import Played
+from agentrl.rollout.agent_loop import EpisodeLimits
+from agentrl.rollout.chat import ChatFormat
+from agentrl.rollout.engine import Engine, SamplingConfig
+from agentrl.rollout.role import FATAL_CODES, Retry, collect
+from agentrl.types import Status
+
+log = logging.getLogger("agentrl.evaluation")
+
+
+class LocalPlayer:
+    """A model served in this process (`VLLMEngine`, or an `EnginePool` for cross-sampling) in its own
+    chat format; `sampling.seed` should be None when runs are sampled, or every run draws the same tokens."""
+
+    def __init__(self, client: Any, engine: Engine, fmt: ChatFormat, sampling: SamplingConfig,
+                 limits: EpisodeLimits, retry: Retry) -> None:
+        self.client, self.engine, self.fmt = client, engine, fmt
+        self.sampling, self.limits, self.retry = sampling, limits, retry
+
+    async def play(self, task: str, index: str, group: str) -> Played:
+        (traj,), _ = await collect(self.client, self.engine, self.fmt, [(task, index, group)], self.sampling,
+                                   self.limits, 1, self.retry)
+        return Played.of_trajectory(traj)
+
+
+class EndpointPlayer:
+    """An OpenAI-compatible endpoint (`endpoint.ChatEndpoint` or anything with its `reply`)."""
+
+    def __init__(self, client: Any, endpoint: Any, temperature: float, top_p: float, limits: EpisodeLimits,
+                 retry: Retry) -> None:
+        self.client, self.endpoint = client, endpoint
+        self.temperature, self.top_p, self.limits, self.retry = temperature, top_p, limits, retry
+
+    async def play(self, task: str, index: str, group: str) -> Played:
+        return await play_retrying(lambda: play_endpoint_episode(
+            self.client, self.endpoint, task, index, self.temperature, self.top_p, self.limits), self.retry,
+            f"{task}/{index}")
+
+
+async def play_retrying(play: Any, retry: Retry, what: str) -> Played:
+    """`play()` until it ends other than in an env error, at most `retry.max_retries` more times; a session
+    that could not start for want of capacity waits (up to `retry.capacity_wait_s`) without spending a retry.
+    The last env_error is returned as it is (it is reported, never dropped); fatal codes raise."""
+    attempt, waited = 0, 0.0
+    loop = asyncio.get_running_loop()
+    played: Played | None = None
+    while True:
+        try:
+            played = await play()
+        except EnvError as e:
+            if e.code in FATAL_CODES:
+                raise
+            played = None
+            if e.code == "no_capacity" and waited < retry.capacity_wait_s:
+                t0 = loop.time()
+                await asyncio.sleep(retry.delay(min(attempt, 4)))
+                waited += loop.time() - t0
+                continue
+            log.warning("start_sample %s failed (%s): attempt %d", what, e, attempt + 1)
+        if played is not None and played.status != Status.ENV_ERROR:
+            return played
+        if attempt >= retry.max_retries:
+            break
+        await asyncio.sleep(retry.delay(attempt))
+        attempt += 1
+    return played or Played(Status.ENV_ERROR, 0.0, 0.0, 0, 0, 0, 0.0, {"env_error": 1.0, "success": 0.0})

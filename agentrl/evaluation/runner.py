@@ -1,0 +1,79 @@
+"""Score a plan of episodes into a resumable results file, at most `concurrency` at once.
+
+    plan      every (task, split, index, sample) to score: the first `samples` indices of each task's split,
+              each `runs` times (sample = run 0..k-1), run-major so that an interrupted evaluation holds
+              whole runs first
+    resume    keys already in the results file are skipped (the same command continues where it stopped)
+    score     each episode is appended as one line when it ends; Ctrl-C or a killed job leaves a file of
+              whole lines (at worst one cut short, which the reader skips)
+
+Env errors are retried by the players and then written like any other ending: the success rate keeps them
+in its denominator and the tables report their rate.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentrl.evaluation.played import Player
+from agentrl.evaluation.progress import Progress
+from agentrl.monitor.eval_results import Key, ResultsFile
+
+
+@dataclass(frozen=True)
+class EvalPlan:
+    tasks: tuple[str, ...]
+    split: str = "test"
+    samples: int = 0
+    """The first this many indices of each task's split (0: all of them)."""
+    runs: int = 4
+    """Each index is played this many times (the paper's mean of k runs; pass@k for k <= runs)."""
+    concurrency: int = 32
+
+
+async def plan_keys(client: Any, plan: EvalPlan) -> list[Key]:
+    """Every key of the plan, run-major: run 0 over every index of every task, then run 1, ..."""
+    indices = {}
+    for task in plan.tasks:
+        idx = list(await client.indices(task, plan.split))
+        if not idx:
+            raise ValueError(f"task {task!r} has no {plan.split!r} samples")
+        indices[task] = idx[: plan.samples] if plan.samples > 0 else idx
+    return [(task, plan.split, i, run) for run in range(plan.runs) for task in plan.tasks for i in indices[task]]
+
+
+async def score(player: Player, keys: Sequence[Key], results: ResultsFile, concurrency: int,
+                progress: Progress | None = None, **extra: object) -> int:
+    """Play every key not yet in `results` and append each as it ends; returns how many were scored now.
+
+    `extra` goes into every line's `extra` (e.g. the cross-sampling arm). A fatal env error (a misconfigured
+    run) cancels the episodes in flight and raises; what was scored before it stays in the file."""
+    todo = [k for k in keys if k not in results.done]
+    sem = asyncio.Semaphore(concurrency)
+    scored = 0
+
+    async def one(key: Key) -> None:
+        nonlocal scored
+        task, split, index, sample = key
+        async with sem:
+            played = await player.play(task, index, f"eval-{task}-{index}-{sample}")
+        ep = played.scored(task, split, index, sample, **extra)
+        if results.append(ep):
+            scored += 1
+            if progress is not None:
+                progress.update(ep)
+
+    async with asyncio.TaskGroup() as tg:
+        for key in todo:
+            tg.create_task(one(key))
+    return scored
+
+
+def progress_for(keys: Sequence[Key], results: ResultsFile, **kwargs: Any) -> Progress:
+    """A `Progress` over `keys`, started at the episodes `results` already holds."""
+    totals = Counter(k[0] for k in keys)
+    done = Counter(k[0] for k in keys if k in results.done)
+    return Progress(totals, done, **kwargs)
