@@ -33,6 +33,9 @@ ALLOWED: dict[str, set[str]] = {
     "rollout": {"envs", "transport", "monitor", "types", "config", "auth", "fsio"},
     "trainer": {"algorithms", "transport", "monitor", "types", "config", "fsio"},
     "launch": {"config", "auth", "fsio"},
+    # evaluation plays episodes as the rollout does (engines, the model's format, the gateway) and starts env
+    # services the way the local launcher does; it never imports the trainer
+    "evaluation": {"rollout", "envs", "monitor", "launch", "transport", "types", "config", "auth", "fsio"},
 }
 # third-party modules a subpackage must never import
 FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
