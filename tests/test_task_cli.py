@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from agentrl.models import tiny_chat as chat
+from agentrl.monitor.trajectory_text import spans
 from agentrl.transport.shards import ShardWriter
 from agentrl.types import Status, Trajectory
 from jobs import check_task, show_trajectories
@@ -75,6 +76,6 @@ def test_show_trajectories_decodes_and_filters(tmp_path: Path, lookup_tokenizer,
 def test_segments_split_context_from_actions() -> None:
     t = Trajectory("x", "a", "i", "g", [1, 2, 3, 4, 5], [0, 1, 1, 0, 1], [0.0] * 5, [-1, 2, 2, -1, 3],
                    [-1, 0, 0, -1, 1], 0.0, Status.COMPLETED, 2)
-    segs = [(g, ids.tolist(), v, e) for g, ids, v, e in show_trajectories.segments(t)]
+    segs = [(g, ids.tolist(), v, e) for g, ids, v, e in spans(t)]
     assert segs == [(False, [1], -1, -1), (True, [2, 3], 2, 0), (False, [4], -1, -1), (True, [5], 3, 1)]
     assert np.array_equal(t.tokens, [1, 2, 3, 4, 5])
