@@ -16,24 +16,11 @@ import argparse
 import logging
 import sys
 
-import yaml
-
 from agentrl.envs.attacks import attacks_for, play_attacks
 from agentrl.envs.sandbox import SandboxUnavailable
-from agentrl.envs.tasks import get_task
+from agentrl.envs.tasks import get_task, parse_task_options
 
 BUILTIN = ("os", "db", "kg", "lookup")
-
-
-def parse_options(items: list[str]) -> dict[str, object]:
-    """`key=value` pairs, values read as YAML scalars (as `jobs/check_task.py` reads them)."""
-    out: dict[str, object] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--option {item!r}: expected key=value")
-        out[key] = yaml.safe_load(raw) if raw else ""
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     names = [t for t in (args.tasks or ("" if args.task else ",".join(BUILTIN))).split(",") if t]
-    specs = [(n, {}) for n in names] + [(t, parse_options(args.option)) for t in args.task]
+    specs = [(n, {}) for n in names] + [(t, parse_task_options(args.option)) for t in args.task]
     failed = played = 0
     for spec, options in specs:
         try:

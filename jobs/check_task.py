@@ -13,21 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-import yaml
-
 from agentrl.envs.contract import ContractError, check_task
-from agentrl.envs.tasks import get_task, task_name
-
-
-def parse_options(items: list[str]) -> dict[str, object]:
-    """`key=value` pairs, values read as YAML scalars (`limit=3` is an int, `backend=sqlite` a string)."""
-    out: dict[str, object] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--option {item!r}: expected key=value")
-        out[key] = yaml.safe_load(raw) if raw else ""
-    return out
+from agentrl.envs.tasks import get_task, parse_task_options, task_name
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--option", action="append", default=[], help="a task constructor option key=value (repeat)")
     args = ap.parse_args(argv)
     try:
-        task = get_task(args.task, **parse_options(args.option))
+        task = get_task(args.task, **parse_task_options(args.option))
         name = task_name(args.task)
     except (ImportError, AttributeError, KeyError, TypeError, ValueError) as e:
         print(f"cannot build task {args.task!r}: {type(e).__name__}: {e}", file=sys.stderr)

@@ -75,3 +75,17 @@ def get_task(name: str, **options: Any) -> Task:
             raise ValueError(f"task {name!r} does not accept the options {sorted(options)}: {e}") from e
         raise
     return task
+
+
+def parse_task_options(items: list[str]) -> dict[str, object]:
+    """A command line's `key=value` task options, values read as YAML scalars (`limit=3` is an int,
+    `backend=sqlite` a string); a malformed item is a ValueError naming it."""
+    import yaml
+
+    out: dict[str, object] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--option {item!r}: expected key=value")
+        out[key] = yaml.safe_load(raw) if raw else ""
+    return out
