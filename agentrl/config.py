@@ -591,14 +591,15 @@ class ClusterConfig:
     schedule: Literal["sync", "async"] = "async"
     """async (the default): the trainer and `cluster.rollout.ranks` rollout ranks in one MPI world (mpiexec),
     trajectories over MPI, in-flight weight updates (docs/pipeline.md); with transport.channel=files, separate
-    processes without MPI. sync: the baseline the benchmarks compare against: rollout and trainer take
-    turns, one shard per step, one rollout rank."""
+    processes without MPI. sync: the baseline the benchmarks compare against, the same pipeline with its
+    numbers fixed (`RunConfig.pipeline`: max_staleness 0 and inflight drain whatever `algo` and `transport`
+    say, one step's groups per step, one rollout rank): rollout and trainer take turns."""
     engine_threads: int = 2
     """OMP_NUM_THREADS of each rollout rank under mpiexec (which would otherwise start it with 1, and
     vLLM's CPU attention then aborts)."""
     hetjob: bool = True
     """One heterogeneous job (trainer, rollout, env groups); false: one job per role, chained with
-    dependencies, for sites that forbid hetjobs."""
+    dependencies, for sites that forbid hetjobs (needs transport.channel=files)."""
     controller_placement: Literal["env", "trainer"] = "env"
     """The het group whose first node runs the controller: env | trainer."""
     signal_s: int = 300
@@ -636,18 +637,41 @@ class ClusterConfig:
         self.trainer.validate(f"{p}.trainer")
         self.rollout.validate(f"{p}.rollout")
         self.env.validate(f"{p}.env")
-        if self.schedule == "async":
-            # Trainer and rollout ranks start, stop and requeue together: one MPMD srun step across het groups
-            # (MPI channel), or steps of the same job (file channel). In jobs of their own, a preempted trainer
-            # would stop the rollout ranks (their job ends) while only its own job is requeued.
-            _check(self.hetjob, f"{p}.hetjob", "must be true with cluster.schedule=async: its trainer and "
-                   "rollout ranks are started, stopped and requeued together, as steps of one heterogeneous job")
-        else:
-            # The synchronous baseline's trainer reads one rollout's shard per step: N copies of that role
-            # would write the same shards with the same seeds (and the trainer would read one of them).
+        if self.schedule == "sync":
+            # The baseline takes turns: one rank samples a step's groups while the trainer waits for all of them.
             _check(self.rollout.ranks == 1, f"{p}.rollout.ranks",
                    f"the synchronous schedule runs one rollout rank, not {self.rollout.ranks}; "
                    "use cluster.schedule=async (the default) for more")
+
+
+@dataclass(frozen=True)
+class PipelineShape:
+    """The pipeline's derived numbers, worked out in one place (`RunConfig.pipeline`) from `rollout`, `algo`,
+    `transport` and `cluster`: what the trainer's queue, its steps and each rollout rank's admission use.
+
+    The synchronous schedule is this pipeline with `max_staleness` 0, `inflight` drain and exactly one step's
+    groups per step: the rollout rank starts a step's groups on v<N>, the trainer takes all of them, trains
+    once and publishes v<N+1>, and only then does the next step's sampling start."""
+
+    group_size: int
+    min_groups: int
+    """Complete groups a step waits for (transport.min_groups; 0 there: one step's worth)."""
+    max_groups: int
+    capacity: int
+    """Trajectories the trainer's queue holds before it stops receiving."""
+    max_staleness: int
+    lagging_max_staleness: int
+    """How old a lagging-pool token may be when trained on. A lagging engine reloads once the current engine is
+    K = lagging_refresh_steps versions ahead, so it samples at most K - 1 versions behind; the trainer may then
+    be up to max_staleness versions further on (one version of slack)."""
+    inflight: str
+    group_timeout_s: float
+    steps: int
+
+    @property
+    def groups_per_step(self) -> int:
+        """One synchronous step's groups: what a rollout rank admits per version at max_staleness 0."""
+        return self.min_groups
 
 
 @dataclass(frozen=True)
@@ -668,6 +692,21 @@ class RunConfig:
     @property
     def run_dir(self) -> Path:
         return Path(self.run_root) / self.name
+
+    @property
+    def pipeline(self) -> PipelineShape:
+        """The pipeline's derived numbers (see `PipelineShape`); the synchronous schedule's are fixed."""
+        r, t, a, pool = self.rollout, self.transport, self.algo, self.cluster.rollout
+        step_groups = r.prompts_per_step * len(self.envs.tasks)
+        sync = self.cluster.schedule == "sync"
+        min_groups = step_groups if sync else t.min_groups or step_groups
+        max_groups = min_groups if sync else t.max_groups or min_groups
+        staleness = 0 if sync else a.max_staleness
+        return PipelineShape(
+            group_size=r.samples_per_prompt, min_groups=min_groups, max_groups=max_groups,
+            capacity=t.queue_capacity or 4 * max_groups * r.samples_per_prompt, max_staleness=staleness,
+            lagging_max_staleness=staleness + (pool.lagging_refresh_steps if pool.lagging_engines_per_rank else 0),
+            inflight="drain" if sync else t.inflight, group_timeout_s=t.group_timeout_s, steps=self.trainer.steps)
 
     def validate(self, p: str = "") -> None:
         _check(bool(self.name) and "/" not in self.name and self.name not in (".", ".."), "name",
@@ -690,13 +729,22 @@ class RunConfig:
                f"must be >= cluster.env.nodes ({self.cluster.env.nodes}): every env node runs a worker")
         _check(bool(self.model.path) or self.rollout.max_model_len <= self.model.max_position,
                "rollout.max_model_len", "must be <= model.max_position")
+        # the baseline's numbers are fixed (`RunConfig.pipeline`: max_staleness 0 and drain whatever algo and transport
+        # say, so that `cluster.schedule=sync` on any preset is its baseline); a batch size of its own contradicts it
+        if self.cluster.schedule == "sync":
+            _check(self.transport.min_groups == 0 and self.transport.max_groups == 0, "transport.min_groups",
+                   "min_groups and max_groups must be 0 with cluster.schedule=sync (each step takes one step's "
+                   "groups: rollout.prompts_per_step x tasks)")
+        # Trainer and rollout ranks start, stop and requeue together: one MPMD srun step across het groups (MPI
+        # channel), or steps of the same job (file channel). Jobs of their own (cluster.hetjob=false) need the
+        # file channel, whose rollout ranks follow a requeued trainer by starting again.
+        _check(self.cluster.hetjob or self.transport.channel == "files", "cluster.hetjob",
+               "false (one job per role) needs transport.channel=files: an MPI world cannot span separate jobs")
         trainer_ranks = self.cluster.trainer.world_size
-        if self.cluster.schedule == "async" and trainer_ranks > 1:
-            # Data-parallel trainer ranks meet through the MPMD world (their ranks and rendezvous come from MPI);
-            # the file channel's trainer is a process of its own, which nothing starts T of yet.
-            _check(self.transport.channel == "mpi", "cluster.trainer.ranks_per_node",
-                   f"the asynchronous trainer runs {trainer_ranks} ranks (nodes x ranks_per_node) only with "
-                   f"transport.channel=mpi; with {self.transport.channel} it runs one")
+        if trainer_ranks > 1:
+            # Data-parallel trainer ranks meet through the MPMD world (ranks and rendezvous from MPI), or with the
+            # file channel as one srun step of T tasks (ranks from Slurm through `launch.slurm_env`); the local
+            # launcher starts one file-channel trainer process (jobs.train says so).
             _check(self.trainer.parallel != "none", "trainer.parallel",
                    f"must be ddp or fsdp2 with {trainer_ranks} trainer ranks (cluster.trainer nodes x ranks_per_node)")
 

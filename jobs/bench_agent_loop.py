@@ -3,7 +3,7 @@
     python -m jobs.bench_agent_loop --model runs/bench/async/model      # a model built by any run
     python -m jobs.bench_agent_loop --model M --episodes 512 --concurrency 64
 
-1. Ours: `role.collect` plays `--episodes` episodes of the config's tasks (multi-turn, tool calls parsed,
+1. Ours: `rollout.collect.collect` plays `--episodes` episodes of the config's tasks (multi-turn, tool calls parsed,
    observations rendered and tokenized, trajectories built) through our `VLLMEngine` (its engine thread,
    asyncio futures, per-request log-probs), at `--concurrency` episodes at once. The envs run in this
    process (`InProcessClient`: no HTTP, no latency), so what is measured is the loop, not the envs.
@@ -53,11 +53,12 @@ class Recording:
 async def ours(model_dir: Path, cfg: Any, episodes: int, concurrency: int) -> tuple[dict[str, float], Recording]:
     from agentrl.envs.inprocess import InProcessClient
     from agentrl.envs.tasks import get_task, task_name
-    from agentrl.rollout import role
+    from agentrl.rollout.collect import collect
     from agentrl.rollout.engine import SamplingConfig, VLLMEngine
-    from agentrl.rollout.from_config import chat_format, make_plan
+    from agentrl.rollout.from_config import chat_format
+    from agentrl.rollout.plan import RolloutPlan
 
-    plan = make_plan(cfg)
+    plan = RolloutPlan.from_config(cfg)
     fmt = chat_format(cfg, model_dir)
     tasks = {task_name(t): get_task(t, **cfg.envs.task_options.get(t, {})) for t in cfg.envs.tasks}
     client = InProcessClient(tasks)
@@ -68,12 +69,12 @@ async def ours(model_dir: Path, cfg: Any, episodes: int, concurrency: int) -> tu
         for name in tasks:
             train = await client.indices(name, "train")
             reqs += [(name, train[i % len(train)], f"bench-{name}-{i}") for i in range(episodes // len(tasks))]
-        await role.collect(client, engine, fmt, reqs[:concurrency], sampling, plan.limits, concurrency, 0)  # warm-up
+        await collect(client, engine, fmt, reqs[:concurrency], sampling, plan.limits, concurrency, 0)  # warm-up
         best: tuple[float, Recording, float, int] | None = None
         for _ in range(REPEATS):
             rec = Recording(engine)
             t0 = time.perf_counter()
-            trajs, _ = await role.collect(client, rec, fmt, reqs, sampling, plan.limits, concurrency, 0)
+            trajs, _ = await collect(client, rec, fmt, reqs, sampling, plan.limits, concurrency, 0)
             dt = time.perf_counter() - t0
             if best is None or rec.generated / dt > best[0]:
                 best = (rec.generated / dt, rec, dt, sum(t.num_turns for t in trajs))

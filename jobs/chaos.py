@@ -5,12 +5,14 @@ trainer once (it resumes from its checkpoint); then every trajectory is accounte
     python -m jobs.chaos --steps 20 --kill-every 5,15 --seed 3
     srun -n1 -c2 python -m jobs.chaos --quick         # the same inside one allocation
 
-The run is the smoke preset with two env workers and a checkpoint after every step, started by the local
-launcher, which restarts what dies (env workers up to `cluster.max_restarts` times each, the trainer
-once). Prints and writes runs/bench/chaos.json: kills, sessions the kills hit, rollout retries,
-trajectories produced (in the rollout's HDF5 shards), trained, excluded by reason, `lost_unexplained`
-(produced but neither trained nor counted under a reason: must be 0) and `completed` (the run finished
-its steps). Exits 1 if the run did not complete or lost a trajectory without a reason.
+The run is the smoke preset (the synchronous schedule) with two env workers, a checkpoint after every step
+and the file channel (`transport.channel=files`: trainer and rollout rank are processes of their own), started
+by the local launcher, which restarts what dies (env workers up to `cluster.max_restarts` times each, the
+trainer once; the rollout rank follows a restarted trainer by starting again). Prints and writes
+runs/bench/chaos.json: kills, sessions the kills hit, rollout retries, trajectories produced (in the rollout's
+HDF5 shards), trained, excluded by reason, held when the run ended, `lost_unexplained` (produced but in none
+of the trainer's ledger's columns: must be 0) and `completed` (the run finished its steps). Exits 1 if the
+run did not complete or lost a trajectory without a reason.
 """
 from __future__ import annotations
 
@@ -28,9 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import dump_config, load_config
-from agentrl.launch.local import LocalLauncher, start_run
-
-EXCLUDED = ("dropped_infra", "dropped_stale", "dropped_uniform", "dropped_consumed")
+from agentrl.launch import rendezvous
+from agentrl.launch.local import ROLLOUT_PREFIX, TRAINER, LocalLauncher, start_pipeline
 
 
 class Killer(threading.Thread):
@@ -104,17 +105,23 @@ def _rl_checkpoints(run_dir: Path) -> list[int]:
 
 
 def account(run_dir: Path) -> dict[str, Any]:
-    """Reconcile what the rollout produced (its shards) with what the trainer trained or excluded."""
-    from agentrl.transport.shards import ShardReader, read_shard
+    """Reconcile what the rollout produced (its shards) with the trainer's ledger (report/ledger.json: every id
+    consumed, excluded with a reason, or held when the run ended)."""
+    from collections import Counter
 
-    produced_ids: list[str] = []
-    for path in ShardReader(run_dir / "shards" / "rollout-0").available():
-        produced_ids += [t.traj_id for t in read_shard(path)]
+    from agentrl.transport.shards import ShardReader, rank_dirs
+
+    produced = [t.traj_id for _, d in sorted(rank_dirs(run_dir, "rollout").items())
+                for _, ts in ShardReader(d).scan() for t in ts]
     trainer = json.loads((run_dir / "report" / "trainer.json").read_text())
-    trained = int(trainer.get("trajectories_trained", 0))
-    excluded = {k.removeprefix("dropped_"): int(trainer.get(k, 0)) for k in EXCLUDED}
-    return {"produced": len(produced_ids), "unique_ids": len(set(produced_ids)), "trained": trained,
-            "excluded": excluded, "lost_unexplained": len(produced_ids) - trained - sum(excluded.values()),
+    ledger = json.loads((run_dir / "report" / "ledger.json").read_text())
+    consumed, held = set(ledger["consumed"]), set(ledger["held_at_end"])
+    excluded = Counter(ledger["excluded"].values())
+    seen = consumed | set(ledger["excluded"]) | held
+    return {"produced": len(produced), "unique_ids": len(set(produced)), "consumed": len(consumed),
+            "trained": int(trainer.get("trajectories_trained", 0)), "excluded": dict(excluded),
+            "dropped_in_steps": {k: int(v) for k, v in trainer.items() if k.startswith("dropped_")},
+            "held_at_end": len(held), "lost_unexplained": len(set(produced) - seen),
             "steps_done": trainer.get("steps_done"), "rl_steps": trainer.get("rl_steps")}
 
 
@@ -133,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         float(x) for x in args.kill_every.split(",")), args.max_worker_kills)
     cfg = load_config("smoke", [f"run_root={args.run_root}", "name=chaos", f"trainer.steps={steps}",
                                 "envs.workers=2", "rollout.prompts_per_step=8", "trainer.checkpoint_every=1",
+                                "transport.channel=files",
                                 "cluster.max_restarts=4", f"seed={args.seed}"])
     run_dir = cfg.run_dir.resolve()
     if run_dir.exists():
@@ -144,10 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     failed: str | None = None
     try:
-        start_run(launcher, cfg.envs.workers, build_model=True)
+        ends = start_pipeline(launcher, cfg.envs.workers, True, 1, cfg.cluster.engine_threads, channel="files")
         killer.start()
-        failed = launcher.watch(["trainer", "rollout"], cfg.cluster.role_timeout_s,
-                                restartable=("env_worker-", "trainer"), max_restarts=cfg.cluster.max_restarts)
+        failed = launcher.watch(ends, cfg.cluster.role_timeout_s, restartable=("env_worker-", TRAINER, ROLLOUT_PREFIX),
+                                max_restarts=cfg.cluster.max_restarts,
+                                # the dead trainer's channel must not be joined by the restarted rollout rank
+                                before_restart=lambda name: name == TRAINER and rendezvous.remove(
+                                    run_dir, *rendezvous.PIPELINE_KEYS))
     finally:
         killer.stop.set()
         status = _controller_status(run_dir)

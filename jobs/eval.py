@@ -36,7 +36,7 @@ from agentrl.evaluation.sbatch import EvalJob, eval_argv, render
 from agentrl.evaluation.services import env_client, eval_config
 from agentrl.evaluation.targets import Target, resolve
 from agentrl.rollout.agent_loop import EpisodeLimits
-from agentrl.rollout.role import Retry
+from agentrl.rollout.collect import Retry
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

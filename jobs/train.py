@@ -4,15 +4,16 @@ processes — warm start, then RL, with held-out success reported before and aft
     python -m jobs.train --preset demo                         # the local demo (CPU, minutes)
     python -m jobs.train --preset demo trainer.steps=5 rollout.eval_samples=32
     python -m jobs.train --preset smoke --name mytest           # seconds-scale run used by the tests
-    python -m jobs.train --preset smoke cluster.schedule=async cluster.rollout.ranks=2   # the asynchronous pipeline
+    python -m jobs.train --preset smoke cluster.schedule=async cluster.rollout.ranks=2   # smoke, asynchronous
 
 Runs go to runs/<name>/ (config.yaml, rendezvous.json, logs/, tb/, shards/, weights/, report/). Running
-the same command again on an unfinished run continues it (asynchronous schedule: from the trainer's newest
-checkpoint, the rollout shards drained first); on a finished one it prints the summary; --fresh replaces
-it. Under the asynchronous schedule a pipeline that dies mid-run (a killed rank ends the MPI world) is
-started again, resuming the same way, up to cluster.max_restarts times; with transport.channel=files (no
-MPI) the trainer and each rollout rank are roles of their own, and a dead one is restarted alone while the
-others go on (rollout ranks follow a restarted trainer by restarting themselves). Under
+the same command again on an unfinished run continues it (from the trainer's newest checkpoint, the rollout
+shards drained first); on a finished one it prints the summary; --fresh replaces it. A pipeline that dies
+mid-run (a killed rank ends the MPI world) is started again, resuming the same way, up to
+cluster.max_restarts times; with transport.channel=files (no MPI) the trainer and each rollout rank are
+roles of their own, and a dead one is restarted alone while the others go on (rollout ranks follow a
+restarted trainer by restarting themselves). Both schedules run this way (sync is the pipeline with
+max_staleness 0 and one step's groups per step). Under
 Slurm the same role entry points run as srun steps of one heterogeneous job: `python -m jobs.launch
 --preset P cluster.launcher=slurm` submits it through submitit, `--render-sbatch` prints it (docs/slurm.md).
 """
@@ -35,8 +36,7 @@ from agentrl.launch.local import (
     ROLLOUT_PREFIX,
     TRAINER,
     LocalLauncher,
-    start_async_run,
-    start_run,
+    start_pipeline,
 )
 from agentrl.monitor.eval_summary import summary_lines
 
@@ -71,13 +71,8 @@ RESUME_MAY_CHANGE = ("trainer.steps", "cluster.role_timeout_s", "cluster.max_res
 
 def resume_check(run_dir: Path, cfg: RunConfig) -> str | None:
     """Why the run in `run_dir` cannot be continued with `cfg` (None: it can)."""
-    if cfg.cluster.schedule != "async":
-        return ("continuing a run needs cluster.schedule=async (the synchronous schedule restarts from "
-                "scratch)")
     old = _flat(to_dict(load_config(str(run_dir / "config.yaml"))))
     new = _flat(to_dict(cfg))
-    if old.get("cluster.schedule") != "async":
-        return "the run was started on the synchronous schedule, which cannot be continued"
     diff = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k not in RESUME_MAY_CHANGE)
     if diff:
         return "its config differs in " + ", ".join(f"{k} ({old.get(k)!r} -> {new.get(k)!r})" for k in diff[:8])
@@ -102,6 +97,11 @@ def main() -> int:
               f"Slurm with `python -m jobs.launch --preset {args.preset} cluster.launcher=slurm`", file=sys.stderr)
         return 2
 
+    if cfg.transport.channel == "files" and cfg.cluster.trainer.world_size > 1:
+        print(f"config error: cluster.trainer.ranks_per_node: this launcher starts one file-channel trainer process, "
+              f"not {cfg.cluster.trainer.world_size}; use transport.channel=mpi (one MPI world of every rank)",
+              file=sys.stderr)
+        return 2
     run_dir = cfg.run_dir.resolve()
     resuming = (run_dir / "config.yaml").exists() and not args.fresh
     if resuming:
@@ -131,15 +131,12 @@ def main() -> int:
         signal.signal(sig, _stop_on_signal)
     timeout = cfg.cluster.role_timeout_s
     try:
-        if cfg.cluster.schedule == "async":  # one MPI world, or (files) separate roles (docs/pipeline.md)
-            ends = start_async_run(launcher, cfg.envs.workers, build_model, cfg.cluster.rollout.ranks,
-                                   cfg.cluster.engine_threads, echo=echo, channel=cfg.transport.channel,
-                                   trainer_ranks=cfg.cluster.trainer.world_size)
-            restartable: tuple[str, ...] = ("env_worker-", PIPELINE) if cfg.transport.channel == "mpi" else \
-                ("env_worker-", TRAINER, ROLLOUT_PREFIX)  # files: each alone, the others go on
-        else:
-            start_run(launcher, cfg.envs.workers, build_model=build_model, echo=echo)
-            ends, restartable = ["trainer", "rollout"], ("env_worker-",)
+        # one MPI world, or (files) separate roles (docs/pipeline.md); the synchronous baseline alike
+        ends = start_pipeline(launcher, cfg.envs.workers, build_model, cfg.cluster.rollout.ranks,
+                              cfg.cluster.engine_threads, echo=echo, channel=cfg.transport.channel,
+                              trainer_ranks=cfg.cluster.trainer.world_size)
+        restartable = ("env_worker-", PIPELINE) if cfg.transport.channel == "mpi" else \
+            ("env_worker-", TRAINER, ROLLOUT_PREFIX)  # files: each alone, the others go on
 
         def before_restart(name: str) -> None:
             if name in (PIPELINE, TRAINER):  # its trainer's addresses die with it; the new one publishes its own
@@ -157,7 +154,7 @@ def main() -> int:
     summary["wall_s"] = round(time.time() - t0, 1)
     summary["continued"] = resuming
     summary["pipeline_restarts"] = launcher.roles[PIPELINE].restarts if PIPELINE in launcher.roles else 0
-    if cfg.cluster.schedule == "async" and cfg.transport.channel == "files":
+    if cfg.transport.channel == "files":
         summary["role_restarts"] = {n: r.restarts for n, r in launcher.roles.items()
                                     if n == TRAINER or n.startswith(ROLLOUT_PREFIX)}
     write_json_atomic(run_dir / "report" / "summary.json", summary, indent=2)

@@ -27,7 +27,7 @@ from agentrl.evaluation.targets import Target
 from agentrl.monitor.eval_results import ResultsFile, aggregate, read_results
 from agentrl.monitor.eval_tables import terminal_table, write_tables
 from agentrl.rollout.agent_loop import EpisodeLimits
-from agentrl.rollout.role import Retry
+from agentrl.rollout.collect import Retry
 
 log = logging.getLogger("agentrl.evaluation")
 

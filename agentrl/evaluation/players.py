@@ -17,8 +17,8 @@ from agentrl.evaluation.endpoint import play_endpoint_episode
 from agentrl.evaluation.played import Played
 from agentrl.rollout.agent_loop import EpisodeLimits
 from agentrl.rollout.chat import ChatFormat
+from agentrl.rollout.collect import FATAL_CODES, Retry, collect
 from agentrl.rollout.engine import Engine, SamplingConfig
-from agentrl.rollout.role import FATAL_CODES, Retry, collect
 from agentrl.types import Status
 
 log = logging.getLogger("agentrl.evaluation")

@@ -134,15 +134,6 @@ class LocalLauncher:
             _signal_group(r.proc, signal.SIGKILL)  # whatever is left in the groups
 
 
-def start_run(launcher: LocalLauncher, workers: int, build_model: bool,
-              echo: Callable[[str, str], None] | None = None) -> None:
-    """Start a run's roles in order: controller (and its address in rendezvous.json), env workers, the
-    model build (waited for), trainer, rollout. What `python -m jobs.train` and `jobs.chaos` run."""
-    start_services(launcher, workers, build_model, echo)
-    launcher.start("trainer", "jobs.trainer")
-    launcher.start("rollout", "jobs.rollout")
-
-
 def start_services(launcher: LocalLauncher, workers: int, build_model: bool,
                    echo: Callable[[str, str], None] | None = None) -> None:
     """Controller (and its address in rendezvous.json), env workers, the model build (waited for)."""
@@ -154,7 +145,7 @@ def start_services(launcher: LocalLauncher, workers: int, build_model: bool,
         launcher.run("make_model", "jobs.make_model", timeout_s=600, echo=echo)
 
 
-PIPELINE = "pipeline"  # the role name of the asynchronous schedule's MPI world (trainer + rollout ranks)
+PIPELINE = "pipeline"  # the role name of the MPI world (trainer + rollout ranks)
 PIPELINE_KEYS = rendezvous.PIPELINE_KEYS  # the keys cleared before the pipeline or its trainer restarts
 TRAINER = "trainer"  # file mode's role names: the trainer, and rollout-<r> per rank
 ROLLOUT_PREFIX = "rollout-"
@@ -170,7 +161,7 @@ def mpiexec() -> str:
 
 
 def mpmd_command(python: str, run_dir: Path, rollout_ranks: int, engine_threads: int,
-                 trainer_module: str = "jobs.trainer_async", rollout_module: str = "jobs.rollout_async",
+                 trainer_module: str = "jobs.trainer", rollout_module: str = "jobs.rollout",
                  trainer_ranks: int = 1) -> list[str]:
     """One MPMD world: the trainer's ranks are world ranks 0..T-1 (T = `trainer_ranks`; its hub is rank 0),
     rollout rank r is world rank T + r. Every rank starts under `python -m mpi4py`, so an uncaught exception
@@ -182,10 +173,10 @@ def mpmd_command(python: str, run_dir: Path, rollout_ranks: int, engine_threads:
             python, "-m", "mpi4py", "-m", rollout_module, "--run-dir", rd]
 
 
-def start_async_run(launcher: LocalLauncher, workers: int, build_model: bool, rollout_ranks: int,
+def start_pipeline(launcher: LocalLauncher, workers: int, build_model: bool, rollout_ranks: int,
                     engine_threads: int, echo: Callable[[str, str], None] | None = None,
                     channel: str = "mpi", trainer_ranks: int = 1) -> list[str]:
-    """The asynchronous schedule: the services as `start_run`'s, then the trainer and the rollout ranks.
+    """A run's roles (either schedule): the services (`start_services`), then the trainer and the rollout ranks.
 
     channel "mpi": one MPI world under mpiexec (role `pipeline`, its ranks' lines tagged [trainer] (the hub),
     [trainer-k] (the other data-parallel trainer ranks, `trainer_ranks` in all) and [rollout-r]); "files"
@@ -199,10 +190,10 @@ def start_async_run(launcher: LocalLauncher, workers: int, build_model: bool, ro
         raise ValueError(f"transport.channel=files runs one trainer rank, not {trainer_ranks}")
     start_services(launcher, workers, build_model, echo)
     if channel == "files":
-        launcher.start(TRAINER, "jobs.trainer_async")
+        launcher.start(TRAINER, "jobs.trainer")
         names = [TRAINER]
         for r in range(rollout_ranks):  # vLLM's CPU attention needs more than the one thread a bare env may give
-            launcher.start(f"{ROLLOUT_PREFIX}{r}", "jobs.rollout_async", "--rank", str(r),
+            launcher.start(f"{ROLLOUT_PREFIX}{r}", "jobs.rollout", "--rank", str(r),
                            env={"OMP_NUM_THREADS": str(engine_threads)})
             names.append(f"{ROLLOUT_PREFIX}{r}")
         return names

@@ -1,7 +1,7 @@
 """Render a run's `topology.Plan` as sbatch scripts a person can read and submit by hand.
 
 * `render_hetjob`: one heterogeneous job, one `#SBATCH hetjob` block per group, one
-  `srun --mpi=none --het-group=N` step per role (on the asynchronous schedule trainer and rollout ranks
+  `srun --mpi=none --het-group=N` step per role (trainer and rollout ranks
   share one MPMD step, `srun ... --het-group=0 A : --het-group=1 B`: one MPI world).
 * `render_per_role`: for sites that forbid hetjobs, one bash file that submits one job per role (env →
   trainer → rollout), each started after the one before it with `--dependency=after:`.

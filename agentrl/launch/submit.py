@@ -194,7 +194,7 @@ class HetRun(_Preemptible):
         if topology.plan(cfg).needs_model:
             _make_model(run_dir, het=True)
         tasks = _start_steps(cfg, run_dir, None)
-        self.trainer = tasks["trainer"].proc  # on the asynchronous schedule: the MPMD step whose rank 0 is the trainer
+        self.trainer = tasks["trainer"].proc  # the MPMD step whose rank 0 is the trainer (MPI channel)
         _finish(tasks, [s.role for s in topology.plan(cfg).steps if s.ends_run], run_dir)
         return json.loads((run_dir / "report" / "summary.json").read_text())
 

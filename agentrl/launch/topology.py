@@ -6,15 +6,14 @@ Groups, in het-group order: 0 trainer, 1 rollout, 2 env workers (+ the controlle
 runs `python -m agentrl.launch.slurm_env --het-group N -- python -m jobs.<role>`, so every role's rank
 variables come from one reader of Slurm's.
 
-On the synchronous schedule every role is its own srun step (trajectories travel as HDF5 shards). On the
-asynchronous one (`cluster.schedule: async`) trainer and rollout ranks are one MPI world: one MPMD step
-across het groups 0 and 1 (`srun --mpi=pmi2 --het-group=0 ... : --het-group=1 ...`), whose programs run
+Trainer and rollout ranks (on either schedule: the synchronous one is the same pipeline) are one MPI world:
+one MPMD step across het groups 0 and 1 (`srun --mpi=pmi2 --het-group=0 ... : --het-group=1 ...`), whose programs run
 under `python -m mpi4py` and take their ranks from MPI (the trainer's T ranks are world ranks 0..T-1, its
 hub rank 0; rollout rank r is world rank T + r); when that step fails it is started again, at most
 `cluster.max_restarts` times. They skip the slurm_env wrapper: in a step that spans
 some of the job's groups, Slurm's variables do not say where one component's tasks start. With
-`transport.channel: files` there is no MPI world: the trainer (one rank) and each rollout rank are steps of
-their own, every rollout rank restartable alone.
+`transport.channel: files` there is no MPI world: the trainer (its T ranks one step, through the slurm_env
+wrapper) and each rollout rank are steps of their own, every rollout rank restartable alone.
 
 Every step carries what srun needs to place it on a real cluster: its group's `--cpus-per-task` (srun
 22.05-23.02 does not inherit sbatch's), its GPUs and their binding (`cluster.gpu_binding`), its MPI plugin
@@ -187,22 +186,19 @@ def plan(cfg: RunConfig, root: str = "$SLURM_SUBMIT_DIR") -> Plan:
              task_args=("--worker-id", "worker-{task}"), **env_step),
     )
     threads = (("OMP_NUM_THREADS", str(c.engine_threads)),)
-    if c.schedule == "async" and cfg.transport.channel == "files":
+    if cfg.transport.channel == "files":
         # no MPI: the trainer and every rollout rank are steps of their own; a rollout rank that fails is
         # started again alone (it resumes through the file channel, as under the local launcher)
-        rollout = Step("rollout", ROLLOUT, c.rollout.ranks, "jobs.rollout_async", ends_run=True, env=threads,
+        rollout = Step("rollout", ROLLOUT, c.rollout.ranks, "jobs.rollout", ends_run=True, env=threads,
                        restarts=c.max_restarts, task_args=("--rank", "{task}"), **rollout_step)
-        steps = (*services, rollout, Step("trainer", TRAINER, 1, "jobs.trainer_async", ends_run=True, **trainer_step))
-    elif c.schedule == "async":  # one MPI world: the trainer's ranks (its hub is world rank 0), then the rollout's
-        rollout = Step("rollout", ROLLOUT, c.rollout.ranks, "jobs.rollout_async", mpi=True, env=threads,
+        steps = (*services, rollout, Step("trainer", TRAINER, c.trainer.world_size, "jobs.trainer", ends_run=True,
+                                          **trainer_step))
+    else:  # one MPI world: the trainer's ranks (its hub is world rank 0), then the rollout's
+        rollout = Step("rollout", ROLLOUT, c.rollout.ranks, "jobs.rollout", mpi=True, env=threads,
                        mpi_plugin=c.mpi, **rollout_step)
-        steps = (*services, Step("trainer", TRAINER, c.trainer.world_size, "jobs.trainer_async", ends_run=True,
+        steps = (*services, Step("trainer", TRAINER, c.trainer.world_size, "jobs.trainer", ends_run=True,
                                  mpi=True, mpmd=(rollout,), step_restarts=c.max_restarts, mpi_plugin=c.mpi,
                                  **trainer_step))
-    else:
-        steps = (*services,
-                 Step("rollout", ROLLOUT, c.rollout.ranks, "jobs.rollout", ends_run=True, **rollout_step),
-                 Step("trainer", TRAINER, c.trainer.world_size, "jobs.trainer", ends_run=True, **trainer_step))
     python = absolute(c.python, root) if "/" in c.python else c.python
     return Plan(name=cfg.name, groups=groups, steps=steps, needs_model=not cfg.model.path, signal_s=c.signal_s,
                 python=python, overrides=("controller.host=0.0.0.0", *path_overrides(cfg, root)), root=root,

@@ -1,5 +1,5 @@
-"""The rollout's slices of the run config, shared by both schedules' entry points (`jobs.rollout`,
-`jobs.rollout_async`): the plan of the role and the engines it builds."""
+"""The rollout's model-facing slices of the run config: the model's conversation format and the engines a rank
+builds (what it plays is `rollout.plan.RolloutPlan.from_config`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -7,27 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import RunConfig
-from agentrl.envs.tasks import task_name
-from agentrl.rollout import role
-from agentrl.rollout.agent_loop import EpisodeLimits
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.engine import ExpertEngine
 from agentrl.rollout.engine_pool import EnginePool
 from agentrl.types import lagging_engine_id
-
-
-def make_plan(cfg: RunConfig) -> role.Plan:
-    """The rollout's slice of the run config (both schedules)."""
-    r = cfg.rollout
-    return role.Plan(
-        tasks=tuple(task_name(t) for t in cfg.envs.tasks), steps=cfg.trainer.steps, prompts_per_step=r.prompts_per_step,
-        samples_per_prompt=r.samples_per_prompt, expert_samples=r.expert_samples if cfg.trainer.sft_steps else 0,
-        eval_split=r.eval_split, eval_samples=r.eval_samples, eval_sampled=r.eval_sampled, concurrency=r.concurrency,
-        temperature=r.temperature, top_p=r.top_p,
-        limits=EpisodeLimits(r.max_turns, r.max_model_len, r.max_new_tokens),
-        retry=role.Retry(max_retries=r.env_retries, capacity_wait_s=r.env_wait_s),
-        wait_timeout_s=cfg.cluster.role_timeout_s, seed=cfg.seed, poll_s=cfg.transport.poll_s,
-    )
 
 
 def chat_format(cfg: RunConfig, model_dir: Path) -> ChatFormat:

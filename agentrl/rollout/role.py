@@ -1,280 +1,340 @@
-"""The rollout role on a synchronous schedule.
+"""The rollout role (design §6, docs/pipeline.md): one of `cluster.rollout.ranks` ranks that keep `concurrency`
+episodes running and never wait for the trainer, except at the staleness bound. On the synchronous schedule
+(max_staleness 0, one rank) that bound is every step: the rank samples one step's groups, then waits.
 
-    expert demonstrations (train split)  → shards/expert-0/000000.h5
-    wait weights v0 → evaluate (test split, greedy) → report/eval-v0.json
-    for each step N: GRPO groups (train split) with v<N> → shards/rollout-0/<N>.h5; wait v<N+1>; swap
-    evaluate the final weights → report/eval-v<steps>.json, report/summary.json
+    rank 0: expert demonstrations → shards/expert-0 (the warm start); evaluation of v0 and of the final weights
+    every rank: loop until the trainer says stop
+        notices → newest weights → swap between generation calls (in-flight; or abort / drain, `inflight`)
+        admission: start a group while started ≤ (max_staleness + version + 1) · groups per step of this rank
+        finished trajectories → shards/rollout-<rank>/<seq>.h5 (durable first) → MPI to the trainer
 
-Many agent loops run concurrently (asyncio) against the env gateway; env failures are retried a bounded
-number of times and otherwise kept as `env_error` trajectories, which the trainer counts and skips.
+Every action token keeps the version (and engine id) that sampled it, so a trajectory whose episode spans a
+swap carries two versions, and staleness is exact per trajectory. With a lagging pool (cross-policy sampling,
+`engine_pool`) each turn may also come from an engine up to K − 1 versions behind; evaluation always uses
+the current engine.
+
+A restarted rank (the MPI world restarted by the launcher, the rank alone in file mode while the trainer runs
+on, or `python -m jobs.train` on an existing run dir) resumes: rank 0 keeps the expert demonstrations and the
+before-RL evaluation already written, the weights come from the trainer's notice (the version it resumed at),
+shard numbering goes on, and group ids carry the rank's incarnation (`shards/rollout-<rank>/incarnation`), so
+no group of an earlier life is ever mixed with a new one. Episodes are played by `rollout.collect`, the
+in-run evaluation by `rollout.in_run_eval`.
 """
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs.api import EnvError
+from agentrl.config import RunConfig
 from agentrl.fsio import write_json_atomic
-from agentrl.monitor.eval_summary import per_task_summary, task_eval
+from agentrl.monitor.eval_summary import per_task_summary
 from agentrl.monitor.rollout_stats import rollout_metrics
-from agentrl.monitor.trajectory_text import write_conversations
-from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
+from agentrl.rollout.async_weights import WeightSource
 from agentrl.rollout.chat import ChatFormat
-from agentrl.rollout.engine import Engine, ExpertEngine, SamplingConfig
+from agentrl.rollout.collect import collect
+from agentrl.rollout.engine import ExpertEngine, SamplingConfig
 from agentrl.rollout.engine_pool import EnginePool
-from agentrl.transport import weights as weights_io
-from agentrl.transport.shards import ShardWriter
-from agentrl.types import Status, Trajectory, new_id
+from agentrl.rollout.in_run_eval import evaluate, read_json
+from agentrl.rollout.plan import RolloutPlan
+from agentrl.transport.shards import ShardReader, ShardWriter, shard_dir
+from agentrl.types import Trajectory
 
 log = logging.getLogger("agentrl.rollout")
 
 
-# Errors a retry cannot mend: the run is misconfigured, not unlucky.
-FATAL_CODES = ("unauthorized", "forbidden", "unknown_task", "bad_request")
-
-
 @dataclass(frozen=True)
-class Retry:
-    """How an episode that the infrastructure ended is tried again.
+class RankPlan:
+    """One rollout rank's place and bounds (what every rank plays is the `RolloutPlan`)."""
 
-    `max_retries` more attempts after an env_error ending, each after `backoff_s` doubling up to `max_backoff_s`;
-    while no worker has room (`no_capacity`, the controller unreachable) the episode waits with the same
-    backoff up to `capacity_wait_s` without spending its retries: a restarting worker is given time."""
+    rank: int
+    ranks: int
+    max_staleness: int
+    inflight: str = "swap"  # swap | abort | drain
+    evaluate: bool = True  # rank 0 evaluates v0 and the final weights and writes report/summary.json
 
-    max_retries: int = 2
-    backoff_s: float = 0.5
-    max_backoff_s: float = 8.0
-    capacity_wait_s: float = 120.0
+    @classmethod
+    def from_config(cls, cfg: RunConfig, rank: int) -> RankPlan:
+        shape = cfg.pipeline  # the synchronous schedule's bounds are fixed there
+        return cls(rank, cfg.cluster.rollout.ranks, shape.max_staleness, shape.inflight)
 
-    def delay(self, attempt: int) -> float:
-        return min(self.backoff_s * 2 ** attempt, self.max_backoff_s) * random.uniform(0.5, 1.0)
-
-
-@dataclass(frozen=True)
-class Plan:
-    tasks: tuple[str, ...]
-    steps: int
-    prompts_per_step: int
-    samples_per_prompt: int
-    expert_samples: int
-    eval_split: str
-    eval_samples: int
-    concurrency: int
-    temperature: float
-    top_p: float
-    limits: EpisodeLimits
-    retry: Retry = Retry()
-    wait_timeout_s: float = 3600.0
-    seed: int = 0
-    poll_s: float = 0.05
-    eval_sampled: int = 0
+    def groups_per_step(self, plan: RolloutPlan) -> int:
+        """This rank's share of one synchronous step's groups (prompts_per_step × tasks over the ranks)."""
+        total = plan.prompts_per_step * len(plan.tasks)
+        return total // self.ranks + (self.rank < total % self.ranks)
 
 
-async def collect(client: Any, engine: Engine, fmt: ChatFormat, requests: list[tuple[str, str, str]],
-                  sampling: SamplingConfig, limits: EpisodeLimits, concurrency: int,
-                  max_retries: int | Retry) -> tuple[list[Trajectory], int]:
-    """Run one episode per (task, index, group_id), at most `concurrency` at once.
-
-    Returns the trajectories (env_error ones included after the retries) and the number of retries.
-    """
-    retry = max_retries if isinstance(max_retries, Retry) else Retry(max_retries=max_retries)
-    sem = asyncio.Semaphore(concurrency)
-    retries = 0
-
-    async def one(task: str, index: str, group: str) -> Trajectory:
-        nonlocal retries
-        attempt, waited, traj = 0, 0.0, None
-        loop = asyncio.get_running_loop()
-        while True:
-            async with sem:
-                try:
-                    traj = await run_episode(client, engine, fmt, task, index, group, sampling, limits)
-                except EnvError as e:  # could not even start a session
-                    if e.code in FATAL_CODES:
-                        raise
-                    traj = None
-                    if e.code == "no_capacity" and waited < retry.capacity_wait_s:
-                        pause = retry.delay(min(attempt, 4))
-                        log.warning("start_sample %s/%s: %s; waiting %.1fs for capacity", task, index, e, pause)
-                        t0 = loop.time()
-                        await asyncio.sleep(pause)
-                        waited += loop.time() - t0
-                        continue
-                    log.warning("start_sample %s/%s failed (%s): attempt %d", task, index, e, attempt + 1)
-            if traj is not None and traj.status != Status.ENV_ERROR:
-                return traj
-            if attempt >= retry.max_retries:
-                break
-            retries += 1
-            await asyncio.sleep(retry.delay(attempt))
-            attempt += 1
-        if traj is None:  # keep a record: an empty env_error trajectory is counted, never trained on
-            traj = Trajectory(new_id(), task, index, group, [], [], [], [], [], 0.0, Status.ENV_ERROR, 0,
-                              metrics={"env_error": 1.0, "success": 0.0})
-        return traj
-
-    trajs = await asyncio.gather(*(one(*r) for r in requests))
-    return list(trajs), retries
+BEFORE_FILE = "before_rl.json"  # report/: rank 0's evaluation of the first weights, reused by a restarted rank
 
 
-async def collect_step(client: Any, engine: Engine, fmt: ChatFormat, reqs: list[tuple[str, str, str]],
-                       sampling: SamplingConfig, plan: Plan, step: int) -> tuple[list[Trajectory], int]:
-    """One step's episodes. A batch in which the infrastructure ended every episode would be a step that
-    trains on nothing: it is collected again (after a pause) until some episode ends on its own terms,
-    for at most `plan.retry.capacity_wait_s`; then the run fails, saying the env workers are down."""
-    retry = plan.retry
-    deadline = time.monotonic() + retry.capacity_wait_s
-    total_retries = 0
-    for attempt in itertools.count():
-        trajs, retries = await collect(client, engine, fmt, reqs, sampling, plan.limits, plan.concurrency, retry)
-        total_retries += retries
-        if any(not t.status.is_infra for t in trajs):
-            return trajs, total_retries
-        if time.monotonic() > deadline:
-            break
-        pause = retry.delay(min(attempt, 4))
-        log.warning("step %d: every one of %d episodes ended in an env failure; collecting again in %.1fs",
-                    step + 1, len(trajs), pause)
-        await asyncio.sleep(pause)
-    raise RuntimeError(f"step {step + 1}: every episode ended in an env failure for {retry.capacity_wait_s:g}s; "
-                       "the env workers are down (see logs/env_worker-*.log and logs/controller.log)")
+def next_incarnation(directory: Path) -> int:
+    """How many times this rank started before in this run (0 the first time), counted in `directory`."""
+    path = directory / "incarnation"
+    n = int(path.read_text()) + 1 if path.exists() else 0
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(str(n))
+    tmp.replace(path)
+    return n
 
 
-async def evaluate(client: Any, engine: Engine, fmt: ChatFormat, plan: Plan, version: int, report_dir: Path,
-                   monitor, sampled: bool = False) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
-    """Episodes on the first `eval_samples` held-out indices of each task: greedy, or (`sampled`) each
-    index `eval_sampled` times at the rollout temperature, i.e. the stochastic policy RL optimizes.
-
-    Returns the metrics (also logged and written to report/<eval|eval_sampled>-v<version>.json) and the
-    per-task evaluation (`eval_summary.task_eval`: success, episodes, stderr, status counts)."""
-    name, repeat = ("eval_sampled", plan.eval_sampled) if sampled else ("eval", 1)
+async def expert_demos(run_dir: Path, client: Any, fmt: ChatFormat, plan: RolloutPlan, monitor) -> None:
+    """The scripted expert's train-split episodes for the warm start (shards/expert-0).
+    Written once per run: a restarted rank finds them and moves on."""
+    if ShardReader(run_dir / "shards" / "expert-0").available():
+        log.info("expert: demonstrations already written (a resumed run)")
+        return
+    rng = random.Random(plan.seed)
+    sampling = SamplingConfig(plan.limits.max_new_tokens, plan.temperature, plan.top_p, fmt.stop_ids)
     reqs = []
     for task in plan.tasks:
-        idx = (await client.indices(task, plan.eval_split))[: plan.eval_samples]
-        reqs += [(task, i, f"{name}-{task}-{i}") for i in idx for _ in range(repeat)]
-    temperature, top_p = (plan.temperature, plan.top_p) if sampled else (0.0, 1.0)
-    sampling = SamplingConfig(plan.limits.max_new_tokens, temperature, top_p, fmt.stop_ids)
-    t0 = time.perf_counter()
-    trajs, _ = await collect(client, engine, fmt, reqs, sampling, plan.limits, plan.concurrency, plan.retry)
-    m = rollout_metrics(trajs, prefix=name)
-    scored = [t for t in trajs if not t.status.is_infra]  # env failures say nothing about the policy
-    m[f"{name}/success"] = sum(t.metrics.get("success", 0.0) for t in scored) / max(len(scored), 1)
-    m[f"{name}/episodes"] = float(len(scored))
-    m[f"{name}/env_errors"] = float(len(trajs) - len(scored))
-    m[f"{name}/seconds"] = time.perf_counter() - t0
-    per_task = task_eval(trajs)
-    monitor.scalars(m, version)
-    write_conversations(monitor, trajs, fmt.tokenizer, version, prefix=f"{name}/conversations")  # a few per task
-    report_dir.mkdir(parents=True, exist_ok=True)
-    (report_dir / f"{name}-v{version}.json").write_text(
-        json.dumps({"version": version, **m, "per_task": per_task}, indent=2))
-    log.info("%s v%d: success %.3f over %d held-out episodes (%s)", name, version, m[f"{name}/success"], len(trajs),
-             "; ".join(f"{k} {v['success']:.3f}" for k, v in per_task.items()))
-    return m, per_task
+        train = await client.indices(task, "train")
+        reqs += [(task, i, f"expert-{task}-{i}") for i in rng.sample(train, min(plan.expert_samples, len(train)))]
+    trajs, _ = await collect(client, ExpertEngine(client), fmt, reqs, sampling, plan.limits,
+                                  plan.concurrency, plan.retry)
+    ShardWriter(run_dir / "shards" / "expert-0").write(trajs)
+    monitor.scalars(rollout_metrics(trajs, prefix="expert"), 0)
+    log.info("expert: %d demonstrations", len(trajs))
 
 
-async def run(run_dir: Path, model_dir: Path, client: Any, fmt: ChatFormat, make_engine, plan: Plan, monitor) -> dict:
-    rng = random.Random(plan.seed)
-    limits = plan.limits
-    sampling = SamplingConfig(limits.max_new_tokens, plan.temperature, plan.top_p, fmt.stop_ids)
+class RolloutLoop:
+    """One rank's episodes: admission, weight swaps, and the path of each finished trajectory."""
 
-    if plan.expert_samples > 0:
-        reqs = []
-        for task in plan.tasks:
-            train = await client.indices(task, "train")
-            reqs += [(task, i, f"expert-{task}-{i}") for i in rng.sample(train, min(plan.expert_samples, len(train)))]
-        trajs, _ = await collect(client, ExpertEngine(client), fmt, reqs, sampling, limits,
-                                 plan.concurrency, plan.retry)
-        ShardWriter(run_dir / "shards" / "expert-0").write(trajs)
-        m = rollout_metrics(trajs, prefix="expert")
-        monitor.scalars(m, 0)
-        log.info("expert: %d demonstrations, success %s", len(trajs),
-                 {k: round(v, 3) for k, v in m.items() if k.endswith("/success")})
+    def __init__(self, run_dir: Path, client: Any, fmt: ChatFormat, engine: Any, plan: RolloutPlan, ap: RankPlan,
+                 channel: Any, weights: WeightSource, monitor) -> None:
+        self.client, self.fmt, self.engine, self.plan, self.ap = client, fmt, engine, plan, ap
+        self.ch, self.weights, self.monitor = channel, weights, monitor
+        self.sampling = SamplingConfig(plan.limits.max_new_tokens, plan.temperature, plan.top_p, fmt.stop_ids)
+        self.writer = ShardWriter(shard_dir(run_dir, "rollout", ap.rank))
+        self.incarnation = next_incarnation(shard_dir(run_dir, "rollout", ap.rank))
+        self.base_version = engine.version  # the version this life of the rank started on
+        self.rng = random.Random((plan.seed * 1000 + ap.rank) * 1000 + self.incarnation)
+        self.per_step = ap.groups_per_step(plan)
+        if self.per_step < 1:  # it would never start an episode
+            total = plan.prompts_per_step * len(plan.tasks)
+            raise ValueError(f"cluster.rollout.ranks={ap.ranks} exceeds the {total} groups of a step"
+                             f" (prompts_per_step x tasks): rank {ap.rank} would have nothing to do")
+        self.running: dict[asyncio.Task[Trajectory], tuple[str, str, str]] = {}
+        self.finished: list[Trajectory] = []
+        self.window: list[Trajectory] = []
+        self.window_t0 = time.perf_counter()
+        self.started_groups = 0
+        self.stats = {"trajectories": 0.0, "aborted": 0.0, "cancelled_at_end": 0.0, "idle_s": 0.0,
+                      "send_wait_s": 0.0, "swaps": 0.0, "action_tokens": 0.0}
+        self._swap: asyncio.Task[None] | None = None
 
-    path = await asyncio.to_thread(weights_io.wait_for, run_dir, 0, plan.wait_timeout_s, plan.poll_s)
+    def _admit_limit(self) -> int:
+        """Groups this rank may have started: AReaL's bound, with the version that will sample them (counted
+        from the version this life of the rank began on)."""
+        return (self.ap.max_staleness + self.engine.version - self.base_version + 1) * self.per_step
+
+    def _start_group(self, train_idx: dict[str, list[str]]) -> None:
+        k = self.started_groups
+        task = self.plan.tasks[k % len(self.plan.tasks)]
+        index = self.rng.choice(train_idx[task])
+        group = f"r{self.ap.rank}i{self.incarnation}-g{k}-{task}-{index}"
+        for _ in range(self.plan.samples_per_prompt):
+            self._start_episode((task, index, group))
+        self.started_groups += 1
+
+    def _start_episode(self, req: tuple[str, str, str]) -> None:
+        task = asyncio.create_task(self._episode(req))
+        self.running[task] = req
+
+    async def _episode(self, req: tuple[str, str, str]) -> Trajectory:
+        trajs, _ = await collect(self.client, self.engine, self.fmt, [req], self.sampling, self.plan.limits,
+                                      1, self.plan.retry)
+        return trajs[0]
+
+    def _reap(self) -> None:
+        for t in [t for t in self.running if t.done()]:
+            self.running.pop(t)
+            if not t.cancelled():
+                self.finished.append(t.result())  # an episode's own exception (fatal env code) surfaces here
+
+    def _flush(self) -> None:
+        """Durable first (a shard segment), then over MPI."""
+        if not self.finished:
+            return
+        batch, self.finished = self.finished, []
+        self.writer.write(batch)
+        self.stats["send_wait_s"] += self.ch.send(batch)
+        self.window += batch
+        self.stats["trajectories"] += len(batch)
+        self.stats["action_tokens"] += sum(t.num_action_tokens for t in batch)
+
+    def _log_window(self, version: int) -> None:
+        """Per-task rollout metrics once, for the trajectories finished while `version` was sampling."""
+        if not self.window:
+            return
+        dt = max(time.perf_counter() - self.window_t0, 1e-9)
+        m = rollout_metrics(self.window)
+        m.update({"pipeline/trajectories_per_s": len(self.window) / dt,
+                  "pipeline/rollout_tokens_per_s": sum(t.num_action_tokens for t in self.window) / dt,
+                  "pipeline/rollout_idle_frac": self.stats["idle_s"] / max(time.perf_counter() - self.t_start, 1e-9),
+                  "pipeline/episodes_running": float(len(self.running)),
+                  "rollout/aborted_episodes": self.stats["aborted"]})
+        if isinstance(self.engine, EnginePool):  # turns and tokens by pool, the lagging pool's lag
+            m.update(self.engine.take_metrics())
+        self.monitor.scalars(m, version)
+        self.window, self.window_t0 = [], time.perf_counter()
+
+    async def _maybe_swap(self) -> None:
+        """Take the newest complete weights, by the configured in-flight policy."""
+        if self._swap is not None:
+            if not self._swap.done():
+                return
+            self._swap.result()
+            self._swap = None
+        newest = self.weights.newest(self.ch.version)
+        if newest is None or newest[0] <= self.engine.version:
+            return
+        if self.ap.inflight == "drain" and self.running:
+            return  # no admission meanwhile (see `run`): the running episodes finish on their weights
+        if self.ap.inflight == "abort" and self.running:
+            reqs = list(self.running.values())
+            for t in list(self.running):
+                t.cancel()
+            await asyncio.gather(*self.running, return_exceptions=True)
+            self.running.clear()
+            self.stats["aborted"] += len(reqs)
+            for req in reqs:  # again, on the new weights (once the swap below is done: it is queued first)
+                self._start_episode(req)
+        old = self.engine.version
+        version, loader = newest
+        self._log_window(old)
+        self.stats["swaps"] += 1
+        self._swap = asyncio.create_task(self.engine.load_weights(loader, version))
+        log.info("rank %d: weights v%d -> v%d with %d episodes in flight", self.ap.rank, old, version,
+                 len(self.running))
+
+    def _swap_pending(self) -> bool:
+        newest = self.weights.newest(self.ch.version)
+        return self._swap is not None or (newest is not None and newest[0] > self.engine.version)
+
+    async def run(self, train_idx: dict[str, list[str]], poll_s: float) -> None:
+        self.t_start = time.perf_counter()
+        last = time.perf_counter()
+        while True:
+            self.ch.poll_notices()
+            if self.ch.stopped:
+                break
+            await self._maybe_swap()
+            hold = self.ap.inflight == "drain" and self._swap_pending()
+            while (not hold and self.started_groups < self._admit_limit()
+                   and len(self.running) + self.plan.samples_per_prompt <= self.plan.concurrency):
+                self._start_group(train_idx)
+            self._reap()
+            self._flush()
+            await asyncio.sleep(poll_s)
+            now = time.perf_counter()
+            if not self.running:
+                self.stats["idle_s"] += now - last
+            last = now
+        for t in self.running:  # the trainer has what it needs: episodes still running are not trajectories
+            t.cancel()
+        await asyncio.gather(*self.running, return_exceptions=True)
+        self.stats["cancelled_at_end"] = float(sum(t.cancelled() for t in self.running))
+        self._reap()
+        self._flush()
+        self._log_window(self.engine.version)
+        self.stats["wall_s"] = time.perf_counter() - self.t_start
+        self.stats["rollout_idle_frac"] = self.stats["idle_s"] / max(self.stats["wall_s"], 1e-9)
+
+
+async def run(run_dir: Path, client: Any, fmt: ChatFormat, make_engine: Callable[[], Any], plan: RolloutPlan,
+              ap: RankPlan, monitor, channel_factory: Callable[[], Any],
+              weights_factory: Callable[[Any], WeightSource]) -> dict[str, Any]:
+    """One rollout rank, start to stop. Returns this rank's statistics (rank 0: with the summary)."""
+    if ap.rank == 0 and plan.expert_samples > 0:
+        await expert_demos(run_dir, client, fmt, plan, monitor)
+    ch = await asyncio.to_thread(channel_factory)  # waits through the trainer's warm start
+    weights = weights_factory(ch)
+    first = await asyncio.to_thread(weights.wait, ch.version, plan.wait_timeout_s)
     engine = make_engine()
+    policy = engine.current if isinstance(engine, EnginePool) else engine  # evaluation: the newest weights only
     try:
-        return await _rl_loop(run_dir, client, fmt, engine, path, plan, sampling, rng, monitor)
+        await engine.load_weights(first[1], first[0])
+        report = run_dir / "report"
+        evaluating = ap.evaluate and ap.rank == 0
+        if evaluating:
+            before, task_before, sampled_before = await _before_rl(client, policy, fmt, plan, report, monitor)
+        train_idx = {t: await client.indices(t, "train") for t in plan.tasks}
+        pipe = RolloutLoop(run_dir, client, fmt, engine, plan, ap, ch, weights, monitor)
+        await pipe.run(train_idx, min(plan.poll_s, 0.02))
+        ch.close(timeout_s=plan.wait_timeout_s)
+        out: dict[str, Any] = {"rank": ap.rank, **pipe.stats}
+        if isinstance(engine, EnginePool) and engine.lagging:
+            out.update(engine.totals.as_dict())
+        report.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(report / f"rollout-{ap.rank}.json", out, indent=2)
+        log.info("rank %d stopped: %s", ap.rank, json.dumps({k: round(v, 3) for k, v in pipe.stats.items()}))
+        trainer_report = read_json(report / "trainer.json")
+        if evaluating and trainer_report.get("steps_done", 0) < trainer_report.get("steps", 0):
+            # a preempted trainer (Slurm's warning): the job must requeue before its time runs out, and the
+            # resumed run evaluates its own final weights
+            log.info("the trainer stopped at step %d of %d: no final evaluation", trainer_report["steps_done"],
+                     trainer_report["steps"])
+            evaluating = False
+        if evaluating:
+            final = await asyncio.to_thread(weights.wait, ch.version, plan.wait_timeout_s)
+            if final[0] > policy.version:
+                await policy.load_weights(final[1], final[0])
+            out["summary"] = await _final_report(client, policy, fmt, plan, report, monitor, before, task_before,
+                                                 sampled_before)
+        return out
     finally:
+        weights.close()
         engine.close()
 
 
-async def _rl_loop(run_dir: Path, client: Any, fmt: ChatFormat, engine: Any, path: Path, plan: Plan,
-                   sampling: SamplingConfig, rng: random.Random, monitor) -> dict:
-    await engine.load_weights(lambda: weights_io.iter_weights(path), 0)
-    # Evaluation uses the newest weights only; RL episodes may route turns to a lagging pool (engine_pool).
-    policy = engine.current if isinstance(engine, EnginePool) else engine
-    report = run_dir / "report"
-    before, task_before = await evaluate(client, policy, fmt, plan, 0, report, monitor)
+async def _before_rl(client: Any, engine: Any, fmt: ChatFormat, plan: RolloutPlan, report: Path, monitor
+                     ) -> tuple[dict[str, float], dict[str, Any], Any]:
+    """Evaluate the first weights (greedy, and sampled if configured), once per run: a restarted rank 0 reads
+    what its earlier life measured (the weights it would evaluate now are already trained)."""
+    path = report / BEFORE_FILE
+    if path.exists():
+        saved = json.loads(path.read_text())
+        log.info("before-RL evaluation of v%d read from %s (a resumed run)", saved["version"], path)
+        return saved["before"], saved["task_before"], saved["sampled_before"]
+    before, task_before = await evaluate(client, engine, fmt, plan, engine.version, report, monitor)
     sampled_before = None
     if plan.eval_sampled:
-        m, sampled_before = await evaluate(client, policy, fmt, plan, 0, report, monitor, sampled=True)
+        m, sampled_before = await evaluate(client, engine, fmt, plan, engine.version, report, monitor,
+                                                sampled=True)
         before.update(m)
+    write_json_atomic(path, {"version": engine.version, "before": before, "task_before": task_before,
+                             "sampled_before": sampled_before})
+    return before, task_before, sampled_before
 
-    writer = ShardWriter(run_dir / "shards" / "rollout-0")
-    train_idx = {t: await client.indices(t, "train") for t in plan.tasks}
-    for task, idx in train_idx.items():
-        if len(idx) < plan.prompts_per_step:
-            raise ValueError(f"rollout.prompts_per_step={plan.prompts_per_step} exceeds the {len(idx)} "
-                             f"train samples of task {task!r}")
-    for step in range(plan.steps):
-        t0 = time.perf_counter()
-        reqs = []
-        for task in plan.tasks:
-            for index in rng.sample(train_idx[task], plan.prompts_per_step):
-                group = f"s{step}-{task}-{index}"
-                reqs += [(task, index, group)] * plan.samples_per_prompt
-        trajs, retries = await collect_step(client, engine, fmt, reqs, sampling, plan, step)
-        writer.write(trajs)
-        dt = time.perf_counter() - t0
-        n_act = sum(t.num_action_tokens for t in trajs)
-        m = rollout_metrics(trajs)
-        m.update({"pipeline/rollout_tokens_per_s": n_act / dt, "pipeline/trajectories_per_s": len(trajs) / dt,
-                  "env/retries": float(retries)})
-        if isinstance(engine, EnginePool):
-            m.update(engine.take_metrics())
-        monitor.scalars(m, step)
-        log.info("rollout step %d/%d: %d trajectories, reward %.3f, success %.3f, %.1f gen fmt/s", step + 1,
-                 plan.steps, len(trajs), sum(t.reward for t in trajs) / len(trajs),
-                 sum(t.metrics.get("success", 0.0) for t in trajs) / len(trajs), n_act / dt)
-        path = await asyncio.to_thread(weights_io.wait_for, run_dir, step + 1, plan.wait_timeout_s, plan.poll_s)
-        await engine.load_weights(lambda p=path: weights_io.iter_weights(p), step + 1)
 
-    after, task_after = await evaluate(client, policy, fmt, plan, plan.steps, report, monitor)
+async def _final_report(client: Any, engine: Any, fmt: ChatFormat, plan: RolloutPlan, report: Path, monitor,
+                        before: dict[str, float], task_before: dict[str, Any], sampled_before: Any) -> dict[str, Any]:
+    """Evaluate the final weights and write report/summary.json."""
+    version = engine.version
+    after, task_after = await evaluate(client, engine, fmt, plan, version, report, monitor)
     trainer_report = read_json(report / "trainer.json")
     summary: dict[str, Any] = {
-        "success_before_rl": before["eval/success"], "success_after_rl": after["eval/success"],
+        "schedule": trainer_report.get("schedule", "async"), "success_before_rl": before["eval/success"],
+        "success_after_rl": after["eval/success"],
         "eval_episodes": int(after["eval/episodes"]), "env_errors": int(after["eval/env_errors"]),
-        "steps": plan.steps,
-        # steps whose batch changed the weights (a step left with no usable trajectory is not counted)
-        "rl_steps": int(trainer_report.get("rl_steps", plan.steps)), "trainer": trainer_report}
+        "steps": int(trainer_report.get("steps", version)), "final_version": version,
+        "rl_steps": int(trainer_report.get("rl_steps", version)), "trainer": trainer_report}
     sampled_after = None
     if plan.eval_sampled:
-        m, sampled_after = await evaluate(client, policy, fmt, plan, plan.steps, report, monitor, sampled=True)
+        m, sampled_after = await evaluate(client, engine, fmt, plan, version, report, monitor, sampled=True)
         after.update(m)
         summary.update({"sampled_success_before_rl": before["eval_sampled/success"],
                         "sampled_success_after_rl": after["eval_sampled/success"],
                         "sampled_eval_episodes": int(after["eval_sampled/episodes"])})
     summary["per_task"] = per_task_summary(task_before, task_after, sampled_before, sampled_after)
-    if isinstance(engine, EnginePool) and engine.lagging:  # cross-policy sampling: turns and tokens by pool
-        summary["lagging_pool"] = engine.totals.as_dict()
     write_json_atomic(report / "summary.json", summary, indent=2)
-    if summary["eval_episodes"] == 0:  # every held-out episode was an env failure: no result to report
-        raise RuntimeError(f"the final evaluation scored no episode ({summary['env_errors']} env errors): "
-                           "the env workers failed; see logs/env_worker-*.log and logs/controller.log")
+    if summary["eval_episodes"] == 0:
+        raise RuntimeError("the final evaluation scored no episode: the env workers failed")
     return summary
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    """A JSON object from `path`, or {} if it is missing or unreadable (a report another role may not have written)."""
-    try:
-        return dict(json.loads(path.read_text()))
-    except (OSError, ValueError):
-        return {}

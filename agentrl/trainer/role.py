@@ -1,314 +1,261 @@
-"""The trainer role on a synchronous schedule: warm start, then for each step read the rollout's shard,
-update, publish weights v<N+1>, checkpoint every few steps.
+"""The trainer role (design §6, docs/pipeline.md): trajectories arrive from any number of rollout ranks while
+the trainer trains; every step takes the complete GRPO groups available (`min_groups`..`max_groups` of
+`RunConfig.pipeline`), trains once, publishes v<N+1> and tells the rollout ranks.
 
-Trajectories arrive as HDF5 shards (`shards/rollout-0/<step>.h5`, one per step); weights leave as
-versioned safetensors directories. Infrastructure outcomes (env_error, cancelled) are counted, never
-trained on; agent failures get `fail_penalty`. A restarted trainer resumes from the newest checkpoint
-(`ckpt/step-<N>`: model, optimizer, scheduler, RNG, policy version, the ledger of consumed trajectory
-ids, running totals) and skips the warm start; every rank of a data-parallel trainer runs `run` alike.
+    learner (warm start unless resuming) → publish v0
+    loop: receive (while the queue has room) → take groups → select → update → publish v<N+1> → notify
+    close the channel: rollout ranks stop; what arrives after the last step is counted `left_at_end`
+
+The synchronous baseline (`cluster.schedule=sync`) is this loop with its numbers fixed: max_staleness 0 and
+exactly one step's groups per step, so the rollout rank samples a step on v<N> while the trainer waits, and
+the trainer trains while the rollout rank waits for v<N+1>.
+
+With several (data-parallel) trainer ranks, rank 0 is the hub: it alone talks to the rollout ranks, keeps the
+queue and publishes; each step it sends the batch it selected to the other ranks (`torch.distributed`), and
+every rank takes its share of the update. The queue (`TrajectoryQueue`) holds the exactly-once ledger; it is
+saved beside each checkpoint (`queue.json`), and a restarted trainer drains the rollout shards into it, so
+nothing consumed is trained twice and nothing produced is lost silently.
 """
 from __future__ import annotations
 
+import json
 import logging
-import random
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import torch
-
-from agentrl.algorithms.advantages import informative_groups
-from agentrl.algorithms.staleness import fresh_mask, staleness
+from agentrl.config import PipelineShape, RunConfig
 from agentrl.fsio import write_json_atomic
-from agentrl.monitor.rollout_stats import rollout_metrics
 from agentrl.trainer import checkpoint
-from agentrl.trainer.batch import collate
 from agentrl.trainer.checkpoint import TrainerState
-from agentrl.trainer.imitation import reproduced_share
-from agentrl.trainer.model_load import gathered_state_dict, load_policy, load_reference
+from agentrl.trainer.learner import Learner
 from agentrl.trainer.parallel import Parallel
-from agentrl.trainer.step import RLHyper, rl_step, sft_step
+from agentrl.trainer.publisher import Publisher
+from agentrl.trainer.select import select_training_data
 from agentrl.transport import weights as weights_io
-from agentrl.transport.shards import ShardReader
+from agentrl.transport.queue import TrajectoryQueue, trajectory_staleness
+from agentrl.transport.shards import ShardReader, rank_dirs
 from agentrl.types import Trajectory
 
 log = logging.getLogger("agentrl.trainer")
 
-
-@dataclass(frozen=True)
-class Schedule:
-    steps: int
-    sft_steps: int
-    sft_batch: int
-    sft_lr: float
-    sft_all_tokens: bool
-    lr: float
-    weight_decay: float
-    max_staleness: int
-    drop_uniform_groups: bool
-    fail_penalty: float
-    wait_timeout_s: float
-    seed: int
-    poll_s: float = 0.05
-    warmup_steps: int = 0
-    checkpoint_every: int = 0
-    """ckpt/step-<N> every this many RL steps, after the last, and once after the warm start; 0: never."""
-    keep_checkpoints: int = 2
-    sft_successful_only: bool = True
-    sft_target: float = 0.0
-    sft_min_token_prob: float = 0.2
-    sft_check_every: int = 50
-    sft_holdout: int = 32
-    update: str = "rl"
-    lagging_max_staleness: int | None = None
-    """The staleness bound of lagging-pool tokens (cross-policy sampling): max_staleness + the pool's refresh
-    interval; None: max_staleness (no lagging pool)."""
+QUEUE_FILE = "queue.json"
 
 
-def shaped_rewards(trajs: list[Trajectory], fail_penalty: float) -> list[float]:
-    return [fail_penalty if t.status.is_agent_failure else float(t.reward) for t in trajs]
+def save_queue(run_dir: Path, q: TrajectoryQueue) -> None:
+    """The queue's ledger beside the newest checkpoint (the checkpoint itself holds `consumed` too)."""
+    ckpt = checkpoint.latest(run_dir)
+    if ckpt is not None:
+        write_json_atomic(ckpt / QUEUE_FILE, q.state_dict())
 
 
-def check_control_run(s: Schedule, resume: Path | None) -> None:
-    """The control run (`trainer.update=sft`) continues the warm start's own optimizer and sampling, which a
-    checkpoint does not hold: it cannot be resumed, on either schedule (resumed, it would silently train RL)."""
-    if s.update == "sft" and (resume is not None or s.sft_steps == 0):
-        raise ValueError("trainer.update=sft (the control run) continues a warm start: it needs sft_steps > 0 "
-                         f"and a fresh run dir, not a resumed one{f' (found {resume})' if resume else ''}")
+def drain_shards(run_dir: Path, q: TrajectoryQueue) -> Counter[str]:
+    """A restarted trainer: everything the rollout ranks wrote goes through the queue again; consumed and
+    excluded ids come back as duplicates, held-but-untrained ones are accepted, stale ones counted stale."""
+    out: Counter[str] = Counter()
+    for _, d in sorted(rank_dirs(run_dir, "rollout").items()):
+        for _, trajs in ShardReader(d).scan():
+            out.update(q.put_many(trajs))
+    return out
 
 
-def split_demos(demos: list[Trajectory], s: Schedule) -> tuple[list[Trajectory], list[Trajectory]]:
-    """(what the warm start trains on, held-out successful demonstrations per task for `sft_target`)."""
-    rng = random.Random(s.seed + 1)
-    held: list[Trajectory] = []
-    if s.sft_target > 0:
-        for task in sorted({t.task for t in demos}):
-            wins = [t for t in demos if t.task == task and t.metrics.get("success", 0.0) > 0]
-            held += rng.sample(wins, min(s.sft_holdout, len(wins) // 4))
-    ids = {t.traj_id for t in held}
-    train = [t for t in demos if t.traj_id not in ids]
-    if s.sft_successful_only:
-        train = [t for t in train if t.metrics.get("success", 0.0) > 0]
-    return train, held
+def run(run_dir: Path, model_dir: Path, cfg: RunConfig, monitor, channel_factory: Any, par: Parallel | None = None,
+        broadcast_factory: Any = None, should_stop: Callable[[], bool] | None = None) -> TrainerState:
+    """Warm start (unless resuming), then `trainer.steps` steps. Every trainer rank runs it.
 
+    Rank 0 is the hub: it alone opens the channel, holds the queue and its ledger, publishes weights and
+    writes the reports. Each step it selects the training data and sends it to the other ranks over
+    torch.distributed; every rank then takes the same update on it (`par` splits the micro-batches).
 
-class WarmStart:
-    """Supervised steps on the scripted expert's trajectories: its successful ones (rejection sampling), or
-    all of them (`sft_successful_only=False`: plain imitation of an imperfect expert, whose mistakes RL then
-    unlearns). `run` takes at most `sft_steps`; with `sft_target > 0` it stops as soon as every task's
-    held-out successful demonstrations are reproducible (`imitation.reproduced_share`), wherever that happens
-    on this machine. `step` is one more update (the control run's steps, `trainer.update=sft`)."""
-
-    def __init__(self, model: torch.nn.Module, demos: list[Trajectory], s: Schedule, h: RLHyper, pad_id: int,
-                 par: Parallel | None = None) -> None:
-        self.model, self.s, self.h, self.pad_id, self.par = model, s, h, pad_id, par or Parallel()
-        self.train, self.held = split_demos(demos, s)
-        if not self.train:
-            raise RuntimeError("warm start: no expert trajectory to train on (none successful?)")
-        self.opt = torch.optim.AdamW(model.parameters(), lr=s.sft_lr, weight_decay=0.0)
-        # short linear warm-up, then constant: a decaying rate slowed the late copy skills more than it steadied them
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda i: min(1.0, (i + 1) / 10))
-        self.rng = random.Random(s.seed)  # the same draws on every rank: each runs its share of the same batch
-        self.done = 0
-
-    def step(self) -> dict[str, float]:
-        picked = self.rng.sample(self.train, min(self.s.sft_batch, len(self.train)))
-        batch = collate(picked, [0.0] * len(picked), self.pad_id)
-        self.model.train()
-        stats = sft_step(self.model, self.opt, batch, self.h.grad_clip, self.h.micro_batch_tokens,
-                         self.s.sft_all_tokens, self.par, self.h.packing)
-        self.sched.step()
-        self.done += 1
-        return stats
-
-    def run(self, monitor) -> dict[str, float]:
-        """The warm start; returns the last step's statistics plus `sft_steps_done`."""
-        s, stats = self.s, {}
-        for i in range(s.sft_steps):
-            if self.held and i % s.sft_check_every == 0 and _imitates(self.model, self.held, s, self.pad_id,
-                                                                      monitor, i, self.par):
-                break
-            stats = self.step()
-            monitor.scalars({f"sft/{k}": v for k, v in stats.items()}, i)
-            if i % 50 == 0 or i == s.sft_steps - 1:
-                log.info("sft step %d/%d loss %.4f token_acc %.3f", i + 1, s.sft_steps, stats["sft_loss"],
-                         stats["sft_token_acc"])
-        else:
-            if self.held and not _imitates(self.model, self.held, s, self.pad_id, monitor, s.sft_steps, self.par):
-                log.warning("warm start: %d steps (the cap) without reaching sft_target %.2f on every task",
-                            s.sft_steps, s.sft_target)
-        log.info("warm start done after %d steps", self.done)
-        return {**stats, "sft_steps_done": float(self.done)}
-
-
-def _imitates(model: torch.nn.Module, held: list[Trajectory], s: Schedule, pad_id: int, monitor, step: int,
-              par: Parallel) -> bool:
-    """Check `sft_target` on the held-out demonstrations (every rank runs it; rank 0's verdict counts)."""
-    share = reproduced_share(model, held, pad_id, s.sft_min_token_prob)
-    monitor.scalars({f"sft/reproduced/{task}": v for task, v in share.items()}, step)
-    reached = bool(share) and min(share.values()) >= s.sft_target
-    log.info("sft step %d: held-out successes reproducible %s%s", step,
-             {k: round(v, 3) for k, v in share.items()}, " (target reached)" if reached else "")
-    return bool(par.broadcast_object(reached))
-
-
-def publish_weights(run_dir: Path, version: int, model: torch.nn.Module, par: Parallel,
-                    base: Path | None = None) -> None:
-    """Whole weights as weights/v<version> (gathered to rank 0 under FSDP2), a complete model directory
-    beside `base`'s config and tokenizer files. Collective."""
-    state = gathered_state_dict(model, par, weights_io.model_dtype(base) if base is not None else None)
-    if par.is_main:
-        weights_io.publish(run_dir, version, state, base=base)
-
-
-def reference_model(run_dir: Path, model_dir: Path, threads: int, par: Parallel, warm_started: bool
-                    ) -> torch.nn.Module:
-    """The frozen KL reference: the policy as RL found it (after the warm start, if there was one), in the
-    compute dtype and sharded like the policy (`model_load.load_reference`)."""
-    state = None
-    if warm_started and (par.is_main or not par.sharded):  # under FSDP2 rank 0 reads, the others get shards
-        state = checkpoint.load_reference(run_dir)
-        if state is None:
-            raise FileNotFoundError(f"kl_coef > 0 but {checkpoint.ckpt_root(run_dir)} holds no reference weights "
-                                    "(was the run started with kl_coef = 0?)")
-    return load_reference(model_dir, threads, par, state)
-
-
-def run(run_dir: Path, model_dir: Path, s: Schedule, h: RLHyper, threads: int, monitor,
-        par: Parallel | None = None, should_stop: Callable[[], bool] | None = None) -> TrainerState:
-    """Warm start (unless resuming), then RL steps s.steps; resumes from the newest ckpt/step-<N> if any.
-
-    Every trainer rank runs this with the same arguments; `par` is the data-parallel layout.
+    Args:
+        channel_factory: `version -> TrainerChannel` (the MPI world, or the file channel; called once v<version>
+            exists; on the hub only).
+        broadcast_factory: `() -> WeightBroadcast` (sender side) when `transport.weights == "broadcast"` (hub).
+        should_stop: asked after every step (preemption; the hub's answer counts): when true, the step just
+            trained is checkpointed and the run ends early the way a finished run does (the rollout ranks are
+            told to stop, the ledger is written), so that a restarted trainer resumes from that step.
     """
     par = par or Parallel()
-    torch.manual_seed(s.seed)
-    model = load_policy(model_dir, threads, par)
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)  # padding is masked
-    resume = par.broadcast_object(checkpoint.latest(run_dir))  # rank 0 decides: every rank must take the same path
-    sft_steps_done = 0
-    ws: WarmStart | None = None
-    check_control_run(s, resume)
-    if resume is None and s.sft_steps > 0:
-        demos = ShardReader(run_dir / "shards" / "expert-0").wait(0, timeout_s=s.wait_timeout_s, poll_s=s.poll_s)
-        log.info("warm start on %d expert trajectories", len(demos))
-        ws = WarmStart(model, demos, s, h, pad_id, par)
-        sft_steps_done = int(ws.run(monitor)["sft_steps_done"])
-        if h.kl_coef > 0:
-            state = par.full_state_dict(model)
-            if par.is_main:
-                checkpoint.save_reference(run_dir, state)
-            par.barrier()
-    ref_model = reference_model(run_dir, model_dir, threads, par, s.sft_steps > 0) if h.kl_coef > 0 else None
-
-    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
-    warmup = max(s.warmup_steps, 1)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / warmup))
-    state = TrainerState()
-    state.stats["sft_steps"] = float(sft_steps_done)
-    if resume is not None:
-        state = checkpoint.load(resume, model, opt, sched, par)
-        log.info("resumed from %s: step %d, policy v%d, %d trajectories consumed", resume, state.step,
+    hub = par.is_main
+    shape = cfg.pipeline
+    learner = Learner(run_dir, model_dir, cfg, monitor, par)
+    state = learner.state
+    q = TrajectoryQueue(shape.group_size, shape.capacity, shape.max_staleness, shape.group_timeout_s,
+                        lagging_max_staleness=shape.lagging_max_staleness)
+    if learner.resume is not None:
+        log.info("resumed from %s: step %d, policy v%d, %d trajectories consumed", learner.resume, state.step,
                  state.policy_version, len(state.consumed))
-    if par.broadcast_object(resume is None or weights_io.latest_version(run_dir) < state.policy_version):
-        publish_weights(run_dir, state.policy_version, model, par, model_dir)
-        log.info("published weights v%d", state.policy_version)
-    if resume is None and s.checkpoint_every:  # a restart from here skips the warm start
-        checkpoint.save(run_dir, state, model, opt, sched, par, s.keep_checkpoints)
+        if hub:
+            if (learner.resume / QUEUE_FILE).exists():
+                q.load_state_dict(json.loads((learner.resume / QUEUE_FILE).read_text()))
+            q.set_version(state.policy_version)
+            discarded = weights_io.discard_newer(run_dir, state.policy_version)
+            drained = drain_shards(run_dir, q)
+            log.info("weights %s discarded; drained the shards: %d held again, %s", discarded or "none", q.depth,
+                     dict(drained))
+    if par.broadcast_object(learner.resume is None or weights_io.latest_version(run_dir) < state.policy_version):
+        learner.publish_current()
+    if learner.resume is None and cfg.trainer.checkpoint_every:  # a restart from here skips the warm start
+        learner.save()
+        if hub:
+            save_queue(run_dir, q)
+    if not hub:  # the other ranks train what the hub sends them, step by step
+        _follow(learner)
+        return state
+    ch = channel_factory(state.policy_version)
+    publisher = Publisher(run_dir, broadcast_factory() if cfg.transport.weights == "broadcast" else None, model_dir)
+    # A failure propagates as it is (under `python -m mpi4py` it aborts the world): nothing to announce then.
+    _loop(run_dir, learner, q, ch, publisher, cfg, shape, monitor, should_stop)
+    publisher.announce(ch, wait=True)  # the last version before the stop: rollout rank 0 evaluates it
+    publisher.close()
+    late = ch.close(timeout_s=max(cfg.cluster.role_timeout_s, 60.0))
+    left = _count_left(q, late)
+    state.stats.update({f"left_at_end/{k}": float(v) for k, v in left.items()})
+    write_report(run_dir, state, shape.steps, q, cfg.cluster.schedule)
+    write_ledger(run_dir, q)
+    save_queue(run_dir, q)
+    log.info("pipeline closed: %s", json.dumps(_ledger(q, left)))
+    return state
 
-    reader = ShardReader(run_dir / "shards" / "rollout-0")
-    for step in range(state.step, s.steps):
+
+def _follow(learner: Learner) -> None:
+    """A trainer rank other than the hub: each step the hub's selected batch arrives over torch.distributed
+    and this rank takes its share of the same update, until the steps are done or the hub says stop."""
+    par, state = learner.par, learner.state
+    log.info("trainer rank %d of %d: taking its share of each step the hub selects (from step %d)", par.rank,
+             par.world_size, state.step)
+    while state.step < learner.t.steps:
+        usable, rewards = par.broadcast_object(None)
+        learner.update(usable, rewards)
+        if learner.end_step()[0]:
+            break
+    log.info("trainer rank %d: done after step %d (policy v%d)", par.rank, state.step, state.policy_version)
+
+
+def _loop(run_dir: Path, learner: Learner, q: TrajectoryQueue, ch: Any, publisher: Publisher, cfg: RunConfig,
+          shape: PipelineShape, monitor, should_stop: Callable[[], bool] | None = None) -> None:
+    """The hub's steps: receive, select, send the batch to the other ranks, train, publish, report."""
+    state, par, a = learner.state, learner.par, cfg.algo
+    # Idle time counts from the first batch on: the wait for it (engines starting, the first episodes) is the
+    # pipeline's fill, logged apart as pipeline/fill_s.
+    t_start: float | None = None
+    idle_total = 0.0
+    while state.step < shape.steps:
         t_wait = time.perf_counter()
-        trajs = reader.wait(step, timeout_s=s.wait_timeout_s, poll_s=s.poll_s)
+        groups = _next_groups(q, ch, shape, cfg.cluster.role_timeout_s, cfg.transport.poll_s, publisher)
         t0 = time.perf_counter()
-        fresh = [t for t in trajs if t.traj_id not in state.consumed]  # exactly once, across restarts too
-        usable, rewards, counts = select_training_data(fresh, state.policy_version, s)
-        counts["dropped_consumed"] = len(trajs) - len(fresh)
-        stats: dict[str, float] = {}
-        if ws is not None and s.update == "sft":  # the control run: imitation instead of RL, same number of updates
-            stats = ws.step()
+        if t_start is None:
+            t_start = t0
+            state.stats["fill_s"] = t0 - t_wait
+        else:
+            idle_total += t0 - t_wait
+        trajs = [t for g in groups for t in g]
+        stale = [trajectory_staleness(t, state.policy_version) for t in trajs]
+        usable, rewards, counts = select_training_data(trajs, state.policy_version, shape.max_staleness,
+                                                       shape.lagging_max_staleness, a.fail_penalty,
+                                                       a.drop_uniform_groups)
+        if learner.control:  # the control run: imitation instead of RL, the same number of updates
             counts["dropped_control"] = len(usable)  # the rollout's episodes are left out, and counted
-            usable = []
-        elif usable:
-            batch = collate(usable, rewards, pad_id)
-            model.train()
-            stats = rl_step(model, opt, batch, h, ref_model, par)
-        lr = opt.param_groups[0]["lr"]  # the rate this step used
-        sched.step()
-        state.step += 1
-        state.policy_version += 1
-        state.consumed.update(t.traj_id for t in fresh)
+            usable, rewards = [], []
+        par.broadcast_object((usable, rewards))  # the other trainer ranks' batch (see _follow)
+        lr = learner.lr  # the rate this step uses
+        stats = learner.update(usable, rewards)
+        state.consumed.update(t.traj_id for t in trajs)
         n_tok = sum(t.num_tokens for t in usable)
         for k, v in {"trajectories_trained": len(usable), "tokens_trained": n_tok, "rl_steps": float(bool(stats)),
                      **counts}.items():
             if k != "staleness_max":
                 state.stats[k] = state.stats.get(k, 0.0) + float(v)
-        if par.is_main:  # before the weights: a rollout that sees v<N> finds the report of step N
-            write_report(run_dir, state, s.steps)
-        publish_weights(run_dir, state.policy_version, model, par, model_dir)
-        stop = bool(par.broadcast_object(should_stop is not None and should_stop()))  # rank 0's signal counts
-        if stop or s.checkpoint_every and (state.step % s.checkpoint_every == 0 or state.step == s.steps):
-            checkpoint.save(run_dir, state, model, opt, sched, par, s.keep_checkpoints)
+
+        def publish(weights: dict[str, Any]) -> None:
+            # the report before the weights: a rollout that sees v<N> finds the report of step N
+            write_report(run_dir, state, shape.steps, q, cfg.cluster.schedule)
+            publisher.publish(state.policy_version, weights)
+            q.set_version(state.policy_version)
+
+        stop, checkpointed = learner.end_step(publish, should_stop)
+        if checkpointed:
+            save_queue(run_dir, q)
         dt = time.perf_counter() - t0
+        wall = time.perf_counter() - t_start
         metrics = {f"train/{k}": v for k, v in stats.items()}
-        metrics.update(rollout_metrics(trajs))
+        metrics.update(q.metrics())
         metrics.update({"train/lr": lr, "pipeline/batch_size": float(len(usable)),
-                        "pipeline/trainer_wait_s": t0 - t_wait, "pipeline/train_tokens_per_s": n_tok / max(dt, 1e-9)})
-        metrics.update({f"pipeline/{k}": float(v) for k, v in counts.items()})
-        monitor.scalars(metrics, step)
-        log.info("step %d/%d trained on %d of %d (%d in uniform groups) loss %.8f approx_kl %.4f grad_norm %.3f "
-                 "(%.1fs)", step + 1, s.steps, len(usable), len(trajs), counts["dropped_uniform"],
-                 stats.get("loss", 0.0), stats.get("approx_kl", 0.0), stats.get("grad_norm", 0.0), dt)
+                        "pipeline/groups": float(len(groups)), "pipeline/trainer_wait_s": t0 - t_wait,
+                        "pipeline/trainer_idle_frac": idle_total / max(wall, 1e-9),
+                        "pipeline/staleness_mean": sum(stale) / max(len(stale), 1),
+                        "pipeline/staleness_max": float(max(stale, default=0)),
+                        "pipeline/train_tokens_per_s": n_tok / max(dt, 1e-9),
+                        "pipeline/publish_wait_s": publisher.wait_s})
+        metrics.update({f"pipeline/{k}": float(v) for k, v in counts.items() if k != "staleness_max"})
+        for k, v in Counter(stale).items():
+            metrics[f"pipeline/staleness_hist/{k}"] = float(v)
+        state.stats["idle_s"] = idle_total
+        state.stats["rl_wall_s"] = wall
+        state.stats["staleness_sum"] = state.stats.get("staleness_sum", 0.0) + sum(stale)
+        state.stats["staleness_max"] = max(state.stats.get("staleness_max", 0.0), float(max(stale, default=0)))
+        monitor.scalars(metrics, state.step - 1)
+        log.info("step %d/%d trained on %d of %d (%d groups, %d in uniform groups; staleness mean %.2f max %d; "
+                 "queue %d) loss %.6f (%.2fs, waited %.2fs)", state.step, shape.steps, len(usable), len(trajs),
+                 len(groups), counts["dropped_uniform"], metrics["pipeline/staleness_mean"],
+                 int(metrics["pipeline/staleness_max"]), q.depth, stats.get("loss", 0.0), dt, t0 - t_wait)
         if stop:
-            log.info("preempted: checkpointed step %d (policy v%d, %d trajectories consumed); leaving for a requeue",
-                     state.step, state.policy_version, len(state.consumed))
+            log.info("preempted: checkpointed step %d (policy v%d, %d trajectories consumed); stopping the rollout "
+                     "ranks", state.step, state.policy_version, len(state.consumed))
             break
-    return state
 
 
-def write_report(run_dir: Path, state: TrainerState, steps: int) -> None:
-    """report/trainer.json: the running totals, with `rl_steps` = steps whose batch updated the weights."""
+def _next_groups(q: TrajectoryQueue, ch: Any, shape: PipelineShape, timeout_s: float, poll_s: float,
+                 publisher: Publisher) -> list[list[Trajectory]]:
+    """Receive while the queue has room until at least `min_groups` complete groups are ready (and announce
+    the last published version as soon as it is complete)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        publisher.announce(ch)
+        if not q.full:
+            for _, batch in ch.poll():
+                q.put_many(batch)
+        groups = q.take(shape.min_groups, shape.max_groups)
+        if groups:
+            return groups
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"trainer: fewer than {shape.min_groups} complete groups for {timeout_s:g}s "
+                               f"(queue {q.depth}, open rollout ranks {ch.open_ranks})")
+        time.sleep(poll_s)
+
+
+def _count_left(q: TrajectoryQueue, late: list[Trajectory]) -> Counter[str]:
+    """Trajectories produced but not trained when the run ended: held in the queue, or arriving after."""
+    left: Counter[str] = Counter()
+    held = q.depth
+    excluded = q.put_many(late)
+    left["held"] = held + len(late) - sum(excluded.values())
+    left.update({f"late_{k}": v for k, v in excluded.items()})
+    return left
+
+
+def _ledger(q: TrajectoryQueue, left: Counter[str]) -> dict[str, Any]:
+    return {"consumed": q.counts["consumed"], "excluded": {k: v for k, v in q.counts.items()
+                                                          if k not in ("accepted", "consumed")},
+            "left_at_end": dict(left)}
+
+
+def write_ledger(run_dir: Path, q: TrajectoryQueue) -> None:
+    """report/ledger.json: every trajectory id the trainer saw, by fate (consumed, excluded by reason, held
+    when the run ended), so the shards can be reconciled against it: nothing lost silently, nothing twice."""
+    state = q.state_dict()
+    body = {"consumed": state["consumed"], "excluded": state["excluded"], "held_at_end": sorted(q.held_ids())}
+    write_json_atomic(run_dir / "report" / "ledger.json", body)
+
+
+def write_report(run_dir: Path, state: TrainerState, steps: int, q: TrajectoryQueue, schedule: str) -> None:
+    """report/trainer.json: the running totals (`rl_steps` = steps whose batch updated the weights) and the
+    queue's ledger counts."""
     totals = {k: (int(v) if float(v).is_integer() else v) for k, v in sorted(state.stats.items())}
     body = {"steps_done": state.step, "steps": steps, "policy_version": state.policy_version, **totals}
     body.setdefault("rl_steps", 0)
+    body["schedule"] = schedule
+    body["queue"] = {k: int(v) for k, v in q.counts.items()}
     write_json_atomic(run_dir / "report" / "trainer.json", body, indent=2)
-
-
-def select_training_data(trajs: list[Trajectory], version: int, s: Schedule
-                         ) -> tuple[list[Trajectory], list[float], dict[str, float]]:
-    """What one step trains on, and why the rest was left out (every exclusion is counted).
-
-    Infrastructure outcomes are never trained on; trajectories more than `max_staleness` versions old
-    (lagging-pool tokens: `lagging_max_staleness`) are dropped; groups whose (shaped) rewards are all equal
-    carry no GRPO signal and are dropped before task normalization could turn their zero advantages into a
-    bias (see `informative_groups`).
-    """
-    usable = [t for t in trajs if not t.status.is_infra]
-    counts = {"dropped_infra": len(trajs) - len(usable), "dropped_stale": 0, "dropped_uniform": 0,
-              "staleness_max": 0}
-    if usable:
-        # current-pool tokens against max_staleness; lagging-pool ones (old on purpose) against their own bound
-        stale = staleness_of(torch.tensor([t.oldest_version(lagging=False) for t in usable]), version)
-        lagging = staleness_of(torch.tensor([t.oldest_version(lagging=True) for t in usable]), version)
-        lag_bound = s.max_staleness if s.lagging_max_staleness is None else s.lagging_max_staleness
-        keep = (fresh_mask(stale, s.max_staleness) & fresh_mask(lagging, lag_bound)).tolist()
-        counts["dropped_stale"] = keep.count(False)
-        counts["staleness_max"] = int(stale.max())
-        usable = [t for t, k in zip(usable, keep) if k]
-    rewards = shaped_rewards(usable, s.fail_penalty)
-    if usable and s.drop_uniform_groups:
-        ids = {g: i for i, g in enumerate(dict.fromkeys(t.group_id for t in usable))}
-        keep = informative_groups(torch.tensor(rewards), torch.tensor([ids[t.group_id] for t in usable])).tolist()
-        counts["dropped_uniform"] = keep.count(False)
-        usable = [t for t, k in zip(usable, keep) if k]
-        rewards = [r for r, k in zip(rewards, keep) if k]
-    return usable, rewards, counts
-
-
-def staleness_of(oldest_version: torch.Tensor, current: int) -> torch.Tensor:
-    """Staleness of trajectories given their oldest action-token version (one column per trajectory)."""
-    mask = (oldest_version >= 0).long()[:, None]
-    return staleness(oldest_version[:, None].clamp(min=0), mask, current)

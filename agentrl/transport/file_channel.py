@@ -2,7 +2,7 @@
 
 For roles that run as separate jobs (their own Slurm jobs, or processes the local launcher restarts one by
 one) with no MPI world between them. Same interface as `mpi_channel`'s `TrainerChannel` / `RolloutChannel`,
-as far as `agentrl.trainer.async_role` and `agentrl.rollout.async_role` use it.
+as far as the roles (`agentrl.trainer.role`, `agentrl.rollout.role`) use it.
 
 * **Trajectories**: the shard segments themselves. A rollout rank already writes every batch to
   `shards/rollout-<r>/<seq>.h5` before it "sends" it, so `FileRolloutChannel.send` does nothing; the

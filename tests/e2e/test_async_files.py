@@ -72,17 +72,17 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
                 assert proc.poll() is None, f"the run ended (rc {proc.returncode}) before its first step"
                 assert time.monotonic() < deadline, "no step in 400 s"
                 time.sleep(0.2)
-            trainer = _pids(run_dir, "jobs.trainer_async")
-            rank0 = _pids(run_dir, "jobs.rollout_async", "--rank", "0")
-            victim = _pids(run_dir, "jobs.rollout_async", "--rank", str(KILLED))
+            trainer = _pids(run_dir, "jobs.trainer")
+            rank0 = _pids(run_dir, "jobs.rollout", "--rank", "0")
+            victim = _pids(run_dir, "jobs.rollout", "--rank", str(KILLED))
             assert len(trainer) == len(rank0) == len(victim) == 1, (trainer, rank0, victim)
             killed_at = _steps_done(run_dir)
             os.kill(victim[0], signal.SIGKILL)
-            while (rank1 := _pids(run_dir, "jobs.rollout_async", "--rank", str(KILLED))) in ([], victim):
+            while (rank1 := _pids(run_dir, "jobs.rollout", "--rank", str(KILLED))) in ([], victim):
                 assert proc.poll() is None and time.monotonic() < deadline, "rank 1 was not started again"
                 time.sleep(0.1)
-            alive_after = {"trainer": _pids(run_dir, "jobs.trainer_async"),
-                           "rank0": _pids(run_dir, "jobs.rollout_async", "--rank", "0")}
+            alive_after = {"trainer": _pids(run_dir, "jobs.trainer"),
+                           "rank0": _pids(run_dir, "jobs.rollout", "--rank", "0")}
             rc = proc.wait(timeout=600)
         finally:
             if proc.poll() is None:

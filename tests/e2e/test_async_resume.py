@@ -88,10 +88,10 @@ def resumed(tmp_path_factory: pytest.TempPathFactory) -> dict:
     first = subprocess.Popen(_command(root), cwd=ROOT, stdout=log1, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         _wait_steps(run_dir, first, 2)
-        _kill("jobs.trainer_async", run_dir)
+        _kill("jobs.trainer", run_dir)
         before_second = _steps_done(run_dir)
         _wait_steps(run_dir, first, before_second + 2)  # the restarted world trains again
-        _kill("jobs.rollout_async", run_dir, which=1)
+        _kill("jobs.rollout", run_dir, which=1)
         _wait_steps(run_dir, first, 6)
         interrupted_at = _steps_done(run_dir)
         ledger_at_interrupt = json.loads((run_dir / "report" / "trainer.json").read_text())

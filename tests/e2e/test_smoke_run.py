@@ -1,5 +1,6 @@
-"""The whole loop end to end: `python -m jobs.train --preset smoke` with real processes, real sockets,
-real vLLM (CPU build), real HDF5 shards and TensorBoard files. About a minute on 2 cores."""
+"""The whole loop end to end: `python -m jobs.train --preset smoke` (the synchronous schedule: the pipeline
+with max_staleness 0 and one step's groups per step) with real processes, real sockets, an MPI world, real
+vLLM (CPU build), real HDF5 shards and TensorBoard files. About a minute on 2 cores."""
 from __future__ import annotations
 
 import json
@@ -31,8 +32,8 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_run_dir_layout_and_summary(run_dir: Path) -> None:
-    for p in ("config.yaml", "rendezvous.json", "model/config.json", "model/tokenizer.json", "logs/trainer.log",
-              "logs/rollout.log", "logs/controller.log", "report/eval-v0.json", "report/eval-v2.json",
+    for p in ("config.yaml", "rendezvous.json", "model/config.json", "model/tokenizer.json", "logs/pipeline.log",
+              "logs/controller.log", "report/ledger.json", "report/eval-v0.json", "report/eval-v2.json",
               "report/eval_sampled-v0.json", "report/eval_sampled-v2.json"):
         assert (run_dir / p).exists(), p
     summary = json.loads((run_dir / "report" / "summary.json").read_text())
@@ -55,11 +56,11 @@ def test_run_dir_layout_and_summary(run_dir: Path) -> None:
 def test_trajectories_were_produced_with_per_token_provenance(run_dir: Path) -> None:
     expert = ShardReader(run_dir / "shards" / "expert-0").read(0)
     assert len(expert) == 64 and all(t.reward == 1.0 for t in expert)
-    reader = ShardReader(run_dir / "shards" / "rollout-0")
-    assert [p.name for p in reader.available()] == ["000000.h5", "000001.h5"]
+    written = _rollout_trajectories(run_dir)
+    assert len(written) == 2 * 2 * 4  # steps x prompts_per_step x samples_per_prompt: nothing sampled ahead
     for step in range(2):
-        trajs = reader.read(step)
-        assert len(trajs) == 2 * 4  # prompts_per_step x samples_per_prompt
+        trajs = [t for t in written if t.oldest_version() == step]
+        assert len(trajs) == 2 * 4  # each step's groups, all sampled by weights v<step>
         assert len({t.group_id for t in trajs}) == 2
         for t in trajs:
             act = t.loss_mask == 1
@@ -67,6 +68,12 @@ def test_trajectories_were_produced_with_per_token_provenance(run_dir: Path) -> 
             assert set(t.policy_version[act].tolist()) == {step}  # sampled by weights v<step>
             assert set(t.engine[act].tolist()) == {0} and set(t.policy_version[~act].tolist()) == {-1}
             assert np.all(t.logprobs[act] <= 0.0)
+    ledger = json.loads((run_dir / "report" / "ledger.json").read_text())
+    assert sorted(ledger["consumed"]) == sorted(t.traj_id for t in written) and not ledger["held_at_end"]
+
+
+def _rollout_trajectories(run_dir: Path) -> list:
+    return [t for _, ts in ShardReader(run_dir / "shards" / "rollout-0").scan() for t in ts]
 
 
 def test_trainer_trained_and_logged(run_dir: Path) -> None:
@@ -87,7 +94,7 @@ def test_trainer_trained_and_logged(run_dir: Path) -> None:
 
 
 def test_engine_sampled_with_the_new_weights_after_a_step(run_dir: Path) -> None:
-    """Shard 1 was generated after the swap to v1: its behaviour log-probs are v1's, not v0's."""
+    """Step 1's episodes were generated after the swap to v1: their behaviour log-probs are v1's, not v0's."""
     from transformers import AutoModelForCausalLM
 
     from agentrl.trainer.batch import collate
@@ -97,7 +104,7 @@ def test_engine_sampled_with_the_new_weights_after_a_step(run_dir: Path) -> None
     v1 = dict(weights.iter_weights(weights.version_dir(run_dir, 1)))
     assert max(float((v0[k] - v1[k]).abs().max()) for k in v0) > 0  # the step changed the weights
 
-    trajs = ShardReader(run_dir / "shards" / "rollout-0").read(1)
+    trajs = [t for t in _rollout_trajectories(run_dir) if t.oldest_version() == 1]
     batch = collate(trajs, [0.0] * len(trajs), pad_id=0)
     model = AutoModelForCausalLM.from_pretrained(str(run_dir / "model"), dtype=torch.float32)
     gaps = {}

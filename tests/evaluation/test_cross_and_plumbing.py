@@ -21,7 +21,7 @@ from agentrl.evaluation.runner import EvalPlan, plan_keys, score
 from agentrl.evaluation.targets import resolve
 from agentrl.monitor.eval_results import ResultsFile, ScoredEpisode, aggregate
 from agentrl.rollout.agent_loop import EpisodeLimits
-from agentrl.rollout.role import Retry
+from agentrl.rollout.collect import Retry
 from agentrl.types import Status
 
 LIMITS = EpisodeLimits(max_turns=0, max_model_len=1024, max_new_tokens=48)

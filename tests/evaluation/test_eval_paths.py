@@ -30,7 +30,7 @@ from agentrl.evaluation.targets import resolve
 from agentrl.monitor.eval_results import aggregate, read_results
 from agentrl.monitor.eval_stats import t_quantile
 from agentrl.rollout.agent_loop import EpisodeLimits
-from agentrl.rollout.role import Retry
+from agentrl.rollout.collect import Retry
 
 # Teaching the model and starting two vLLM engines take a few minutes of CPU; on a machine shared with other
 # jobs that stretches far past the suite's per-test limit (which counts the module fixture's set-up).

@@ -22,13 +22,13 @@ from agentrl.launch import rendezvous, sbatch, topology
 ROOT = Path(__file__).resolve().parents[2]
 ASYNC = ["cluster.schedule=async", "cluster.rollout.ranks=2"]
 
-# srun stand-in. The pipeline step (jobs.trainer_async): records its call and whether the pipeline's keys
+# srun stand-in. The pipeline step (jobs.trainer): records its call and whether the pipeline's keys
 # were in rendezvous.json when it started, publishes them as a trainer would, then fails its first FAILS
 # calls with 9 (FINISHED=1: writes report/summary.json first), else exits 0; SLEEP=1: waits for USR1 (then
 # exits 7, as a step might after its trainer checkpointed). Any other step (controller, env worker) serves
 # until SIGTERM.
 FAKE_SRUN = """#!/bin/bash
-if [[ "$*" != *jobs.trainer_async* ]]; then
+if [[ "$*" != *jobs.trainer* ]]; then
   trap 'kill $! 2>/dev/null; exit 0' TERM; sleep 60 & wait; exit 0
 fi
 log=$CALLS/pipeline; echo "$*" >> "$log"; n=$(wc -l < "$log")

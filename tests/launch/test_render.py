@@ -33,7 +33,7 @@ SITE = ["cluster.trainer.slurm.partition=gpu", "cluster.rollout.slurm.partition=
         "model.path=/scratch/proj42/models/Qwen2.5-7B-Instruct"]
 CASES = {  # golden file: (preset, overrides)
     "smoke-hetjob.sbatch": ("smoke", SMALL),
-    "smoke-per-role.sh": ("smoke", [*SMALL, "cluster.hetjob=false"]),
+    "smoke-per-role.sh": ("smoke", [*SMALL, "cluster.hetjob=false", "transport.channel=files"]),
     "smoke-async-hetjob.sbatch": ("smoke", [*SMALL, "cluster.schedule=async", "cluster.rollout.ranks=2"]),
     "smoke-async-files-hetjob.sbatch": ("smoke", [*SMALL, "cluster.schedule=async", "cluster.rollout.ranks=2",
                                                   "transport.channel=files"]),
@@ -45,7 +45,7 @@ CASES = {  # golden file: (preset, overrides)
     "agentbench-qwen2.5-7b.sbatch": ("agentbench-qwen2.5-7b", []),
     "agentbench-qwen2.5-14b.sbatch": ("agentbench-qwen2.5-14b", []),
     "agentbench-qwen2.5-32b.sbatch": ("agentbench-qwen2.5-32b", []),
-    "agentbench-qwen2.5-7b-per-role.sh": ("agentbench-qwen2.5-7b", ["cluster.schedule=sync", "cluster.rollout.ranks=1", "cluster.rollout.nodes=1", "cluster.rollout.gpus_per_node=4", "cluster.hetjob=false"]),
+    "agentbench-qwen2.5-7b-per-role.sh": ("agentbench-qwen2.5-7b", ["cluster.schedule=sync", "cluster.rollout.ranks=1", "cluster.rollout.nodes=1", "cluster.rollout.gpus_per_node=4", "cluster.hetjob=false", "transport.channel=files"]),
     "smoke-apptainer-workers.sbatch": ("smoke", ["cluster.env.apptainer_image=/images/agentrl.sif",
                                                  "cluster.env.binds=[/scratch/agentbench]"]),
     # a site's adaptation of the 7B preset (docs/slurm.md walks through it)
@@ -53,13 +53,14 @@ CASES = {  # golden file: (preset, overrides)
     "agentbench-qwen2.5-7b-gres-pmix.sbatch": ("agentbench-qwen2.5-7b", [
         "cluster.schedule=async", "cluster.gpu_binding=gres", "cluster.mpi=pmix", "cluster.trainer.nodes=1",
         "cluster.trainer.slurm.mem=", "cluster.trainer.slurm.mem_per_gpu=200G", "cluster.setup=[module load openmpi]"]),
-    "smoke-setup-per-role.sh": ("smoke", [*SMALL, "cluster.hetjob=false", "cluster.setup=[module load python/3.11]"]),
+    "smoke-setup-per-role.sh": ("smoke", [*SMALL, "cluster.hetjob=false", "transport.channel=files",
+                                          "cluster.setup=[module load python/3.11]"]),
 }
 COMMITTED = {  # sbatch/ file: (preset, overrides)
     "smoke.sbatch": ("smoke", SMALL),
     "smoke-async.sbatch": ("smoke", [*SMALL, "cluster.schedule=async", "cluster.rollout.ranks=2"]),
     "agentbench-qwen2.5-7b.sbatch": ("agentbench-qwen2.5-7b", []),
-    "agentbench-qwen2.5-7b-per-role.sh": ("agentbench-qwen2.5-7b", ["cluster.schedule=sync", "cluster.rollout.ranks=1", "cluster.rollout.nodes=1", "cluster.rollout.gpus_per_node=4", "cluster.hetjob=false"]),
+    "agentbench-qwen2.5-7b-per-role.sh": ("agentbench-qwen2.5-7b", ["cluster.schedule=sync", "cluster.rollout.ranks=1", "cluster.rollout.nodes=1", "cluster.rollout.gpus_per_node=4", "cluster.hetjob=false", "transport.channel=files"]),
 }
 
 
@@ -107,8 +108,8 @@ def test_hetjob_groups_and_steps(capsys: pytest.CaptureFixture[str]) -> None:
     trainer, rollout = (shlex.split(part) for part in text.split("srun --mpi=pmi2 ", 1)[1].split("&\n", 1)[0]
                         .split(" : "))
     assert trainer[:2] == ["--het-group=0", "--ntasks=64"] and rollout[:2] == ["--het-group=1", "--ntasks=4"]
-    assert trainer[trainer.index("-m", trainer.index("mpi4py")) + 1] == "jobs.trainer_async"
-    assert rollout[rollout.index("-m", rollout.index("mpi4py")) + 1] == "jobs.rollout_async"
+    assert trainer[trainer.index("-m", trainer.index("mpi4py")) + 1] == "jobs.trainer"
+    assert rollout[rollout.index("-m", rollout.index("mpi4py")) + 1] == "jobs.rollout"
     assert "--gpus-per-task=8" in rollout and "--gpu-bind=per_task:8" in rollout  # a rollout rank: its engines' GPUs
     assert "--gpus-per-task=1" in trainer and "--gpu-bind=per_task:1" in trainer  # a trainer rank: its own GPU
     assert [s[1] for s in steps[:2]] == ["--mpi=none"] * 2  # the controller and env workers run no MPI
@@ -128,15 +129,16 @@ def test_async_trainer_and_rollout_are_one_mpmd_step(capsys: pytest.CaptureFixtu
     assert trainer[2:7] == ["--het-group=0", "--ntasks=1", "--exact", "--cpus-per-task=2", "--mem=0"]
     assert trainer[7:] == ["--output=$RUN_DIR/logs/pipeline.log",  # one log for the MPI world's ranks
                            "--kill-on-bad-exit=1",  # a dead rank ends the world (else the others wait on it)
-                           "$PY", "-m", "mpi4py", "-m", "jobs.trainer_async", "--run-dir", "$RUN_DIR"]
+                           "$PY", "-m", "mpi4py", "-m", "jobs.trainer", "--run-dir", "$RUN_DIR"]
     assert rollout[:6] == ["--het-group=1", "--ntasks=3", "--exact", "--cpus-per-task=2", "--mem=0",
                            "--kill-on-bad-exit=1"]
     assert rollout[6:8] == ["env", "OMP_NUM_THREADS=4"]  # srun would start the engine ranks with the step's CPUs
-    assert rollout[8:] == ["$PY", "-m", "mpi4py", "-m", "jobs.rollout_async", "--run-dir", "$RUN_DIR", "&"]
+    assert rollout[8:] == ["$PY", "-m", "mpi4py", "-m", "jobs.rollout", "--run-dir", "$RUN_DIR", "&"]
     assert "agentrl.launch.slurm_env" not in mpmd  # MPI gives these ranks their places
     # USR1 goes to the MPMD step, started (and, when it fails, started again) by `pipeline`
     assert text.count("TRAINER=$!") == 1 and "\npipeline() {\n  srun --mpi=pmi2 --het-group=0 " in text
-    assert "ROLLOUT=$!" not in text and "jobs.trainer --" not in text and "jobs.rollout --" not in text
+    # no role runs outside the MPI world (as the file channel's steps do, without mpi4py)
+    assert "ROLLOUT=$!" not in text and '"$PY" -m jobs.trainer' not in text and '"$PY" -m jobs.rollout' not in text
     assert '    wait_step "$TRAINER"; rc=$?' in text and "\nwait_pipeline || status=$?\n" in text
     assert "  local left=3 rc\n" in text  # cluster.max_restarts' default bounds the restarts
 
@@ -146,11 +148,11 @@ def test_async_file_channel_runs_every_rank_as_its_own_restartable_step(capsys: 
                             "cluster.rollout.nodes=1", "cluster.max_restarts=2"], capsys)
     assert "mpi4py" not in text and " : " not in text  # no MPI world
     steps = [shlex.split(line.strip()) for line in text.splitlines() if line.strip().startswith("srun --mpi=")]
-    rollout = next(s for s in steps if "jobs.rollout_async" in s)
+    rollout = next(s for s in steps if "jobs.rollout" in s)
     assert rollout[2:8] == ["--het-group=1", "--ntasks=1", "--exact", "--cpus-per-task=2", "--mem=0",
                             "--output=$RUN_DIR/logs/rollout-$1.log"]
     assert rollout[-5:] == ["--run-dir", "$RUN_DIR", "--rank", "$1", "&"] and "OMP_NUM_THREADS=2" in rollout
-    trainer = next(s for s in steps if "jobs.trainer_async" in s)
+    trainer = next(s for s in steps if "jobs.trainer" in s)
     assert trainer[2:4] == ["--het-group=0", "--ntasks=1"]
     assert "\nrollouts 3 &\nROLLOUT=$!" in text and "  local left=2 rc step" in text
     assert 'wait_step "$TRAINER"' in text and 'wait_step "$ROLLOUT"' in text  # rank 0 writes the summary last
@@ -164,24 +166,21 @@ def test_async_data_parallel_trainer_ranks_lead_the_mpmd_step(capsys: pytest.Cap
     mpmd = steps[2]
     trainer, rollout = mpmd[:mpmd.index(":")], mpmd[mpmd.index(":") + 1:]
     assert trainer[2:4] == ["--het-group=0", "--ntasks=4"]  # world ranks 0..3; rollout ranks follow from 4
-    assert rollout[:2] == ["--het-group=1", "--ntasks=3"] and "jobs.trainer_async" in trainer
+    assert rollout[:2] == ["--het-group=1", "--ntasks=3"] and "jobs.trainer" in trainer
 
 
 @pytest.mark.parametrize("overrides, field", [
-    (["cluster.hetjob=false"], "cluster.hetjob: must be true with cluster.schedule=async"),
-    (["cluster.trainer.ranks_per_node=2", "transport.channel=files"],
-     "cluster.trainer.ranks_per_node: the asynchronous trainer runs 2 ranks (nodes x ranks_per_node) only with "
-     "transport.channel=mpi"),
+    (["cluster.hetjob=false"], "cluster.hetjob: false (one job per role) needs transport.channel=files"),
     (["cluster.trainer.ranks_per_node=2", "trainer.parallel=none"], "trainer.parallel: must be ddp or fsdp2"),
 ])
-def test_async_needs_one_hetjob_and_mpi_for_several_trainer_ranks(overrides: list[str], field: str,
+def test_jobs_per_role_need_the_file_channel_and_trainer_ranks_a_parallel_layout(overrides: list[str], field: str,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     assert launch.main(["--preset", "smoke", "--render-sbatch", "cluster.schedule=async", *overrides]) == 2
     assert field in capsys.readouterr().err
 
 
 def test_per_role_jobs_are_chained(capsys: pytest.CaptureFixture[str]) -> None:
-    text = render("smoke", ["cluster.hetjob=false"], capsys)
+    text = render("smoke", ["cluster.hetjob=false", "transport.channel=files"], capsys)
     assert "#SBATCH hetjob" not in text and "--het-group" not in text
     assert "ENV_JOB=$(sbatch --parsable <<'JOB'" in text
     assert "TRAINER_JOB=$(sbatch --parsable --dependency=after:$ENV_JOB <<'JOB'" in text

@@ -225,8 +225,8 @@ def test_async_env_worker_killed_is_restarted(slurm, job_env, tmp_path: Path) ->
 
 
 def rollout_pids(run: str) -> list[int]:
-    """Rollout rank processes (`python -m mpi4py -m jobs.rollout_async --run-dir run`) of run dir `run`."""
-    return live_pids("-m", "mpi4py", "-m", "jobs.rollout_async", "--run-dir", run)
+    """Rollout rank processes (`python -m mpi4py -m jobs.rollout --run-dir run`) of run dir `run`."""
+    return live_pids("-m", "mpi4py", "-m", "jobs.rollout", "--run-dir", run)
 
 
 def test_async_rollout_rank_killed_restarts_the_pipeline(slurm, job_env, tmp_path: Path) -> None:

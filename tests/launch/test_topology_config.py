@@ -75,8 +75,8 @@ def test_paper_presets(size: str, trainer_gpus: int, rollout_gpus: int) -> None:
     plan = topology.plan(cfg)
     assert [s.ntasks for s in plan.steps] == [1, cfg.envs.workers, trainer_gpus]  # the pipeline: one MPMD step
     (rollout,) = plan.steps[-1].mpmd
-    assert (rollout.module, rollout.ntasks, plan.steps[-1].module) == ("jobs.rollout_async", c.rollout.ranks,
-                                                                       "jobs.trainer_async")
+    assert (rollout.module, rollout.ntasks, plan.steps[-1].module) == ("jobs.rollout", c.rollout.ranks,
+                                                                       "jobs.trainer")
     assert not plan.needs_model
 
 
@@ -94,8 +94,8 @@ def test_async_data_parallel_trainer_loads_and_leads_the_local_mpmd_world(tmp_pa
     assert cfg.cluster.trainer.world_size == 2
     cmd = mpmd_command("py", tmp_path, cfg.cluster.rollout.ranks, 2, trainer_ranks=cfg.cluster.trainer.world_size)
     trainer, rollout = cmd[:cmd.index(":")], cmd[cmd.index(":") + 1:]
-    assert trainer[1:3] == ["-n", "2"] and "jobs.trainer_async" in trainer
-    assert rollout[:2] == ["-n", "3"] and "jobs.rollout_async" in rollout
+    assert trainer[1:3] == ["-n", "2"] and "jobs.trainer" in trainer
+    assert rollout[:2] == ["-n", "3"] and "jobs.rollout" in rollout
 
 
 def test_choices_and_timeouts_resolve() -> None:

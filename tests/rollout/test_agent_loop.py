@@ -14,8 +14,8 @@ from agentrl.envs.tasks.lookup import make_sample
 from agentrl.envs.worker import start_worker
 from agentrl.models import tiny_chat as chat
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode, turn_budget
+from agentrl.rollout.collect import collect
 from agentrl.rollout.engine import ExpertEngine, SamplingConfig, ScriptedEngine
-from agentrl.rollout.role import collect
 from agentrl.types import Status
 
 INDEX = "test-3"

@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from agentrl.rollout.agent_loop import EpisodeLimits
-from agentrl.rollout.async_role import AsyncPlan
 from agentrl.rollout.async_weights import DirWeights
-from agentrl.rollout.role import Plan
+from agentrl.rollout.plan import RolloutPlan
+from agentrl.rollout.role import RankPlan
 from agentrl.transport import weights
 
 
-def _plan(prompts: int, tasks: tuple[str, ...]) -> Plan:
-    return Plan(tasks=tasks, steps=3, prompts_per_step=prompts, samples_per_prompt=4, expert_samples=0,
+def _plan(prompts: int, tasks: tuple[str, ...]) -> RolloutPlan:
+    return RolloutPlan(tasks=tasks, steps=3, prompts_per_step=prompts, samples_per_prompt=4, expert_samples=0,
                 eval_split="test", eval_samples=1, concurrency=8, temperature=1.0, top_p=1.0,
                 limits=EpisodeLimits(0, 64, 8))
 
@@ -23,7 +23,7 @@ def _plan(prompts: int, tasks: tuple[str, ...]) -> Plan:
     (8, ("a", "b"), 1, [16]), (8, ("a", "b"), 3, [6, 5, 5]), (1, ("a",), 2, [1, 0]), (2, ("a",), 2, [1, 1])])
 def test_ranks_split_one_step_of_groups(prompts: int, tasks: tuple[str, ...], ranks: int, shares: list[int]) -> None:
     plan = _plan(prompts, tasks)
-    got = [AsyncPlan(r, ranks, max_staleness=1).groups_per_step(plan) for r in range(ranks)]
+    got = [RankPlan(r, ranks, max_staleness=1).groups_per_step(plan) for r in range(ranks)]
     assert got == shares and sum(got) == prompts * len(tasks)
 
 

@@ -1,4 +1,4 @@
-"""In-flight weight updates in the asynchronous rollout rank (`async_role.Pipeline`), deterministically:
+"""In-flight weight updates in the rollout rank (`rollout.role.RolloutLoop`), deterministically:
 episodes of the real `lookup` task (in process, each env call made slow) are mid-trajectory when the
 trainer's notice of v1 arrives; the engine takes v1 between generation calls, so those episodes finish on
 v1 and their trajectories carry both versions, each turn wholly one version, v0 turns before v1 turns.
@@ -14,10 +14,11 @@ import pytest
 
 from agentrl.envs.inprocess import InProcessClient
 from agentrl.envs.tasks import get_task
-from agentrl.rollout import async_role, role
+from agentrl.rollout import role
 from agentrl.rollout.agent_loop import EpisodeLimits
 from agentrl.rollout.engine import Generation, SamplingConfig
 from agentrl.rollout.env_latency import SlowClient
+from agentrl.rollout.plan import RolloutPlan
 
 
 class Engine:
@@ -83,15 +84,15 @@ def _run(tmp_path: Path, tok, inflight: str) -> tuple[list, Engine]:
 
     engine.generate = generate
     client = SlowClient(InProcessClient({"lookup": get_task("lookup")}), 0.05, 0.0, seed=0)
-    plan = role.Plan(tasks=("lookup",), steps=2, prompts_per_step=2, samples_per_prompt=2, expert_samples=0,
+    plan = RolloutPlan(tasks=("lookup",), steps=2, prompts_per_step=2, samples_per_prompt=2, expert_samples=0,
                      eval_split="test", eval_samples=0, concurrency=8, temperature=1.0, top_p=1.0,
                      limits=EpisodeLimits(0, 512, 16))
-    ap = async_role.AsyncPlan(rank=0, ranks=1, max_staleness=1, inflight=inflight)
+    ap = role.RankPlan(rank=0, ranks=1, max_staleness=1, inflight=inflight)
     ch = Channel(engine, stop_after=8)
 
     async def main() -> None:
         await engine.load_weights(None, 0)
-        pipe = async_role.Pipeline(tmp_path, client, tok, engine, plan, ap, ch, Weights(), Monitor())
+        pipe = role.RolloutLoop(tmp_path, client, tok, engine, plan, ap, ch, Weights(), Monitor())
         idx = await client.indices("lookup", "train")
         await asyncio.wait_for(pipe.run({"lookup": idx}, 0.005), 60)
 

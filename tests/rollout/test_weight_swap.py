@@ -16,8 +16,8 @@ import torch
 
 from agentrl.models import tiny
 from agentrl.rollout.engine import SamplingConfig, VLLMEngine
-from agentrl.trainer import role
 from agentrl.trainer.batch import collate
+from agentrl.trainer.learner import publish_weights
 from agentrl.trainer.logprobs import token_logprobs
 from agentrl.trainer.model_load import load_model
 from agentrl.trainer.parallel import Parallel
@@ -78,7 +78,7 @@ def test_engine_samples_with_each_new_version(tmp_path: Path, own_environ: None)
         # v1 through the run dir, as between jobs
         _trainer_update(trainer_model, [60, 61, 62, 63, 64, 65])
         versions[1] = copy.deepcopy(trainer_model)
-        role.publish_weights(tmp_path / "run", 1, trainer_model, Parallel())
+        publish_weights(tmp_path / "run", 1, trainer_model, Parallel())
         path = weights.wait_for(tmp_path / "run", 1, timeout_s=5)
         asyncio.run(engine.load_weights(lambda: weights.iter_weights(path), 1))
         gen1 = asyncio.run(engine.generate(PROMPT, sampling))

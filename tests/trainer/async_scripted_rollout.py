@@ -1,10 +1,10 @@
 """A scripted rollout rank for the asynchronous trainer's tests (a program run under mpiexec, not a test).
 
-    mpiexec -n 1 python -m mpi4py -m jobs.trainer_async --run-dir R : -n 1 python -m mpi4py THIS R STEPS [broadcast] \
+    mpiexec -n 1 python -m mpi4py -m jobs.trainer --run-dir R : -n 1 python -m mpi4py THIS R STEPS [broadcast] \
             [first=K]
 
 It plays a synchronous rollout over the real channel: for step k it waits for the notice of v<k>, then writes
-and sends `test_resume._trajs(k)` (sampled "by v<k>"), exactly the data the synchronous trainer test feeds
+and sends `scripted_batches.step_batch(k)` (sampled "by v<k>"), exactly the data the synchronous trainer test feeds
 through shards; then it waits for the trainer's stop and closes (`first=K`: from step K on, for a resumed trainer). The shards go to shards/rollout-0 as the
 real rollout's do. With `broadcast` it also joins the trainer's weight broadcast as the real rollout does
 (`BroadcastWeights`) and writes report/broadcast.json: the version it holds at the end and the largest
@@ -21,7 +21,7 @@ from mpi4py import MPI  # noqa: F401 - first: MPI_Init of an MPMD world
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from test_resume import _trajs  # noqa: E402
+from scripted_batches import step_batch  # noqa: E402
 
 from agentrl.launch import rendezvous  # noqa: E402
 from agentrl.rollout.async_weights import BroadcastWeights  # noqa: E402
@@ -38,7 +38,7 @@ def main(run_dir: Path, steps: int, broadcast: bool, first: int = 0) -> None:
         while ch.version < k:
             ch.poll_notices()
             time.sleep(0.01)
-        batch = _trajs(k)
+        batch = step_batch(k)
         writer.write(batch)
         ch.send(batch)
     while not ch.stopped:

@@ -1,6 +1,6 @@
-"""The asynchronous trainer (`jobs.trainer_async`) under a real mpiexec world, fed by a scripted rollout rank:
-with max_staleness 0 and in-flight updates off it is the synchronous schedule, and it makes exactly the
-update of plain `rl_step`s on each step's batch (the same check as test_resume's for the synchronous role)."""
+"""The trainer role (`jobs.trainer`) under a real mpiexec world, fed by a scripted rollout rank: on the
+synchronous schedule (the pipeline with max_staleness 0 and one step's groups per step), and on the
+asynchronous one set to the same numbers, it makes exactly the update of plain `rl_step`s on each step's batch."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,18 +13,17 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_resume import STEPS, _trajs, one_thread
+from scripted_batches import STEPS, one_thread, step_batch
 
-from agentrl.config import dump_config, load_config
+from agentrl.config import RunConfig, dump_config, load_config
 from agentrl.launch.local import mpiexec
 from agentrl.models import tiny
-from agentrl.trainer import role
 from agentrl.trainer.batch import collate
 from agentrl.trainer.model_load import load_model
-from agentrl.trainer.step import rl_step
+from agentrl.trainer.select import shaped_rewards
+from agentrl.trainer.step import RLHyper, rl_step
 from agentrl.transport import weights
 from agentrl.transport.shards import write_shard
-from jobs import trainer as trainer_job
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -45,15 +44,15 @@ def _run_world(run_dir: Path, model_dir: Path, extra: list[str], broadcast: bool
     cfg = load_config(None, [f"model.path={model_dir}", f"trainer.steps={steps}", f"trainer.sft_steps={sft_steps}",
                              "trainer.checkpoint_every=1", "trainer.threads=1", "trainer.lr=0.003",
                              "trainer.warmup_steps=2", "trainer.micro_batch_tokens=64", "monitor.tensorboard=false",
-                             "cluster.role_timeout_s=120", "transport.poll_s=0.02", "cluster.schedule=async",
+                             "cluster.role_timeout_s=120", "transport.poll_s=0.02",
                              "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "trainer.sft_batch=4",
                              f"cluster.trainer.ranks_per_node={trainer_ranks}", *extra])
     run_dir.mkdir(parents=True, exist_ok=bool(first))
     dump_config(cfg, run_dir / "config.yaml")
-    if sft_steps and not first:  # the expert's demonstrations, as test_resume's
+    if sft_steps and not first:  # the expert's demonstrations
         (run_dir / "shards" / "expert-0").mkdir(parents=True)
-        write_shard(run_dir / "shards" / "expert-0" / "000000.h5", _trajs(-1, 3))
-    cmd = [mpiexec(), "-n", str(trainer_ranks), sys.executable, "-m", "mpi4py", "-m", "jobs.trainer_async",
+        write_shard(run_dir / "shards" / "expert-0" / "000000.h5", step_batch(-1, 3))
+    cmd = [mpiexec(), "-n", str(trainer_ranks), sys.executable, "-m", "mpi4py", "-m", "jobs.trainer",
            "--run-dir", str(run_dir), ":", "-n", "1", sys.executable, "-m", "mpi4py", str(HERE / "async_scripted_rollout.py"), str(run_dir),
            str(steps), *(["broadcast"] if broadcast else []), f"first={first}"]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
@@ -61,20 +60,24 @@ def _run_world(run_dir: Path, model_dir: Path, extra: list[str], broadcast: bool
                                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
 
 
-def test_max_staleness_zero_without_in_flight_updates_is_the_synchronous_update(tmp_path: Path,
-                                                                                model_dir: Path) -> None:
-    run_dir = tmp_path / "async0"
-    proc = _run_world(run_dir, model_dir, ["algo.max_staleness=0", "transport.inflight=drain"])
+@pytest.mark.parametrize("settings", [["cluster.schedule=sync"],
+                                      ["cluster.schedule=async", "algo.max_staleness=0", "transport.inflight=drain"]])
+def test_the_synchronous_schedule_is_the_plain_update(tmp_path: Path, model_dir: Path, settings: list[str]) -> None:
+    """The baseline is the pipeline with its numbers fixed: `cluster.schedule=sync`, and the asynchronous schedule
+    set to max_staleness 0 and drain, make the by-hand update, trajectory for trajectory."""
+    run_dir = tmp_path / "sync"
+    proc = _run_world(run_dir, model_dir, settings)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
-    schedule, hyper = trainer_job.plan(load_config(str(run_dir / "config.yaml")))
-    expected = _by_hand(model_dir, schedule, hyper)
+    cfg, hyper = _settings(run_dir)
+    expected = _by_hand(model_dir, cfg, hyper)
     published = dict(weights.iter_weights(weights.version_dir(run_dir, STEPS)))
     for k, v in expected.items():
         torch.testing.assert_close(published[k], v, rtol=0, atol=1e-7)
     report = json.loads((run_dir / "report" / "trainer.json").read_text())
     assert report["trajectories_trained"] == 8 * STEPS and report["dropped_stale"] == 0
     assert report["staleness_max"] == 0 and report["queue"]["consumed"] == 8 * STEPS
+    assert report["schedule"] == settings[0].removeprefix("cluster.schedule=")
     ledger = json.loads((run_dir / "report" / "ledger.json").read_text())
     assert len(ledger["consumed"]) == 8 * STEPS and not ledger["excluded"] and not ledger["held_at_end"]
 
@@ -86,10 +89,10 @@ def test_decoupled_loss_changes_the_update_only_through_the_behaviour_weight(tmp
     run_dir = tmp_path / "decoupled"
     proc = _run_world(run_dir, model_dir, ["algo.max_staleness=0", "algo.offpolicy=decoupled", "algo.is_cap=2.0"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    schedule, hyper = trainer_job.plan(load_config(str(run_dir / "config.yaml")))
+    cfg, hyper = _settings(run_dir)
     assert hyper.offpolicy == "decoupled"
-    expected = _by_hand(model_dir, schedule, hyper)
-    behaviour = _by_hand(model_dir, schedule, dataclasses.replace(hyper, offpolicy="behaviour"))
+    expected = _by_hand(model_dir, cfg, hyper)
+    behaviour = _by_hand(model_dir, cfg, dataclasses.replace(hyper, offpolicy="behaviour"))
     published = dict(weights.iter_weights(weights.version_dir(run_dir, STEPS)))
     for k, v in expected.items():
         torch.testing.assert_close(published[k], v, rtol=0, atol=1e-7)
@@ -104,8 +107,8 @@ def test_broadcast_delivers_the_published_weights(tmp_path: Path, model_dir: Pat
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = json.loads((run_dir / "report" / "broadcast.json").read_text())
     assert got == {"version": STEPS, "max_diff": 0.0, "names": True}
-    schedule, hyper = trainer_job.plan(load_config(str(run_dir / "config.yaml")))
-    expected = _by_hand(model_dir, schedule, hyper)
+    cfg, hyper = _settings(run_dir)
+    expected = _by_hand(model_dir, cfg, hyper)
     published = dict(weights.iter_weights(weights.version_dir(run_dir, STEPS)))
     for k, v in expected.items():
         torch.testing.assert_close(published[k], v, rtol=0, atol=1e-7)
@@ -119,8 +122,8 @@ def test_two_trainer_ranks_make_the_one_rank_update(tmp_path: Path, model_dir: P
     proc = _run_world(run_dir, model_dir, ["algo.max_staleness=0", "transport.inflight=drain", "trainer.parallel=ddp"],
                       trainer_ranks=2)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    schedule, hyper = trainer_job.plan(load_config(str(run_dir / "config.yaml")))
-    expected = _by_hand(model_dir, schedule, hyper)
+    cfg, hyper = _settings(run_dir)
+    expected = _by_hand(model_dir, cfg, hyper)
     published = dict(weights.iter_weights(weights.version_dir(run_dir, STEPS)))
     before = load_model(model_dir, 1).state_dict()
     for k, v in expected.items():
@@ -146,8 +149,8 @@ def test_two_resumed_trainer_ranks_continue_the_update(tmp_path: Path, model_dir
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "resumed from" in proc.stderr and "trainer rank 1 of 2: taking its share of each step the hub selects " \
         "(from step 2)" in proc.stderr
-    schedule, hyper = trainer_job.plan(load_config(str(run_dir / "config.yaml")))
-    expected = _by_hand(model_dir, schedule, hyper)
+    cfg, hyper = _settings(run_dir)
+    expected = _by_hand(model_dir, cfg, hyper)
     published = dict(weights.iter_weights(weights.version_dir(run_dir, STEPS)))
     for k, v in expected.items():
         torch.testing.assert_close(published[k], v, rtol=0, atol=1e-6)
@@ -182,14 +185,20 @@ def test_two_fsdp2_ranks_follow_one_rank_through_warm_start_and_kl(tmp_path: Pat
     assert reports[0]["trajectories_trained"] == reports[1]["trajectories_trained"] == 8 * STEPS
 
 
-def _by_hand(model_dir: Path, schedule: role.Schedule, hyper) -> dict[str, torch.Tensor]:
-    """The synchronous trainer by hand, as in test_resume: each step's whole batch, one rl_step, warm-up lr."""
+def _settings(run_dir: Path) -> tuple[RunConfig, RLHyper]:
+    cfg = load_config(str(run_dir / "config.yaml"))
+    return cfg, RLHyper.from_config(cfg.algo, cfg.trainer, cfg.rollout.temperature)
+
+
+def _by_hand(model_dir: Path, cfg: RunConfig, hyper: RLHyper) -> dict[str, torch.Tensor]:
+    """The synchronous trainer by hand: each step's whole batch, one rl_step, warm-up lr."""
+    t = cfg.trainer
     with one_thread():
         model = load_model(model_dir, 1)
-        opt = torch.optim.AdamW(model.parameters(), lr=schedule.lr, weight_decay=schedule.weight_decay)
+        opt = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
         for step in range(STEPS):
             for g in opt.param_groups:
-                g["lr"] = schedule.lr * min(1.0, (step + 1) / schedule.warmup_steps)
-            trajs = _trajs(step)
-            rl_step(model, opt, collate(trajs, role.shaped_rewards(trajs, schedule.fail_penalty), pad_id=1), hyper)
+                g["lr"] = t.lr * min(1.0, (step + 1) / t.warmup_steps)
+            trajs = step_batch(step)
+            rl_step(model, opt, collate(trajs, shaped_rewards(trajs, cfg.algo.fail_penalty), pad_id=1), hyper)
     return model.state_dict()

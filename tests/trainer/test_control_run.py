@@ -1,6 +1,6 @@
-"""The control run (`trainer.update=sft`: the warm start continued instead of RL) is refused on resume by both
-schedules' trainers. The asynchronous trainer used to drop its warm start on resume and train RL instead,
-silently, while `jobs.train` restarts a dead pipeline by itself (issue 18)."""
+"""The control run (`trainer.update=sft`: the warm start continued instead of RL) is refused on resume, on
+either schedule (one trainer role runs both). The asynchronous trainer used to drop its warm start on resume
+and train RL instead, silently, while `jobs.train` restarts a dead pipeline by itself (issue 18)."""
 from __future__ import annotations
 
 import json
@@ -11,8 +11,7 @@ import pytest
 from agentrl.config import load_config
 from agentrl.models import tiny
 from agentrl.monitor.tensorboard import NullMonitor
-from agentrl.trainer import async_role, role
-from agentrl.trainer.from_config import plan
+from agentrl.trainer import role
 
 
 @pytest.fixture
@@ -28,11 +27,7 @@ def resumed_control_run(tmp_path: Path, lookup_tokenizer) -> tuple[Path, Path]:
 @pytest.mark.parametrize("schedule", ["sync", "async"])
 def test_a_resumed_control_run_is_refused(resumed_control_run, schedule: str) -> None:
     run_dir, model_dir = resumed_control_run
-    cfg = load_config("demo", ["trainer.update=sft", f"cluster.schedule={schedule}"])
-    s, h = plan(cfg)
+    cfg = load_config("demo", ["trainer.update=sft", f"cluster.schedule={schedule}", "trainer.threads=1"])
     with pytest.raises(ValueError, match=r"trainer.update=sft \(the control run\) .* not a resumed one \(found "):
-        if schedule == "sync":
-            role.run(run_dir, model_dir, s, h, 1, NullMonitor())
-        else:
-            async_role.run(run_dir, model_dir, s, h, async_role.Pipeline(8, 1, 1, 16, 60.0), 1, NullMonitor(),
-                           channel_factory=lambda version: pytest.fail("a refused run opens no channel"))
+        role.run(run_dir, model_dir, cfg, NullMonitor(),
+                 channel_factory=lambda version: pytest.fail("a refused run opens no channel"))

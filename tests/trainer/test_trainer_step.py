@@ -12,7 +12,7 @@ from agentrl.algorithms.ppo import entropy_from_logits
 from agentrl.models import tiny
 from agentrl.trainer.batch import collate, layout, padding_fraction, plan_micro_batches
 from agentrl.trainer.logprobs import entropy_from_log_probs, token_logprobs
-from agentrl.trainer.role import shaped_rewards
+from agentrl.trainer.select import shaped_rewards
 from agentrl.trainer.step import RLHyper, rl_step, sft_step
 from agentrl.types import Status, Trajectory, TrajectoryBuilder, new_id
 
@@ -194,29 +194,28 @@ def test_agent_failures_get_the_penalty_infra_is_never_shaped() -> None:
 
 
 def test_select_training_data_counts_every_exclusion() -> None:
-    from agentrl.trainer.role import Schedule, select_training_data
+    from agentrl.trainer.select import select_training_data
 
     rng = np.random.default_rng(1)
-    s = Schedule(steps=1, sft_steps=0, sft_batch=1, sft_lr=1.0, sft_all_tokens=False, lr=1.0, weight_decay=0.0,
-                 max_staleness=0, drop_uniform_groups=True, fail_penalty=-0.2, wait_timeout_s=1.0, seed=0)
+    s = dict(max_staleness=0, lagging_max_staleness=0, fail_penalty=-0.2, drop_uniform_groups=True)
     mixed = [_traj(rng, 50, "a", "mixed", 1.0), _traj(rng, 50, "a", "mixed", 0.0)]
     uniform = [_traj(rng, 50, "a", "uniform", 0.0), _traj(rng, 50, "a", "uniform", 0.0)]
     # a turn-limit failure is shaped to -0.2, so this group differs from a plain 0.0 and carries signal
     shaped = [_traj(rng, 50, "a", "shaped", 0.0), _traj(rng, 50, "a", "shaped", 0.0, Status.TURN_LIMIT)]
     infra = [_traj(rng, 50, "a", "mixed", 0.0, Status.ENV_ERROR)]
     trajs = mixed + uniform + shaped + infra
-    used, rewards, counts = select_training_data(trajs, 0, s)
+    used, rewards, counts = select_training_data(trajs, 0, **s)
     assert [t.group_id for t in used] == ["mixed", "mixed", "shaped", "shaped"]
     assert rewards == [1.0, 0.0, 0.0, -0.2]
     assert counts["dropped_infra"] == 1 and counts["dropped_uniform"] == 2 and counts["dropped_stale"] == 0
     # one version later, with max_staleness 0, everything sampled by version 0 is too old
-    used, _, counts = select_training_data(trajs, 1, s)
+    used, _, counts = select_training_data(trajs, 1, **s)
     assert used == [] and counts["dropped_stale"] == 6 and counts["staleness_max"] == 1
 
 
 def test_synchronous_selection_bounds_lagging_pool_tokens_apart() -> None:
     """Cross-policy sampling: tokens of a lagging engine (id >= 1000) may be `lagging_max_staleness` old."""
-    from agentrl.trainer.role import Schedule, select_training_data
+    from agentrl.trainer.select import select_training_data
     from agentrl.types import LAGGING_ENGINE_BASE
 
     def traj(tid: str, reward: float, lagging_version: int) -> Trajectory:
@@ -228,9 +227,8 @@ def test_synchronous_selection_bounds_lagging_pool_tokens_apart() -> None:
                        num_turns=2)
 
     trajs = [traj("x", 1.0, 3), traj("y", 0.0, 1)]  # lagging tokens 2 and 4 versions old, current ones 0
-    base = dict(steps=1, sft_steps=0, sft_batch=1, sft_lr=1.0, sft_all_tokens=False, lr=1.0, weight_decay=0.0,
-                max_staleness=0, drop_uniform_groups=False, fail_penalty=-0.2, wait_timeout_s=1.0, seed=0)
-    used, _, counts = select_training_data(trajs, 5, Schedule(**base, lagging_max_staleness=3))
+    base = dict(max_staleness=0, drop_uniform_groups=False, fail_penalty=-0.2)
+    used, _, counts = select_training_data(trajs, 5, **base, lagging_max_staleness=3)
     assert [t.traj_id for t in used] == ["x"] and counts["dropped_stale"] == 1
-    used, _, counts = select_training_data(trajs, 5, Schedule(**base))  # no lagging bound: max_staleness for all
+    used, _, counts = select_training_data(trajs, 5, **base, lagging_max_staleness=0)  # no lagging pool's slack
     assert used == [] and counts["dropped_stale"] == 2

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 PRELOAD = ["torch", "torch.distributed.fsdp", "torch.distributed.checkpoint", "transformers",
-           "transformers.models.qwen2.modeling_qwen2", "agentrl.trainer.role", "jobs.trainer", "dist_trainer_worker"]
+           "transformers.models.qwen2.modeling_qwen2", "agentrl.trainer.learner", "dist_trainer_worker"]
 
 
 def context() -> Any:
@@ -63,48 +63,3 @@ def join_all(procs: list[Any], timeout_s: float) -> None:
 
 def errors_of(errors: Path) -> str:
     return "\n".join(f.read_text() for f in sorted(errors.glob("error-*.txt")))
-
-
-def trainer_job(run_dir: Path) -> None:
-    """`python -m jobs.trainer --run-dir run_dir`, in this process."""
-    from jobs import trainer
-
-    trainer.main(["--run-dir", str(run_dir)])
-
-
-class Recorder:
-    """A monitor that keeps every scalar: values[name][step]."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, dict[int, float]] = {}
-
-    def scalars(self, values: Any, step: int) -> None:
-        for k, v in values.items():
-            self.values.setdefault(k, {})[step] = float(v)
-
-    def text(self, tag: str, value: str, step: int = 0) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def trainer_run(run_dir: Path, out: Path) -> None:
-    """jobs.trainer's main, recording the scalars and final state of each rank to `out`-<rank> (torch.save)."""
-    import torch
-
-    from agentrl.config import load_config
-    from agentrl.trainer import role
-    from agentrl.trainer.parallel import Parallel, close_distributed, dist_env, init_distributed
-    from jobs import trainer
-
-    cfg = load_config(str(run_dir / "config.yaml"))
-    schedule, hyper = trainer.plan(cfg)
-    env = dist_env()
-    par = Parallel(cfg.trainer.parallel, env, init_distributed(env), cfg.trainer.mixed_precision)
-    rec = Recorder()
-    try:
-        state = role.run(run_dir, Path(cfg.model.path), schedule, hyper, cfg.trainer.threads, rec, par)
-    finally:
-        close_distributed()
-    torch.save({"values": rec.values, "state": state}, f"{out}-{par.rank}")

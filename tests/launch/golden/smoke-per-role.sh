@@ -1,6 +1,6 @@
 #!/bin/bash
 # agentrl run 'smoke' from preset 'smoke': one job per role (cluster.hetjob=false).
-# Rendered by `python -m jobs.launch --preset smoke --render-sbatch cluster.trainer.slurm.cpus_per_task=1 cluster.rollout.slurm.cpus_per_task=1 cluster.env.slurm.cpus_per_task=1 trainer.threads=1 rollout.engine=expert cluster.hetjob=false`; edit the config, not this file.
+# Rendered by `python -m jobs.launch --preset smoke --render-sbatch cluster.trainer.slurm.cpus_per_task=1 cluster.rollout.slurm.cpus_per_task=1 cluster.env.slurm.cpus_per_task=1 trainer.threads=1 rollout.engine=expert cluster.hetjob=false transport.channel=files`; edit the config, not this file.
 # Run it (do not sbatch it), after `bash install.sh` in /srv/agentrl (where it runs): it submits the
 # jobs. Logs: <job name>-<job id>.out here; each role's in the run dir's logs/<role>-<task>.log.
 # Preemption: 300 s before the time limit Slurm sends USR1; the trainer checkpoints and the
@@ -11,7 +11,7 @@ PY=${AGENTRL_PYTHON:-/srv/agentrl/.venv/bin/python}
 RUN_DIR=/srv/agentrl/runs/smoke-$(date +%Y%m%d-%H%M%S)
 mkdir -p "$RUN_DIR/logs"
 # config.yaml is written once: a requeued job keeps it (and its checkpoints) and resumes
-"$PY" -m jobs.launch --preset smoke --prepare-run "$RUN_DIR" cluster.trainer.slurm.cpus_per_task=1 cluster.rollout.slurm.cpus_per_task=1 cluster.env.slurm.cpus_per_task=1 trainer.threads=1 rollout.engine=expert cluster.hetjob=false controller.host=0.0.0.0
+"$PY" -m jobs.launch --preset smoke --prepare-run "$RUN_DIR" cluster.trainer.slurm.cpus_per_task=1 cluster.rollout.slurm.cpus_per_task=1 cluster.env.slurm.cpus_per_task=1 trainer.threads=1 rollout.engine=expert cluster.hetjob=false transport.channel=files controller.host=0.0.0.0
 export AGENTRL_RUN_DIR=$RUN_DIR AGENTRL_PYTHON=$PY
 ENV_JOB=$(sbatch --parsable <<'JOB'
 #!/bin/bash
@@ -138,8 +138,30 @@ wait_step() {
   done
 }
 until [ -f "$RUN_DIR/model/config.json" ]; do sleep 5; done  # the trainer job builds it
-# rollout: 1 task
-srun --mpi=none --ntasks=1 --exact --cpus-per-task=1 --mem=0 "--output=$RUN_DIR/logs/rollout-%t.log" "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.rollout --run-dir "$RUN_DIR" &
+# rollout: task $1 as its own step; when it fails it is started again, at most 3 times (meanwhile
+# the run goes on without it); SIGTERM stops it and its step
+rollout() {
+  local left=3 rc step
+  trap 'kill "$step" 2>/dev/null; wait "$step"; exit 0' TERM
+  while :; do
+    srun --mpi=none --ntasks=1 --exact --cpus-per-task=1 --mem=0 "--output=$RUN_DIR/logs/rollout-$1.log" env OMP_NUM_THREADS=2 "$PY" -m agentrl.launch.slurm_env -- "$PY" -m jobs.rollout --run-dir "$RUN_DIR" --rank "$1" &
+    step=$!
+    wait "$step"; rc=$?
+    [ "$rc" != 0 ] && [ "$left" -gt 0 ] || return "$rc"
+    left=$((left - 1))
+    echo "agentrl: rollout $1 exited with $rc; starting it again ($left restarts left)"
+  done
+}
+# rollouts N: tasks 0..N-1, each under rollout; SIGTERM stops them all. Exit status: the last failure's
+rollouts() {
+  local pids=() i rc=0
+  trap 'kill "${pids[@]}" 2>/dev/null; wait; exit 0' TERM
+  for ((i = 0; i < $1; i++)); do rollout "$i" & pids+=($!); done
+  for i in "${pids[@]}"; do wait "$i" || rc=$?; done
+  return "$rc"
+}
+# rollout: 1 task, a step each
+rollouts 1 &
 ROLLOUT=$!
 wait_step "$ROLLOUT"; status=$?
 scancel "$AGENTRL_ENV_JOB"

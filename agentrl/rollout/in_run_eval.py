@@ -1,0 +1,60 @@
+"""The evaluation inside a training run: held-out episodes of each task, greedy (and optionally sampled), by
+rollout rank 0 on the first weights and on the final ones (report/eval-v<N>.json, TensorBoard)."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from agentrl.monitor.eval_summary import task_eval
+from agentrl.monitor.rollout_stats import rollout_metrics
+from agentrl.monitor.trajectory_text import write_conversations
+from agentrl.rollout.chat import ChatFormat
+from agentrl.rollout.collect import collect
+from agentrl.rollout.engine import Engine, SamplingConfig
+from agentrl.rollout.plan import RolloutPlan
+
+log = logging.getLogger("agentrl.rollout")
+
+
+async def evaluate(client: Any, engine: Engine, fmt: ChatFormat, plan: RolloutPlan, version: int, report_dir: Path,
+                   monitor, sampled: bool = False) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
+    """Episodes on the first `eval_samples` held-out indices of each task: greedy, or (`sampled`) each
+    index `eval_sampled` times at the rollout temperature, i.e. the stochastic policy RL optimizes.
+
+    Returns the metrics (also logged and written to report/<eval|eval_sampled>-v<version>.json) and the
+    per-task evaluation (`eval_summary.task_eval`: success, episodes, stderr, status counts)."""
+    name, repeat = ("eval_sampled", plan.eval_sampled) if sampled else ("eval", 1)
+    reqs = []
+    for task in plan.tasks:
+        idx = (await client.indices(task, plan.eval_split))[: plan.eval_samples]
+        reqs += [(task, i, f"{name}-{task}-{i}") for i in idx for _ in range(repeat)]
+    temperature, top_p = (plan.temperature, plan.top_p) if sampled else (0.0, 1.0)
+    sampling = SamplingConfig(plan.limits.max_new_tokens, temperature, top_p, fmt.stop_ids)
+    t0 = time.perf_counter()
+    trajs, _ = await collect(client, engine, fmt, reqs, sampling, plan.limits, plan.concurrency, plan.retry)
+    m = rollout_metrics(trajs, prefix=name)
+    scored = [t for t in trajs if not t.status.is_infra]  # env failures say nothing about the policy
+    m[f"{name}/success"] = sum(t.metrics.get("success", 0.0) for t in scored) / max(len(scored), 1)
+    m[f"{name}/episodes"] = float(len(scored))
+    m[f"{name}/env_errors"] = float(len(trajs) - len(scored))
+    m[f"{name}/seconds"] = time.perf_counter() - t0
+    per_task = task_eval(trajs)
+    monitor.scalars(m, version)
+    write_conversations(monitor, trajs, fmt.tokenizer, version, prefix=f"{name}/conversations")  # a few per task
+    report_dir.mkdir(parents=True, exist_ok=True)
+    (report_dir / f"{name}-v{version}.json").write_text(
+        json.dumps({"version": version, **m, "per_task": per_task}, indent=2))
+    log.info("%s v%d: success %.3f over %d held-out episodes (%s)", name, version, m[f"{name}/success"], len(trajs),
+             "; ".join(f"{k} {v['success']:.3f}" for k, v in per_task.items()))
+    return m, per_task
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`, or {} if it is missing or unreadable (a report another role may not have written)."""
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return {}

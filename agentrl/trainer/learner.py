@@ -1,0 +1,156 @@
+"""The learner: the policy and everything that updates it, built once per trainer rank.
+
+    model (sharded under FSDP2) · tokenizer's pad id · warm start (unless resuming) · frozen KL reference ·
+    optimizer and LR schedule · running state (step, policy version, consumed ids, totals) · checkpoints ·
+    published weights
+
+The pipeline's trainer role (`agentrl.trainer.role`) holds one, on the hub and on every other rank alike;
+the schedule (what each step trains on, when) is the role's, the update is the learner's. A learner built
+in a run dir with a checkpoint resumes from the newest one and skips the warm start.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from agentrl.config import RunConfig
+from agentrl.trainer import checkpoint
+from agentrl.trainer.batch import collate
+from agentrl.trainer.checkpoint import TrainerState
+from agentrl.trainer.model_load import gathered_state_dict, load_policy, load_reference
+from agentrl.trainer.parallel import Parallel
+from agentrl.trainer.step import RLHyper, rl_step
+from agentrl.trainer.warm_start import WarmStart, check_control_run
+from agentrl.transport import weights as weights_io
+from agentrl.transport.shards import ShardReader
+from agentrl.types import Trajectory
+
+log = logging.getLogger("agentrl.trainer")
+
+
+def publish_weights(run_dir: Path, version: int, model: torch.nn.Module, par: Parallel,
+                    base: Path | None = None) -> None:
+    """Whole weights as weights/v<version> (gathered to rank 0 under FSDP2), a complete model directory
+    beside `base`'s config and tokenizer files, in the model's own dtype. Collective."""
+    state = gathered_state_dict(model, par, weights_io.model_dtype(base) if base is not None else None)
+    if par.is_main:
+        weights_io.publish(run_dir, version, state, base=base)
+
+
+def reference_model(run_dir: Path, model_dir: Path, threads: int, par: Parallel, warm_started: bool
+                    ) -> torch.nn.Module:
+    """The frozen KL reference: the policy as RL found it (after the warm start, if there was one), in the
+    compute dtype and sharded like the policy (`model_load.load_reference`)."""
+    state = None
+    if warm_started and (par.is_main or not par.sharded):  # under FSDP2 rank 0 reads, the others get shards
+        state = checkpoint.load_reference(run_dir)
+        if state is None:
+            raise FileNotFoundError(f"kl_coef > 0 but {checkpoint.ckpt_root(run_dir)} holds no reference weights "
+                                    "(was the run started with kl_coef = 0?)")
+    return load_reference(model_dir, threads, par, state)
+
+
+class Learner:
+    """The policy, its optimizer and its running state on one trainer rank (every rank builds one alike).
+
+    Attributes:
+        resume: the checkpoint this learner resumed from (None: a fresh run, warm-started if configured).
+        state: step, policy version, consumed trajectory ids and running totals.
+        dtype: the published weights' dtype (the model directory's own).
+    """
+
+    def __init__(self, run_dir: Path, model_dir: Path, cfg: RunConfig, monitor, par: Parallel | None = None
+                 ) -> None:
+        t = cfg.trainer
+        self.run_dir, self.model_dir, self.t = run_dir, model_dir, t
+        self.par = par = par or Parallel()
+        self.hyper = RLHyper.from_config(cfg.algo, t, cfg.rollout.temperature)
+        seed = cfg.seed + t.seed
+        torch.manual_seed(seed)
+        self.model = load_policy(model_dir, t.threads, par)
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(model_dir))
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)  # masked
+        self.resume: Path | None = par.broadcast_object(checkpoint.latest(run_dir))  # rank 0 decides for all
+        check_control_run(t, self.resume)
+        self.warm: WarmStart | None = None
+        sft_done = 0
+        if self.resume is None and t.sft_steps > 0:  # every rank: each runs its share of the same batches
+            demos = ShardReader(run_dir / "shards" / "expert-0").wait(0, timeout_s=cfg.cluster.role_timeout_s,
+                                                                       poll_s=cfg.transport.poll_s)
+            log.info("warm start on %d expert trajectories", len(demos))
+            self.warm = WarmStart(self.model, demos, t, seed, self.pad_id, par)
+            sft_done = int(self.warm.run(monitor)["sft_steps_done"])
+            if self.hyper.kl_coef > 0:
+                ref_state = par.full_state_dict(self.model)
+                if par.is_main:
+                    checkpoint.save_reference(run_dir, ref_state)
+                par.barrier()
+        self.ref_model = (reference_model(run_dir, model_dir, t.threads, par, t.sft_steps > 0)
+                          if self.hyper.kl_coef > 0 else None)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+        warmup = max(t.warmup_steps, 1)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda i: min(1.0, (i + 1) / warmup))
+        self.state = TrainerState()
+        self.state.stats["sft_steps"] = float(sft_done)
+        if self.resume is not None:
+            self.state = checkpoint.load(self.resume, self.model, self.opt, self.sched, par)
+        self.dtype = weights_io.model_dtype(model_dir)
+
+    @property
+    def control(self) -> bool:
+        """The control run (`trainer.update=sft`): every step is another warm-start step instead of RL."""
+        return self.warm is not None and self.t.update == "sft"
+
+    @property
+    def lr(self) -> float:
+        """The rate the next update uses."""
+        return float(self.opt.param_groups[0]["lr"])
+
+    def update(self, usable: list[Trajectory], rewards: list[float]) -> dict[str, float]:
+        """One step's update, the same on every rank: an imitation step (the control run), an RL step on the
+        batch, or none when nothing was usable ({})."""
+        if self.control:
+            assert self.warm is not None
+            return self.warm.step()
+        if not usable:
+            return {}
+        self.model.train()
+        return rl_step(self.model, self.opt, collate(usable, rewards, self.pad_id), self.hyper, self.ref_model,
+                       self.par)
+
+    def publish_current(self) -> None:
+        """weights/v<policy version> from this learner's weights. Collective."""
+        publish_weights(self.run_dir, self.state.policy_version, self.model, self.par, self.model_dir)
+
+    def save(self) -> Path:
+        """ckpt/step-<N> (keeping `trainer.keep_checkpoints`). Collective."""
+        return checkpoint.save(self.run_dir, self.state, self.model, self.opt, self.sched, self.par,
+                               self.t.keep_checkpoints)
+
+    def end_step(self, publish: Callable[[dict[str, torch.Tensor]], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> tuple[bool, bool]:
+        """After an update, on every rank: advance the LR schedule and the version, hand the whole weights to
+        `publish` (the hub's; gathered tensor by tensor in the published dtype), agree on the hub's stop
+        signal, checkpoint when due (every `trainer.checkpoint_every` steps, after the last, on a stop).
+
+        Returns:
+            (stop, checkpointed).
+        """
+        self.sched.step()
+        self.state.step += 1
+        self.state.policy_version += 1
+        par = self.par
+        weights = gathered_state_dict(self.model, par, self.dtype) if par.distributed else self.model.state_dict()
+        if publish is not None:
+            publish(weights)
+        stop = bool(par.broadcast_object(par.is_main and should_stop is not None and should_stop()))
+        every = self.t.checkpoint_every
+        due = stop or bool(every) and (self.state.step % every == 0 or self.state.step == self.t.steps)
+        if due:
+            self.save()
+        return stop, due

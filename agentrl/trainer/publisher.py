@@ -1,0 +1,71 @@
+"""Weights v<N> from the trainer's hub to the engines, overlapped with the next step."""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentrl.transport import weights as weights_io
+
+
+class Publisher:
+    """Weights v<N> to the engines: the versioned directory always (restarts read it), plus the in-job
+    broadcast when configured. The copy to CPU happens on the trainer's thread; writing the directory and
+    the broadcast run on a background thread, so the next step overlaps them (it waits only if the previous
+    publish is still running)."""
+
+    def __init__(self, run_dir: Path, broadcast: Any = None, base: Path | None = None) -> None:
+        self.run_dir, self.broadcast, self.base = run_dir, broadcast, base
+        self.dtype = weights_io.model_dtype(base) if base is not None else None  # the model's own, as published
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.wait_s = 0.0
+        self.unannounced: int | None = None  # a version published but not yet announced to the rollout ranks
+
+    def publish(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        self.join()
+        copy = {k: v.detach().to("cpu", dtype=self.dtype if self.dtype is not None and v.is_floating_point()
+                                   else v.dtype, copy=True) for k, v in state.items()}
+
+        def work() -> None:
+            try:
+                weights_io.publish(self.run_dir, version, copy, base=self.base)
+                if self.broadcast is not None:
+                    self.broadcast.send(version, copy.items())
+            except BaseException as e:  # noqa: BLE001 - re-raised on the trainer thread by join()
+                self._error = e
+
+        self._thread = threading.Thread(target=work, name=f"publish-v{version}", daemon=True)
+        self._thread.start()
+        self.unannounced = version
+
+    def announce(self, ch: Any, wait: bool = False) -> None:
+        """Notify the rollout ranks of the newest version once it is complete (directory written, broadcast
+        sent): a notice never names weights that are not there yet. From the trainer thread only (MPI)."""
+        if self.unannounced is None:
+            return
+        if wait:
+            self.join()
+        if self._thread is None or not self._thread.is_alive():
+            self.join()
+            ch.notify(self.unannounced)
+            self.unannounced = None
+
+    def close(self) -> None:
+        """End the broadcast with an empty message of version -1: receivers leave their loop, so no process
+        exits with a collective pending (gloo aborts the process then)."""
+        self.join()
+        if self.broadcast is not None:
+            self.broadcast.send(-1, [])
+
+    def join(self) -> None:
+        if self._thread is not None:
+            t0 = time.perf_counter()
+            self._thread.join()
+            self.wait_s += time.perf_counter() - t0
+            self._thread = None
+        if self._error is not None:
+            raise RuntimeError("publishing weights failed") from self._error

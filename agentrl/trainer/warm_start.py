@@ -1,0 +1,101 @@
+"""The warm start: supervised steps on the scripted expert's trajectories before RL (design §7).
+
+Every trainer rank runs it alike (the same draws; each rank takes its share of each batch). It also serves
+the control run (`trainer.update=sft`), whose RL steps are replaced by more of these steps.
+"""
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+
+import torch
+
+from agentrl.config import TrainerConfig
+from agentrl.trainer.batch import collate
+from agentrl.trainer.imitation import reproduced_share
+from agentrl.trainer.parallel import Parallel
+from agentrl.trainer.step import sft_step
+from agentrl.types import Trajectory
+
+log = logging.getLogger("agentrl.trainer")
+
+
+def check_control_run(t: TrainerConfig, resume: Path | None) -> None:
+    """The control run (`trainer.update=sft`) continues the warm start's own optimizer and sampling, which a
+    checkpoint does not hold: it cannot be resumed (resumed, it would silently train RL)."""
+    if t.update == "sft" and (resume is not None or t.sft_steps == 0):
+        raise ValueError("trainer.update=sft (the control run) continues a warm start: it needs sft_steps > 0 "
+                         f"and a fresh run dir, not a resumed one{f' (found {resume})' if resume else ''}")
+
+
+def split_demos(demos: list[Trajectory], t: TrainerConfig, seed: int) -> tuple[list[Trajectory], list[Trajectory]]:
+    """(what the warm start trains on, held-out successful demonstrations per task for `sft_target`)."""
+    rng = random.Random(seed + 1)
+    held: list[Trajectory] = []
+    if t.sft_target > 0:
+        for task in sorted({d.task for d in demos}):
+            wins = [d for d in demos if d.task == task and d.metrics.get("success", 0.0) > 0]
+            held += rng.sample(wins, min(t.sft_holdout, len(wins) // 4))
+    ids = {d.traj_id for d in held}
+    train = [d for d in demos if d.traj_id not in ids]
+    if t.sft_successful_only:
+        train = [d for d in train if d.metrics.get("success", 0.0) > 0]
+    return train, held
+
+
+class WarmStart:
+    """Supervised steps on the scripted expert's trajectories: its successful ones (rejection sampling), or
+    all of them (`sft_successful_only=False`: plain imitation of an imperfect expert, whose mistakes RL then
+    unlearns). `run` takes at most `sft_steps`; with `sft_target > 0` it stops as soon as every task's
+    held-out successful demonstrations are reproducible (`imitation.reproduced_share`), wherever that happens
+    on this machine. `step` is one more update (the control run's steps, `trainer.update=sft`)."""
+
+    def __init__(self, model: torch.nn.Module, demos: list[Trajectory], t: TrainerConfig, seed: int, pad_id: int,
+                 par: Parallel | None = None) -> None:
+        self.model, self.t, self.pad_id, self.par = model, t, pad_id, par or Parallel()
+        self.train, self.held = split_demos(demos, t, seed)
+        if not self.train:
+            raise RuntimeError("warm start: no expert trajectory to train on (none successful?)")
+        self.opt = torch.optim.AdamW(model.parameters(), lr=t.sft_lr, weight_decay=0.0)
+        # short linear warm-up, then constant: a decaying rate slowed the late copy skills more than it steadied them
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda i: min(1.0, (i + 1) / 10))
+        self.rng = random.Random(seed)  # the same draws on every rank: each runs its share of the same batch
+        self.done = 0
+
+    def step(self) -> dict[str, float]:
+        picked = self.rng.sample(self.train, min(self.t.sft_batch, len(self.train)))
+        batch = collate(picked, [0.0] * len(picked), self.pad_id)
+        self.model.train()
+        stats = sft_step(self.model, self.opt, batch, self.t.grad_clip, self.t.micro_batch_tokens,
+                         self.t.sft_all_tokens, self.par, self.t.packing)
+        self.sched.step()
+        self.done += 1
+        return stats
+
+    def run(self, monitor) -> dict[str, float]:
+        """The warm start; returns the last step's statistics plus `sft_steps_done`."""
+        t, stats = self.t, {}
+        for i in range(t.sft_steps):
+            if self.held and i % t.sft_check_every == 0 and self._imitates(monitor, i):
+                break
+            stats = self.step()
+            monitor.scalars({f"sft/{k}": v for k, v in stats.items()}, i)
+            if i % 50 == 0 or i == t.sft_steps - 1:
+                log.info("sft step %d/%d loss %.4f token_acc %.3f", i + 1, t.sft_steps, stats["sft_loss"],
+                         stats["sft_token_acc"])
+        else:
+            if self.held and not self._imitates(monitor, t.sft_steps):
+                log.warning("warm start: %d steps (the cap) without reaching sft_target %.2f on every task",
+                            t.sft_steps, t.sft_target)
+        log.info("warm start done after %d steps", self.done)
+        return {**stats, "sft_steps_done": float(self.done)}
+
+    def _imitates(self, monitor, step: int) -> bool:
+        """Check `sft_target` on the held-out demonstrations (every rank runs it; rank 0's verdict counts)."""
+        share = reproduced_share(self.model, self.held, self.pad_id, self.t.sft_min_token_prob)
+        monitor.scalars({f"sft/reproduced/{task}": v for task, v in share.items()}, step)
+        reached = bool(share) and min(share.values()) >= self.t.sft_target
+        log.info("sft step %d: held-out successes reproducible %s%s", step,
+                 {k: round(v, 3) for k, v in share.items()}, " (target reached)" if reached else "")
+        return bool(self.par.broadcast_object(reached))

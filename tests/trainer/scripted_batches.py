@@ -1,0 +1,44 @@
+"""The scripted rollout's batches for the trainer tests (imported by name, as `system_tools`): one step's GRPO
+groups as sampled by v<step>, with rewards that differ within each group, and a one-thread context for
+bit-equal float reductions between a role and its by-hand reference."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from agentrl.types import Status, Trajectory, TrajectoryBuilder
+
+STEPS = 4
+
+
+def step_batch(step: int, n_groups: int = 2, vocab: int = 250) -> list[Trajectory]:
+    """One step's rollout, sampled by weights v<step> (a synchronous schedule); rewards differ within groups."""
+    rng = np.random.default_rng(100 + step)
+    out = []
+    for g in range(n_groups):
+        for k in range(4):
+            b = TrajectoryBuilder()
+            for _ in range(int(rng.integers(1, 3))):
+                b.add_context(rng.integers(5, vocab, int(rng.integers(3, 8))).tolist())
+                n = int(rng.integers(2, 6))
+                b.add_action(rng.integers(5, vocab, n).tolist(), (-rng.random(n) * 2 - 3).tolist(), step, 0)
+            status = Status.TURN_LIMIT if k == 3 else Status.COMPLETED
+            out.append(b.build(traj_id=f"s{step}-g{g}-{k}", task="lookup", index=str(g), group_id=f"s{step}-{g}",
+                               reward=float(k % 2), status=status, num_turns=2, metrics={"success": 1.0}))
+    return out
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Every run here computes on one thread (as the trainer processes do): bit-equal float reductions."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
