@@ -19,7 +19,7 @@ from agentrl.transport.file_channel import (
     _write_json,
     shard_positions,
 )
-from agentrl.transport.mpi_channel import Notice
+from agentrl.transport.channel import Notice
 from agentrl.transport.shards import ShardWriter, shard_dir
 from agentrl.types import Status, Trajectory, TrajectoryBuilder
 
