@@ -1,8 +1,9 @@
 """The asynchronous pipeline's channel without MPI: the shared filesystem carries everything.
 
 For roles that run as separate jobs (their own Slurm jobs, or processes the local launcher restarts one by
-one) with no MPI world between them. Same interface as `mpi_channel`'s `TrainerChannel` / `RolloutChannel`,
-as far as the roles (`agentrl.trainer.role`, `agentrl.rollout.role`) use it.
+one) with no MPI world between them. It keeps the contract of `agentrl.transport.channel` (the protocols
+`TrainerChannel` / `RolloutChannel`), with two differences the contract allows: notices are coalesced (a rank
+sees the newest version, not every one), and `send` carries nothing (the shard segment is the message).
 
 * **Trajectories**: the shard segments themselves. A rollout rank already writes every batch to
   `shards/rollout-<r>/<seq>.h5` before it "sends" it, so `FileRolloutChannel.send` does nothing; the
@@ -21,16 +22,16 @@ as far as the roles (`agentrl.trainer.role`, `agentrl.rollout.role`) use it.
   and fails when the notice file later names another nonce: the trainer started again, and the rank must
   start again too to follow it (its weights may be ahead of the resumed trainer's). Hello and bye files
   carry the nonce as well; the trainer ignores those of another life.
-* **Closing**: the trainer writes stop, then waits (bounded) for every rank's `bye-<r>.json`, which a rank
-  writes after its last shard; segments read after a bye is seen include all of that rank's data.
+* **Closing**: the trainer writes stop, then waits (bounded; a timeout is logged, not raised) for every
+  rank's `bye-<r>.json`, which a rank writes after its last shard; segments read after a bye is seen
+  include all of that rank's data.
 
-As with the MPI channel, the rendezvous functions are passed in (transport does not import launch).
+The rendezvous functions are passed in (transport does not import launch, design §2).
 Standard library and the shard reader only: no MPI is initialized, nothing happens on import.
 """
 from __future__ import annotations
 
 import json
-import logging
 import os
 import secrets
 import socket
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.fsio import write_json_atomic
-from agentrl.transport.mpi_channel import Notice, NoticeInbox
+from agentrl.transport.channel import Notice, PolledInbox, warn_not_closed
 from agentrl.transport.shards import SHARD_NAME, rank_dirs, read_shard
 from agentrl.types import Trajectory
 
@@ -49,9 +50,6 @@ CHANNEL_DIR = "channel"  # run_dir/channel/: notice.json, hello-<r>.json, bye-<r
 
 Publish = Callable[..., None]  # rendezvous.publish(run_dir, **entries)
 Read = Callable[[Path], dict[str, Any]]  # rendezvous.read(run_dir)
-
-log = logging.getLogger("agentrl.transport")
-
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     """Replace `path` atomically: readers see the old content or the new, never a torn file."""
@@ -85,7 +83,8 @@ def shard_positions(run_dir: str | os.PathLike[str]) -> dict[int, int]:
 
 
 class FileTrainerChannel:
-    """The trainer's end: reads new shard segments of every rollout rank, writes the notice file."""
+    """The trainer's end (`channel.TrainerChannel`): reads new shard segments of every rollout rank, writes
+    the notice file."""
 
     def __init__(self, run_dir: Path, ranks: int, nonce: str, version: int, poll_s: float,
                  start: dict[int, int]) -> None:
@@ -190,8 +189,8 @@ class FileTrainerChannel:
     def close(self, timeout_s: float = 30.0) -> list[Trajectory]:
         """Tell every rollout rank to stop and wait (at most `timeout_s`) for their byes.
 
-        A rank that does not say bye in time is logged, not raised: the trainer's steps are done, and the
-        caller still writes its ledger; whatever that rank wrote until now is read and returned.
+        A rank that does not say bye in time is logged, not raised (the contract of
+        `channel.TrainerChannel.close`); whatever that rank wrote until now is read and returned.
 
         Returns:
             Trajectories of the segments that arrived meanwhile (the caller decides their fate).
@@ -205,16 +204,15 @@ class FileTrainerChannel:
             if closed >= set(range(self.ranks)):
                 return late
             if time.monotonic() > deadline:
-                log.warning("trainer waited %g s for rollout ranks %s to say bye; closing without them",
-                            timeout_s, sorted(set(range(self.ranks)) - closed))
+                warn_not_closed("trainer", f"rollout ranks {sorted(set(range(self.ranks)) - closed)}", timeout_s)
                 return late
             time.sleep(self.poll_s)
 
 
-class FileRolloutChannel(NoticeInbox):
-    """One rollout rank's end: reads the trainer's notice file; its shards are its messages. Notices carry
-    the newest version only (versions in between are skipped); polling raises RuntimeError once the notice
-    file belongs to another life of the trainer."""
+class FileRolloutChannel(PolledInbox):
+    """One rollout rank's end (`channel.RolloutChannel`): reads the trainer's notice file; its shards are its
+    messages. Notices carry the newest version only (versions in between are skipped); polling raises
+    RuntimeError once the notice file belongs to another life of the trainer."""
 
     def __init__(self, run_dir: Path, rollout_rank: int, nonce: str, poll_s: float) -> None:
         self.run_dir, self.rollout_rank, self.nonce, self.poll_s = run_dir, rollout_rank, nonce, poll_s
@@ -282,5 +280,6 @@ class FileRolloutChannel(NoticeInbox):
         return 0.0
 
     def close(self, timeout_s: float = 60.0) -> None:
-        """Say bye (after the last segment is written): the trainer reads up to here and stops waiting."""
+        """Say bye (after the last segment is written): the trainer reads up to here and stops waiting. Waits
+        for nothing: the segments are on disk already."""
         _write_json(self.dir / f"bye-{self.rollout_rank}.json", {"nonce": self.nonce, "pid": os.getpid()})

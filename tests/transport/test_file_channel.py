@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.launch import rendezvous
+from agentrl.transport.channel import Notice
 from agentrl.transport.file_channel import (
     CHANNEL_DIR,
     CHANNEL_KEY,
@@ -19,7 +20,6 @@ from agentrl.transport.file_channel import (
     _write_json,
     shard_positions,
 )
-from agentrl.transport.mpi_channel import Notice
 from agentrl.transport.shards import ShardWriter, shard_dir
 from agentrl.types import Status, Trajectory, TrajectoryBuilder
 
