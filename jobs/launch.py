@@ -9,7 +9,8 @@ Under Slurm (the rendered scripts call it first, in the job): `--prepare-run RUN
 RUN_DIR/config.yaml unless a requeued job left one; `--clear-pipeline RUN_DIR` drops the asynchronous
 pipeline's keys from RUN_DIR/rendezvous.json before the script starts its dead MPI world again.
 Through submitit the job's function is `agentrl.launch.submit.HetRun`; `job.result()` is the run's
-report/summary.json. Roles, steps and groups are those of `agentrl.launch.topology`, for all three ways.
+report/summary.json. Roles, steps and groups are those of `agentrl.launch.topology`, for all three ways;
+the script is `agentrl.launch.sbatch.render_run`'s.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ Qwen2-architecture model, saved in Hugging Face format (transformers and vLLM lo
     srun -n1 python -m jobs.make_model --run-dir $RUN_DIR     # the same inside a Slurm allocation
 
 The training text is the train split's expert conversations rendered in the chat format, so task words
-and numbers become single tokens. Nothing is downloaded.
+and numbers become single tokens. Nothing is downloaded. The library is `agentrl.models.tiny_policy`.
 """
 from __future__ import annotations
 
