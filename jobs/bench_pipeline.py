@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agentrl.bench.pipeline import throughput
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -83,15 +85,6 @@ def run_schedule(root: Path, name: str, extra: list[str], timeout_s: float = 900
             "wall_s": time.time() - t_launch}
 
 
-def throughput(r: dict[str, Any], per_step: int) -> tuple[float, float]:
-    """(steady-state trajectories/s over steps 2..N, end-to-end trajectories/s from v0 to step N)."""
-    t = r["step_t"]
-    n = max(t)
-    steady = (n - 1) * per_step / max(t[n] - t[1], 1e-9)
-    e2e = n * per_step / max(t[n] - (r["t_v0"] or t[1]), 1e-9)
-    return steady, e2e
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small runs (about 4 minutes on 2 cores)")
@@ -131,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
                                                  f"algo.max_staleness={args.staleness}", f"trainer.threads={t_train}",
                                                  f"cluster.engine_threads={t_engine}"])
     print(f"async done in {asyn['wall_s']:.0f}s", flush=True)
-    sync_tps, sync_e2e = throughput(sync, per_step)
-    async_tps, async_e2e = throughput(asyn, per_step)
+    sync_tps, sync_e2e = throughput(sync["step_t"], sync["t_v0"], per_step)
+    async_tps, async_e2e = throughput(asyn["step_t"], asyn["t_v0"], per_step)
     tr = asyn["trainer"]
     consumed = max(tr["queue"].get("consumed", 0), 1)
     busy = max(tr["rl_wall_s"], 1e-9)

@@ -9,7 +9,8 @@ Under Slurm (the rendered scripts call it first, in the job): `--prepare-run RUN
 RUN_DIR/config.yaml unless a requeued job left one; `--clear-pipeline RUN_DIR` drops the asynchronous
 pipeline's keys from RUN_DIR/rendezvous.json before the script starts its dead MPI world again.
 Through submitit the job's function is `agentrl.launch.submit.HetRun`; `job.result()` is the run's
-report/summary.json. Roles, steps and groups are those of `agentrl.launch.topology`, for all three ways.
+report/summary.json. Roles, steps and groups are those of `agentrl.launch.topology`, for all three ways;
+the script is `agentrl.launch.sbatch.render_run`'s.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import sys
 from pathlib import Path
 
 from agentrl.config import ConfigError, load_config
-from agentrl.launch import sbatch, topology
+from agentrl.launch import sbatch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,12 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     if args.render_sbatch:
-        plan = topology.plan(cfg, args.root)
-        env = cfg.cluster.env
-        image = topology.absolute(env.apptainer_image, args.root)
-        binds = tuple(topology.absolute(b, args.root) for b in env.binds)
-        render = sbatch.render_hetjob if cfg.cluster.hetjob else sbatch.render_per_role
-        print(render(plan, args.preset, overrides, image, binds), end="")
+        print(sbatch.render_run(cfg, args.preset, overrides, args.root), end="")
         return 0
     if cfg.cluster.launcher == "local":  # the local launcher is jobs.train's: run it, with these arguments
         os.execv(sys.executable, [sys.executable, "-m", "jobs.train", "--preset", args.preset, *overrides])

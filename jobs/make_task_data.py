@@ -6,46 +6,16 @@
     # submitit: executor.submit(jobs.make_task_data.main, ["os", "db"])
 
 The generated files are committed; running this again rewrites them byte for byte (the tests check it).
-A task adds itself to `GENERATORS` with a function that returns {relative path: file content}.
+A task adds itself to `agentrl.envs.task_data.GENERATORS` with a function that returns {relative path: file content}.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
+from agentrl.envs.task_data import GENERATORS, stale_files, write_files
 from agentrl.envs.tasks.shared import data_root
-
-
-def os_files() -> dict[str, str]:
-    from agentrl.envs.tasks import os_data
-
-    return {f"os/{split}.json": json.dumps(os_data.generate(split), indent=1) + "\n" for split in os_data.SPLIT_SIZES}
-
-
-def db_files() -> dict[str, str]:
-    from agentrl.envs.tasks import db_data
-
-    return {f"db/{split}.jsonl": "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in db_data.generate(split))
-            for split in db_data.SPLIT_SIZES}
-
-
-def kg_files() -> dict[str, str]:
-    from agentrl.envs.tasks import kg_data
-
-    return {f"kg/{name}": content for name, content in kg_data.generate().items()}
-
-
-def webshop_files() -> dict[str, str]:
-    from agentrl.envs.tasks import webshop_data
-
-    return {f"webshop/{name}": content for name, content in webshop_data.generate().items()}
-
-
-GENERATORS: dict[str, Callable[[], dict[str, str]]] = {"os": os_files, "db": db_files, "kg": kg_files,
-                                                        "webshop": webshop_files}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,22 +25,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="compare with the files on disk instead of writing")
     args = ap.parse_args(argv)
     root = args.data_dir or data_root()
-    stale = []
-    for name in args.tasks or list(GENERATORS):
-        if name not in GENERATORS:
-            ap.error(f"no generator for task {name!r} (known: {', '.join(GENERATORS)})")
-        for rel, content in GENERATORS[name]().items():
-            path = root / rel
-            if args.check:
-                if not path.is_file() or path.read_text(encoding="utf-8") != content:
-                    stale.append(str(path))
-                continue
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(content, encoding="utf-8")
-            print(f"wrote {path} ({len(content.encode()):,} bytes)")
-    if stale:
-        print("stale: " + ", ".join(stale), file=sys.stderr)
-        return 1
+    unknown = [name for name in args.tasks if name not in GENERATORS]
+    if unknown:
+        ap.error(f"no generator for task {unknown[0]!r} (known: {', '.join(GENERATORS)})")
+    tasks = args.tasks or list(GENERATORS)
+    if args.check:
+        stale = stale_files(root, tasks)
+        if stale:
+            print("stale: " + ", ".join(map(str, stale)), file=sys.stderr)
+            return 1
+        return 0
+    for path, size in write_files(root, tasks):
+        print(f"wrote {path} ({size:,} bytes)")
     return 0
 
 

@@ -8,7 +8,8 @@ how the episode ended (reward, status, turns, metrics).
     srun -n1 python -m jobs.show_trajectories $RUN_DIR --status env_error
 
 Reads shards/<source>/*.h5 (default: every rollout-* directory, newest shards first) and decodes tokens
-with the run's tokenizer (RUN_DIR/model, or model.path of the run's config.yaml).
+with the run's tokenizer (RUN_DIR/model, or model.path of the run's config.yaml). The library is
+`agentrl.monitor.trajectory_text`.
 """
 from __future__ import annotations
 
@@ -16,51 +17,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from agentrl.monitor.trajectory_text import spans
+from agentrl.monitor.trajectory_text import pick_latest, render_plain, run_tokenizer, shard_dirs
 from agentrl.transport.shards import ShardReader, read_shard
-from agentrl.types import Trajectory
-
-
-def render(t: Trajectory, tok) -> str:
-    lines = [f"=== {t.task} {t.index} (group {t.group_id}, id {t.traj_id})"]
-    for generated, ids, version, engine in spans(t):
-        text = tok.decode(ids.tolist(), skip_special_tokens=False)
-        if generated:
-            lines.append(f"--- policy v{version}, engine {engine}, {len(ids)} tokens:")
-            lines.append(text.rstrip("\n"))
-            lines.append("---")
-        else:
-            lines.append(text.rstrip("\n"))
-    metrics = ", ".join(f"{k}={v:g}" for k, v in sorted(t.metrics.items()))
-    lines.append(f"=== reward {t.reward:g}, status {t.status.value}, {t.num_turns} turns; {metrics}")
-    return "\n".join(lines)
-
-
-def tokenizer_of(run_dir: Path):
-    from transformers import AutoTokenizer
-
-    model_dir = run_dir / "model"
-    if not model_dir.is_dir():
-        from agentrl.config import load_config
-
-        path = load_config(str(run_dir / "config.yaml")).model.path
-        model_dir = Path(path) if path else model_dir
-    return AutoTokenizer.from_pretrained(str(model_dir))
-
-
-def pick(run_dir: Path, source: str | None, task: str | None, status: str | None, n: int) -> list[Trajectory]:
-    """The last `n` matching trajectories, reading the newest shards first."""
-    dirs = [run_dir / "shards" / source] if source else sorted((run_dir / "shards").glob("rollout-*"))
-    shards = [p for d in dirs for p in ShardReader(d).available()]
-    shards.sort(key=lambda p: (p.stat().st_mtime, p.name), reverse=True)
-    found: list[Trajectory] = []
-    for path in shards:
-        matching = [t for t in read_shard(path) if (task is None or t.task == task)
-                    and (status is None or t.status.value == status)]
-        found = matching + found  # an older shard's trajectories come before a newer one's
-        if len(found) >= n:
-            break
-    return found[-n:] if n > 0 else []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,12 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.run_dir / "shards").is_dir():
         print(f"{args.run_dir} has no shards/ directory: is it a run directory?", file=sys.stderr)
         return 2
-    trajs = pick(args.run_dir, args.source, args.task, args.status, args.n)
+    shards = [p for d in shard_dirs(args.run_dir, args.source) for p in ShardReader(d).available()]
+    trajs = pick_latest(shards, read_shard, args.n, args.task, args.status)
     if not trajs:
         print("no trajectory matches", file=sys.stderr)
         return 1
-    tok = tokenizer_of(args.run_dir)
-    print("\n\n".join(render(t, tok) for t in trajs))
+    tok = run_tokenizer(args.run_dir)
+    print("\n\n".join(render_plain(t, tok) for t in trajs))
     return 0
 
 

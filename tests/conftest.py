@@ -6,8 +6,8 @@ import pytest
 
 @pytest.fixture(scope="session")
 def lookup_tokenizer():
-    """The tokenizer the demo builds (jobs/make_model.py), from 200 rendered expert episodes of `lookup`."""
-    from jobs.make_model import build_tokenizer, expert_conversations
+    """The tokenizer the demo builds (agentrl.models.tiny_policy), from 200 rendered expert episodes of `lookup`."""
+    from agentrl.models.tiny_policy import build_tokenizer, expert_conversations
 
     return build_tokenizer(["lookup"], expert_conversations("lookup", 200, seed=0), 800)
 

@@ -9,10 +9,9 @@ from pathlib import Path
 import numpy as np
 
 from agentrl.models import tiny_chat as chat
-from agentrl.monitor.trajectory_text import spans
-from agentrl.transport.shards import ShardWriter
+from agentrl.monitor.trajectory_text import pick_latest, render_plain, run_tokenizer, shard_dirs, spans
+from agentrl.transport.shards import ShardReader, ShardWriter, read_shard
 from agentrl.types import Status, Trajectory
-from jobs import check_task, show_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,23 +25,27 @@ class Broken:
 '''
 
 
-def test_check_task_passes_the_documented_example(capsys) -> None:
-    assert check_task.main(["agentrl.envs.tasks.example:GuessTask", "--samples", "10"]) == 0
-    out = capsys.readouterr().out
-    assert "guess train: expert solved 10/10" in out and "meets the contract" in out
+def _cli(*argv: str, pythonpath: str = str(ROOT)) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": pythonpath}, timeout=120)
+
+
+def test_check_task_passes_the_documented_example() -> None:
+    proc = _cli("jobs.check_task", "agentrl.envs.tasks.example:GuessTask", "--samples", "10")
+    assert proc.returncode == 0, proc.stderr
+    assert "guess train: expert solved 10/10" in proc.stdout and "meets the contract" in proc.stdout
 
 
 def test_check_task_names_the_broken_rule_of_a_users_task(tmp_path: Path) -> None:
     (tmp_path / "mytask.py").write_text(BROKEN)
-    proc = subprocess.run([sys.executable, "-m", "jobs.check_task", "mytask:Broken"], cwd=ROOT, capture_output=True,
-                          text=True, env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}, timeout=120)
+    proc = _cli("jobs.check_task", "mytask:Broken", pythonpath=f"{tmp_path}{os.pathsep}{ROOT}")
     assert proc.returncode == 1, proc.stderr
     assert "breaks the contract" in proc.stderr and "max_turns must be an int >= 1" in proc.stderr
 
 
-def test_check_task_reports_an_unimportable_task(capsys) -> None:
-    assert check_task.main(["nowhere.mod:Nothing"]) == 2
-    assert "cannot build task" in capsys.readouterr().err
+def test_check_task_reports_an_unimportable_task() -> None:
+    proc = _cli("jobs.check_task", "nowhere.mod:Nothing")
+    assert proc.returncode == 2 and "cannot build task" in proc.stderr
 
 
 def _traj(tok, status: Status, task: str, reward: float) -> Trajectory:
@@ -56,21 +59,30 @@ def _traj(tok, status: Status, task: str, reward: float) -> Trajectory:
                       metrics={"success": reward})
 
 
-def test_show_trajectories_decodes_and_filters(tmp_path: Path, lookup_tokenizer, capsys) -> None:
+def test_show_trajectories_decodes_and_filters(tmp_path: Path, lookup_tokenizer) -> None:
     run = tmp_path / "run"
     lookup_tokenizer.save_pretrained(run / "model")
     ShardWriter(run / "shards" / "rollout-0").write(
         [_traj(lookup_tokenizer, Status.COMPLETED, "lookup", 1.0), _traj(lookup_tokenizer, Status.TURN_LIMIT, "lookup", 0.0)])
     ShardWriter(run / "shards" / "rollout-0").write([_traj(lookup_tokenizer, Status.COMPLETED, "unlock", 0.0)])
-    assert show_trajectories.main([str(run), "--status", "turn_limit"]) == 0
-    out = capsys.readouterr().out
-    assert out.count("=== lookup test-1") == 1 and "status turn_limit" in out
-    assert "--- policy v3, engine 0," in out and '"answer": "42"' in out and 'What is the "code" of "lema"?' in out
-    assert show_trajectories.main([str(run), "-n", "5"]) == 0
-    assert capsys.readouterr().out.count("\n=== reward") == 3  # all three, from both shards
-    assert show_trajectories.main([str(run), "--task", "unlock", "-n", "5"]) == 0
-    assert "=== unlock" in capsys.readouterr().out
-    assert show_trajectories.main([str(run), "--status", "env_error"]) == 1
+    shards = [p for d in shard_dirs(run) for p in ShardReader(d).available()]
+    assert len(shards) == 2
+
+    def pick(n: int, task: str | None = None, status: str | None = None) -> list[Trajectory]:
+        return pick_latest(shards, read_shard, n, task, status)
+
+    assert [(t.task, t.status) for t in pick(5)] == [("lookup", Status.COMPLETED), ("lookup", Status.TURN_LIMIT),
+                                                     ("unlock", Status.COMPLETED)]  # oldest shard first
+    assert [t.task for t in pick(1)] == ["unlock"] and pick(0) == []
+    assert [t.task for t in pick(5, task="unlock")] == ["unlock"] and pick(3, status="env_error") == []
+    (turn_limit,) = pick(5, status="turn_limit")
+    text = render_plain(turn_limit, run_tokenizer(run))  # the run's own tokenizer, as the command loads it
+    assert text == render_plain(turn_limit, lookup_tokenizer)
+    assert text.count("=== lookup test-1") == 1 and "status turn_limit" in text
+    assert "--- policy v3, engine 0," in text and '"answer": "42"' in text and 'What is the "code" of "lema"?' in text
+    # the command's exits that load no tokenizer (one that prints would import transformers anew: seconds)
+    assert _cli("jobs.show_trajectories", str(run), "--status", "env_error").returncode == 1
+    assert _cli("jobs.show_trajectories", str(tmp_path)).returncode == 2  # no shards/: not a run directory
 
 
 def test_segments_split_context_from_actions() -> None:

@@ -5,6 +5,7 @@
   share one MPMD step, `srun ... --het-group=0 A : --het-group=1 B`: one MPI world).
 * `render_per_role`: for sites that forbid hetjobs, one bash file that submits one job per role (env →
   trainer → rollout), each started after the one before it with `--dependency=after:`.
+* `render_run`: a config's script, the one `jobs.launch --render-sbatch` prints (`cluster.hetjob` picks).
 
 Both write logs where Slurm can (the submit directory, `%x-%j.out`; each role's under the run dir,
 which the script creates), and both pass the job's preemption warning (USR1) to the trainer and
@@ -17,6 +18,8 @@ from __future__ import annotations
 import shlex
 from dataclasses import replace
 
+from agentrl.config import RunConfig
+from agentrl.launch import topology
 from agentrl.launch.apptainer import worker_command
 from agentrl.launch.topology import ENV, GROUP_NAMES, ROLLOUT, TRAINER, Plan, Step, absolute
 
@@ -411,3 +414,14 @@ def render_per_role(plan: Plan, preset: str, overrides: list[str], image: str = 
         previous = var
     lines.append('echo "submitted: env $ENV_JOB, trainer $TRAINER_JOB, rollout $ROLLOUT_JOB; run dir $RUN_DIR"')
     return "\n".join(lines) + "\n"
+
+
+def render_run(cfg: RunConfig, preset: str, overrides: list[str], root: str = SUBMIT_DIR) -> str:
+    """`cfg`'s whole script, run from `root` (the repository on the compute nodes; relative paths of the
+    config, the workers' image and binds among them, are resolved against it). `preset` and `overrides`
+    are what the script passes on to `jobs.launch --prepare-run`."""
+    env = cfg.cluster.env
+    image = absolute(env.apptainer_image, root)
+    binds = tuple(absolute(b, root) for b in env.binds)
+    render = render_hetjob if cfg.cluster.hetjob else render_per_role
+    return render(topology.plan(cfg, root), preset, overrides, image, binds)

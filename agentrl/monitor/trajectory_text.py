@@ -2,14 +2,17 @@
 policy's own tokens (loss mask 1: its tool calls and answers) told apart from context (prompt,
 observations), with the version and engine that sampled them, and how the episode ended.
 
-The tokenizer is passed in (anything with `decode(ids, skip_special_tokens=...)`), so this module loads
-no model. The rollout role picks which episodes to log (`pick_per_task`) and logs them with
-`write_conversations`; `jobs/show_trajectories.py` prints the same facts on a terminal.
+The tokenizer is passed in (anything with `decode(ids, skip_special_tokens=...)`), so the renderers load
+no model; `run_tokenizer` loads a run's for the terminal. The rollout role picks which episodes to log
+(`pick_per_task`) and logs them with `write_conversations`; `jobs/show_trajectories.py` prints the same
+facts on a terminal (`pick_latest`, `render_plain`). Shards are read by the caller's function: monitor
+does not import transport (design §2).
 """
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -77,3 +80,51 @@ def write_conversations(monitor: MonitorLike, trajs: Sequence[Trajectory], token
             logged[tag] = render_trajectory(t, tokenizer)
             monitor.text(tag, logged[tag], step)
     return logged
+
+
+def render_plain(t: Trajectory, tokenizer: Decoder) -> str:
+    """One episode as terminal text: a header, every span (the policy's marked with version and engine),
+    then how it ended."""
+    lines = [f"=== {t.task} {t.index} (group {t.group_id}, id {t.traj_id})"]
+    for sampled, ids, version, engine in spans(t):
+        text = tokenizer.decode(ids.tolist(), skip_special_tokens=False)
+        if sampled:
+            lines += [f"--- policy v{version}, engine {engine}, {len(ids)} tokens:", text.rstrip("\n"), "---"]
+        else:
+            lines.append(text.rstrip("\n"))
+    metrics = ", ".join(f"{k}={v:g}" for k, v in sorted(t.metrics.items()))
+    lines.append(f"=== reward {t.reward:g}, status {t.status.value}, {t.num_turns} turns; {metrics}")
+    return "\n".join(lines)
+
+
+def shard_dirs(run_dir: Path, source: str | None = None) -> list[Path]:
+    """`shards/<source>` of a run, or (no source) every rollout rank's shard directory."""
+    return [run_dir / "shards" / source] if source else sorted((run_dir / "shards").glob("rollout-*"))
+
+
+def pick_latest(shards: Iterable[Path], read: Callable[[Path], Sequence[Trajectory]], n: int,
+                task: str | None = None, status: str | None = None) -> list[Trajectory]:
+    """The last `n` trajectories of `task` ending in `status` (None: any), oldest first, reading the
+    newest shards (by modification time) first and only as many as it takes."""
+    newest_first = sorted(shards, key=lambda p: (p.stat().st_mtime, p.name), reverse=True)
+    found: list[Trajectory] = []
+    for path in newest_first:
+        matching = [t for t in read(path) if (task is None or t.task == task)
+                    and (status is None or t.status.value == status)]
+        found = matching + found  # an older shard's trajectories come before a newer one's
+        if len(found) >= n:
+            break
+    return found[-n:] if n > 0 else []
+
+
+def run_tokenizer(run_dir: Path) -> Any:
+    """The tokenizer a run's policy speaks: RUN_DIR/model, else `model.path` of its config.yaml."""
+    from transformers import AutoTokenizer
+
+    model_dir = run_dir / "model"
+    if not model_dir.is_dir():
+        from agentrl.config import load_config
+
+        path = load_config(str(run_dir / "config.yaml")).model.path
+        model_dir = Path(path) if path else model_dir
+    return AutoTokenizer.from_pretrained(str(model_dir))

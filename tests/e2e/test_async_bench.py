@@ -1,4 +1,5 @@
-"""`jobs.bench_pipeline`: its arithmetic (fast), and one tiny invocation through the real roles (slow)."""
+"""`jobs.bench_pipeline`: its arithmetic (`agentrl.bench.pipeline`, fast), and one tiny invocation through the real
+roles (slow)."""
 from __future__ import annotations
 
 import json
@@ -11,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.bench.pipeline import throughput
 from agentrl.rollout.env_latency import lognormal_delay
-from jobs.bench_pipeline import throughput
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,10 +28,10 @@ def test_latency_has_the_long_tail_it_claims() -> None:
 
 
 def test_throughput_counts_the_steady_state_and_the_whole_run() -> None:
-    run = {"step_t": {1: 10.0, 2: 12.0, 3: 14.0, 4: 16.0}, "t_v0": 4.0}
-    steady, e2e = throughput(run, per_step=8)
+    steady, e2e = throughput({1: 10.0, 2: 12.0, 3: 14.0, 4: 16.0}, t_v0=4.0, per_step=8)
     assert steady == pytest.approx(3 * 8 / 6.0)  # steps 2..4 over the time after step 1
     assert e2e == pytest.approx(4 * 8 / 12.0)  # all four from weights v0 on
+    assert throughput({1: 10.0, 2: 12.0}, t_v0=None, per_step=8)[1] == pytest.approx(2 * 8 / 2.0)  # no v0: step 1
 
 
 @pytest.mark.slow

@@ -5,8 +5,8 @@ import json
 from typing import Any
 
 from agentrl.envs.api import Task
+from agentrl.envs.expert import play
 from agentrl.types import Status
-from jobs.expert_report import play
 
 
 def call(name: str, args: Any, call_id: str = "c0") -> dict[str, Any]:

@@ -11,11 +11,11 @@ import pytest
 from env_helpers import call, expert_reward
 
 from agentrl.envs.api import Session
+from agentrl.envs.task_data import db_files
 from agentrl.envs.tasks import get_task
 from agentrl.envs.tasks.db import TOOLS, DbTask, answers_match, clean_answers
 from agentrl.envs.tasks.db_backends import SqliteDatabase, Table, rows_hash
 from agentrl.types import Status
-from jobs.make_task_data import db_files
 
 
 @pytest.fixture(scope="module")

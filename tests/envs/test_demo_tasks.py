@@ -6,11 +6,11 @@ from env_helpers import call
 
 from agentrl.envs.api import Session
 from agentrl.envs.contract import check_task
+from agentrl.envs.expert import play
 from agentrl.envs.tasks import get_task, task_name
 from agentrl.envs.tasks.lookup import LookupTask, make_sample
 from agentrl.envs.tasks.unlock import UnlockTask, code_of
 from agentrl.types import Status
-from jobs.expert_report import play
 
 
 def test_unlock_rewards_the_code_on_the_note() -> None:

@@ -64,7 +64,7 @@ def test_expert_solves_all_of_our_samples(task: KGTask) -> None:
 
 
 def test_committed_data_is_what_the_generator_gives() -> None:
-    from jobs.make_task_data import kg_files
+    from agentrl.envs.task_data import kg_files
 
     for rel, content in kg_files().items():
         assert (ROOT / "data" / rel).read_text() == content, rel

@@ -47,7 +47,7 @@ def test_expert_buys_the_right_product_on_our_catalog(task: WebShopTask) -> None
 
 
 def test_committed_data_is_what_the_generator_gives() -> None:
-    from jobs.make_task_data import webshop_files
+    from agentrl.envs.task_data import webshop_files
 
     root = Path(__file__).resolve().parents[2]
     for rel, content in webshop_files().items():

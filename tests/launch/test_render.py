@@ -1,4 +1,5 @@
-"""Golden files of what `python -m jobs.launch --render-sbatch` prints, and of the Apptainer command lines.
+"""Golden files of what `python -m jobs.launch --render-sbatch` prints (`agentrl.launch.sbatch.render_run`), and
+of the Apptainer command lines.
 
 A change to the rendering shows up as a diff here. After a deliberate change, regenerate and read the diff:
     AGENTRL_REGEN_GOLDEN=1 python -m pytest tests/launch/test_render.py
@@ -16,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs import launch
+from agentrl.config import ConfigError, load_config
+from agentrl.launch.sbatch import render_run
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
@@ -64,9 +66,9 @@ COMMITTED = {  # sbatch/ file: (preset, overrides)
 }
 
 
-def render(preset: str, overrides: list[str], capsys: pytest.CaptureFixture[str], root: str = "/srv/agentrl") -> str:
-    assert launch.main(["--preset", preset, "--render-sbatch", "--root", root, *overrides]) == 0
-    return capsys.readouterr().out
+def render(preset: str, overrides: list[str], root: str = "/srv/agentrl") -> str:
+    """What `jobs.launch --preset PRESET --render-sbatch --root ROOT OVERRIDES...` prints."""
+    return render_run(load_config(preset, overrides), preset, overrides, root)
 
 
 def check(path: Path, text: str) -> None:
@@ -77,21 +79,21 @@ def check(path: Path, text: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_golden(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_golden(name: str) -> None:
     preset, overrides = CASES[name]
-    text = render(preset, overrides, capsys)
+    text = render(preset, overrides)
     check(GOLDEN / name, text)
     assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0, "not valid bash"
 
 
 @pytest.mark.parametrize("name", sorted(COMMITTED))
-def test_committed_scripts_are_rendered(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_committed_scripts_are_rendered(name: str) -> None:
     preset, overrides = COMMITTED[name]
-    check(ROOT / "sbatch" / name, render(preset, overrides, capsys, root="$SLURM_SUBMIT_DIR"))
+    check(ROOT / "sbatch" / name, render(preset, overrides, root="$SLURM_SUBMIT_DIR"))
 
 
-def test_hetjob_groups_and_steps(capsys: pytest.CaptureFixture[str]) -> None:
-    text = render("agentbench-qwen2.5-32b", [], capsys)
+def test_hetjob_groups_and_steps() -> None:
+    text = render("agentbench-qwen2.5-32b", [])
     blocks = text.split("#SBATCH hetjob\n")
     assert len(blocks) == 3
     trainer, rollout, env = blocks
@@ -118,9 +120,9 @@ def test_hetjob_groups_and_steps(capsys: pytest.CaptureFixture[str]) -> None:
     assert "controller.host=0.0.0.0" in text
 
 
-def test_async_trainer_and_rollout_are_one_mpmd_step(capsys: pytest.CaptureFixture[str]) -> None:
+def test_async_trainer_and_rollout_are_one_mpmd_step() -> None:
     text = render("smoke", ["cluster.schedule=async", "cluster.rollout.ranks=3", "cluster.rollout.nodes=1",
-                            "cluster.engine_threads=4"], capsys)
+                            "cluster.engine_threads=4"])
     steps = [shlex.split(line.strip()) for line in text.splitlines() if line.strip().startswith("srun --mpi=")]
     assert len(steps) == 3  # controller, env workers, and trainer + rollout ranks as one step
     mpmd = steps[2]
@@ -143,9 +145,9 @@ def test_async_trainer_and_rollout_are_one_mpmd_step(capsys: pytest.CaptureFixtu
     assert "  local left=3 rc\n" in text  # cluster.max_restarts' default bounds the restarts
 
 
-def test_async_file_channel_runs_every_rank_as_its_own_restartable_step(capsys: pytest.CaptureFixture[str]) -> None:
+def test_async_file_channel_runs_every_rank_as_its_own_restartable_step() -> None:
     text = render("smoke", ["cluster.schedule=async", "transport.channel=files", "cluster.rollout.ranks=3",
-                            "cluster.rollout.nodes=1", "cluster.max_restarts=2"], capsys)
+                            "cluster.rollout.nodes=1", "cluster.max_restarts=2"])
     assert "mpi4py" not in text and " : " not in text  # no MPI world
     steps = [shlex.split(line.strip()) for line in text.splitlines() if line.strip().startswith("srun --mpi=")]
     rollout = next(s for s in steps if "jobs.rollout" in s)
@@ -158,9 +160,9 @@ def test_async_file_channel_runs_every_rank_as_its_own_restartable_step(capsys: 
     assert 'wait_step "$TRAINER"' in text and 'wait_step "$ROLLOUT"' in text  # rank 0 writes the summary last
 
 
-def test_async_data_parallel_trainer_ranks_lead_the_mpmd_step(capsys: pytest.CaptureFixture[str]) -> None:
+def test_async_data_parallel_trainer_ranks_lead_the_mpmd_step() -> None:
     text = render("smoke", ["cluster.schedule=async", "cluster.trainer.nodes=2", "cluster.trainer.ranks_per_node=2",
-                            "cluster.rollout.ranks=3", "cluster.rollout.nodes=1"], capsys)
+                            "cluster.rollout.ranks=3", "cluster.rollout.nodes=1"])
     assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n" in text.split("#SBATCH hetjob\n")[0]
     steps = [shlex.split(line.strip()) for line in text.splitlines() if line.strip().startswith("srun --mpi=")]
     mpmd = steps[2]
@@ -173,38 +175,46 @@ def test_async_data_parallel_trainer_ranks_lead_the_mpmd_step(capsys: pytest.Cap
     (["cluster.hetjob=false"], "cluster.hetjob: false (one job per role) needs transport.channel=files"),
     (["cluster.trainer.ranks_per_node=2", "trainer.parallel=none"], "trainer.parallel: must be ddp or fsdp2"),
 ])
-def test_jobs_per_role_need_the_file_channel_and_trainer_ranks_a_parallel_layout(overrides: list[str], field: str,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    assert launch.main(["--preset", "smoke", "--render-sbatch", "cluster.schedule=async", *overrides]) == 2
-    assert field in capsys.readouterr().err
+def test_jobs_per_role_need_the_file_channel_and_trainer_ranks_a_parallel_layout(overrides: list[str],
+                                                                                   field: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config("smoke", ["cluster.schedule=async", *overrides])
+    assert field in str(e.value)
 
 
-def test_per_role_jobs_are_chained(capsys: pytest.CaptureFixture[str]) -> None:
-    text = render("smoke", ["cluster.hetjob=false", "transport.channel=files"], capsys)
+def test_per_role_jobs_are_chained() -> None:
+    text = render("smoke", ["cluster.hetjob=false", "transport.channel=files"])
     assert "#SBATCH hetjob" not in text and "--het-group" not in text
     assert "ENV_JOB=$(sbatch --parsable <<'JOB'" in text
     assert "TRAINER_JOB=$(sbatch --parsable --dependency=after:$ENV_JOB <<'JOB'" in text
     assert "ROLLOUT_JOB=$(sbatch --parsable --dependency=after:$TRAINER_JOB <<'JOB'" in text
 
 
-def test_render_rejects_bad_topology(capsys: pytest.CaptureFixture[str]) -> None:
-    assert launch.main(["--preset", "agentbench-qwen2.5-7b", "--render-sbatch", "cluster.rollout.ranks=3"]) == 2
-    assert "cluster.rollout.ranks: must be a multiple of nodes (2)" in capsys.readouterr().err
+def test_render_rejects_bad_topology() -> None:
+    with pytest.raises(ConfigError, match=r"cluster.rollout.ranks: must be a multiple of nodes \(2\)"):
+        load_config("agentbench-qwen2.5-7b", ["cluster.rollout.ranks=3"])
 
 
 def test_render_runs_without_torch() -> None:
-    """Login nodes have no torch: rendering must not import it (nor vLLM, nor mpi4py)."""
-    code = ("import sys, runpy; sys.argv=['x','--preset','smoke','--render-sbatch'];"
-            "import jobs.launch as l; l.main(sys.argv[1:]);"
-            "bad=[m for m in ('torch','vllm','mpi4py','submitit') if m in sys.modules]; assert not bad, bad")
+    """Login nodes have no torch: the command's rendering must not import it (nor vLLM, nor mpi4py); its config
+    errors exit 2 with the field named."""
+    code = ("import sys, runpy; sys.argv=['jobs.launch','--preset','smoke','--render-sbatch'];"
+            "rc = 0\ntry: runpy.run_module('jobs.launch', run_name='__main__', alter_sys=True)\n"
+            "except SystemExit as e: rc = e.code\n"
+            "bad=[m for m in ('torch','vllm','mpi4py','submitit') if m in sys.modules]; assert not bad, bad;"
+            "assert rc == 0, rc")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("#!/bin/bash")
+    bad = subprocess.run([sys.executable, "-m", "jobs.launch", "--preset", "agentbench-qwen2.5-7b", "--render-sbatch",
+                          "cluster.rollout.ranks=3"], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert bad.returncode == 2 and "cluster.rollout.ranks: must be a multiple of nodes (2)" in bad.stderr
 
 
-def test_gres_binding_masks_rollout_ranks_and_leaves_trainer_ranks_their_node(capsys: pytest.CaptureFixture[str]) -> None:
-    text = render("agentbench-qwen2.5-7b", ["cluster.gpu_binding=gres"], capsys)
+def test_gres_binding_masks_rollout_ranks_and_leaves_trainer_ranks_their_node() -> None:
+    text = render("agentbench-qwen2.5-7b", ["cluster.gpu_binding=gres"])
     assert text.count("#SBATCH --gres=gpu:8\n") == 2 and "--gpus-per-node" not in text
     trainer, rollout = (shlex.split(part) for part in text.split("srun --mpi=pmi2 ", 1)[1].split("&\n", 1)[0]
                         .split(" : "))
@@ -212,10 +222,9 @@ def test_gres_binding_masks_rollout_ranks_and_leaves_trainer_ranks_their_node(ca
     assert "--gres=gpu:8" in trainer and not any("gpu-bind" in a for a in trainer)
 
 
-def test_setup_runs_on_the_node_outside_the_workers_container_and_paths_are_absolute(
-        capsys: pytest.CaptureFixture[str]) -> None:
+def test_setup_runs_on_the_node_outside_the_workers_container_and_paths_are_absolute() -> None:
     text = render("smoke", ["cluster.env.apptainer_image=images/agentrl.sif", "cluster.setup=[module load apptainer]",
-                            "cluster.env.binds=[data/agentbench, /abs]"], capsys, root="/site/repo")
+                            "cluster.env.binds=[data/agentbench, /abs]"], root="/site/repo")
     worker = next(shlex.split(line) for line in text.splitlines() if "jobs.env_worker" in line and "srun" in line)
     at = worker.index("bash")
     assert worker[at:at + 4] == ["bash", "$RUN_DIR/setup.sh", "apptainer", "exec"]

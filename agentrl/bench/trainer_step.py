@@ -1,0 +1,150 @@
+"""One train step through our trainer (`rl_step`) against a bare PyTorch forward/backward/step on the same
+packed micro-batches of the same model, in the same process (`jobs.bench_trainer` is the command line and
+says what each side does).
+
+The two steps alternate after warm-up, so that load from other processes falls on both alike; the median
+step time of each gives the ratio, and the ratio of the fastest steps is reported beside it.
+"""
+from __future__ import annotations
+
+import copy
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from agentrl.trainer.batch import MicroBatch, collate, layout, padding_fraction, plan_micro_batches
+from agentrl.trainer.parallel import Parallel
+from agentrl.trainer.step import RLHyper, advantages, rl_step
+from agentrl.types import Status, Trajectory, TrajectoryBuilder
+
+
+@dataclass(frozen=True)
+class StepBench:
+    """The model, the batch and the timing of one comparison."""
+
+    hidden: int = 256
+    layers: int = 4
+    heads: int = 4
+    vocab: int = 8192
+    trajectories: int = 32
+    group: int = 8
+    min_len: int = 64
+    max_len: int = 512
+    micro_batch_tokens: int = 2048
+    packing: bool = True
+    kl_coef: float = 0.0
+    """> 0 adds the frozen reference's forward pass to ours (the bare step has none)."""
+    steps: int = 5
+    """Timed steps of each."""
+    warmup: int = 1
+    device: str = "cpu"
+    mixed_precision: str = "fp32"
+    seed: int = 0
+
+
+def make_model(hidden: int, layers: int, heads: int, vocab: int, max_len: int, seed: int) -> torch.nn.Module:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=max_len,
+                      tie_word_embeddings=True)
+    return Qwen2ForCausalLM(cfg)
+
+
+def make_trajectories(n: int, group: int, min_len: int, max_len: int, vocab: int, seed: int) -> list[Trajectory]:
+    """Multi-turn trajectories of lengths spread over [min_len, max_len]: alternating observation and action
+    segments, about half the tokens actions; rewards 0/1 within groups of `group`."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for j in range(n):
+        target = int(rng.integers(min_len, max_len + 1))
+        b = TrajectoryBuilder()
+        while len(b) < target:
+            ctx = int(min(rng.integers(8, 64), target - len(b)))
+            b.add_context(rng.integers(0, vocab, ctx).tolist())
+            act = int(min(rng.integers(8, 64), target - len(b)))
+            if act > 0:
+                b.add_action(rng.integers(0, vocab, act).tolist(), (-rng.random(act) * 3).tolist(), 0, 0)
+        out.append(b.build(traj_id=str(j), task="bench", index=str(j // group), group_id=str(j // group),
+                           reward=float(rng.integers(0, 2)), status=Status.COMPLETED, num_turns=1))
+    return out
+
+
+def bare_step(model: torch.nn.Module, opt: torch.optim.Optimizer, mbs: list[MicroBatch], total: int,
+              grad_clip: float) -> None:
+    """The least any policy-gradient trainer does: per micro-batch logits, log-softmax, the sampled tokens'
+    log-probs, a masked token sum of −logp·A over the batch's `total` action tokens, backward; then
+    gradient clipping and one optimizer step."""
+    opt.zero_grad(set_to_none=True)
+    for mb in mbs:
+        out = model(input_ids=mb.tokens, attention_mask=mb.attention, position_ids=mb.position_ids, use_cache=False)
+        logits = out.logits[:, :-1].float()  # [R, L-1, V]
+        logp = torch.log_softmax(logits, -1).gather(-1, mb.tokens[:, 1:, None]).squeeze(-1)  # [R, L-1]
+        loss = -(logp * mb.targets["adv"] * mb.targets["mask"]).sum() / total
+        loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    opt.step()
+
+
+def compare_steps(s: StepBench) -> dict[str, Any]:
+    """Time our step and the bare one on the same batch; tokens/s of each, their ratio and the batch's layout."""
+    device = torch.device(s.device)
+    trajs = make_trajectories(s.trajectories, s.group, s.min_len, s.max_len, s.vocab, s.seed)
+    batch = collate(trajs, [t.reward for t in trajs], pad_id=0)
+    h = RLHyper(micro_batch_tokens=s.micro_batch_tokens, packing=s.packing, kl_coef=s.kl_coef)
+    par = Parallel(device=device, mixed_precision=s.mixed_precision)
+    base = make_model(s.hidden, s.layers, s.heads, s.vocab, s.max_len, s.seed)
+    ours_model, bare_model = par.wrap(copy.deepcopy(base)), copy.deepcopy(base).to(device)
+    ref = par.wrap_frozen(copy.deepcopy(base)) if s.kl_coef > 0 else None
+    ours_opt = torch.optim.AdamW(ours_model.parameters(), lr=1e-5)
+    bare_opt = torch.optim.AdamW(bare_model.parameters(), lr=1e-5)
+
+    # the bare step's inputs, laid out once (outside its timing): the same plan and packing as ours
+    plan = plan_micro_batches(batch.lengths, h.micro_batch_tokens, s.packing)
+    per_target = {"mask": batch.mask, "adv": advantages(batch, h)}
+    mbs = [layout(batch, rows, per_target, s.packing).to(device) for rows in plan]
+    tokens = sum(batch.lengths)
+
+    def timed(fn: Callable[[], None]) -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    def ours() -> None:
+        rl_step(ours_model, ours_opt, batch, h, ref, par)
+
+    def bare() -> None:
+        with par.autocast():
+            bare_step(bare_model, bare_opt, mbs, batch.num_action_tokens, h.grad_clip)
+
+    for _ in range(s.warmup):
+        ours()
+        bare()
+    t_ours, t_bare = [], []
+    for _ in range(s.steps):  # alternate: drifting load from other processes hits both
+        t_ours.append(timed(ours))
+        t_bare.append(timed(bare))
+    ours_tps, bare_tps = tokens / statistics.median(t_ours), tokens / statistics.median(t_bare)
+    return {
+        "ours_tokens_per_s": ours_tps, "bare_tokens_per_s": bare_tps, "ratio": ours_tps / bare_tps,
+        "overhead": 1.0 - ours_tps / bare_tps,
+        # on a shared machine the fastest step is the least disturbed one: its ratio is the steadier figure
+        "ratio_best_step": min(t_bare) / min(t_ours), "ours_step_s": t_ours, "bare_step_s": t_bare,
+        "tokens_per_step": tokens, "action_tokens_per_step": batch.num_action_tokens,
+        "micro_batches": len(plan), "padding_frac": padding_fraction(plan, batch.lengths, s.packing),
+        "padding_frac_padded_layout": padding_fraction(plan_micro_batches(batch.lengths, h.micro_batch_tokens, False),
+                                                       batch.lengths, False),
+        "device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "host": platform.node(), "params": sum(p.numel() for p in base.parameters()),
+    }
