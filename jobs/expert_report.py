@@ -19,12 +19,8 @@ import json
 import logging
 from pathlib import Path
 
-from agentrl.envs.expert_report import SplitReport, expert_reports, report_json, report_split, task_options
+from agentrl.envs.expert_report import SplitReport, expert_reports, report_json, task_options
 
-# TODO(integrator): report_split is here only for tests/envs/test_agentbench_webshop.py (on his list); once it imports
-# agentrl.envs.expert_report.report_split, drop it from this line and the import, and that file from
-# tests/test_dependencies.py's TESTS_IMPORTING_JOBS.
-__all__ = ["main", "report_split"]
 
 def main(argv: list[str] | None = None) -> list[SplitReport]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -85,9 +85,9 @@ async def amain(run_dir: Path, rank: int, files: bool = False) -> dict:
     def channel():
         if files:
             return FileRolloutChannel.connect(run_dir, rank, rendezvous.read, timeout_s=timeout, poll_s=tr.poll_s)
-        from agentrl.transport.mpi_channel import RolloutChannel
+        from agentrl.transport.mpi_channel import MpiRolloutChannel
 
-        return RolloutChannel.world(rank, trainer=0, timeout_s=timeout)
+        return MpiRolloutChannel.world(rank, trainer=0, timeout_s=timeout)
 
     def weights(ch):
         if tr.weights == "broadcast":

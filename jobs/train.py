@@ -27,9 +27,10 @@ import sys
 import time
 from pathlib import Path
 
-from agentrl.config import ConfigError, RunConfig, dump_config, load_config, to_dict
+from agentrl.config import ConfigError, dump_config, load_config
 from agentrl.fsio import write_json_atomic
 from agentrl.launch import rendezvous
+from agentrl.launch.continuing import resume_check
 from agentrl.launch.local import (
     PIPELINE,
     PIPELINE_KEYS,
@@ -52,31 +53,6 @@ def echo(role: str, line: str) -> None:
 
 def _stop_on_signal(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
-
-
-def _flat(d: dict, prefix: str = "") -> dict[str, object]:
-    out: dict[str, object] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-# Fields a continued run may change: more steps extend it; how long roles may wait, and restarts, are the
-# operator's business. Anything else would make the second half a different experiment.
-RESUME_MAY_CHANGE = ("trainer.steps", "cluster.role_timeout_s", "cluster.max_restarts")
-
-
-def resume_check(run_dir: Path, cfg: RunConfig) -> str | None:
-    """Why the run in `run_dir` cannot be continued with `cfg` (None: it can)."""
-    old = _flat(to_dict(load_config(str(run_dir / "config.yaml"))))
-    new = _flat(to_dict(cfg))
-    diff = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k not in RESUME_MAY_CHANGE)
-    if diff:
-        return "its config differs in " + ", ".join(f"{k} ({old.get(k)!r} -> {new.get(k)!r})" for k in diff[:8])
-    return None
 
 
 def main() -> int:

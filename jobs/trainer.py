@@ -75,9 +75,9 @@ def main(argv: list[str] | None = None) -> None:
             return file_channel.FileTrainerChannel.open(run_dir, cfg.cluster.rollout.ranks, rendezvous.publish,
                                                         version=version, timeout_s=timeout, poll_s=tr.poll_s,
                                                         start=start)
-        from agentrl.transport.mpi_channel import TrainerChannel
+        from agentrl.transport.mpi_channel import MpiTrainerChannel
 
-        return TrainerChannel.world(cfg.cluster.rollout.ranks, version=version, timeout_s=timeout)
+        return MpiTrainerChannel.world(cfg.cluster.rollout.ranks, version=version, timeout_s=timeout)
 
     def broadcast():
         from agentrl.transport.broadcast import WeightBroadcast, open_store

@@ -43,6 +43,7 @@ from agentrl.rollout.engine import ExpertEngine, SamplingConfig
 from agentrl.rollout.engine_pool import EnginePool
 from agentrl.rollout.in_run_eval import evaluate, read_json
 from agentrl.rollout.plan import RolloutPlan
+from agentrl.transport.channel import RolloutChannel
 from agentrl.transport.shards import ShardReader, ShardWriter, shard_dir
 from agentrl.types import Trajectory
 
@@ -107,7 +108,7 @@ class RolloutLoop:
     """One rank's episodes: admission, weight swaps, and the path of each finished trajectory."""
 
     def __init__(self, run_dir: Path, client: Any, fmt: ChatFormat, engine: Any, plan: RolloutPlan, ap: RankPlan,
-                 channel: Any, weights: WeightSource, monitor) -> None:
+                 channel: RolloutChannel, weights: WeightSource, monitor) -> None:
         self.client, self.fmt, self.engine, self.plan, self.ap = client, fmt, engine, plan, ap
         self.ch, self.weights, self.monitor = channel, weights, monitor
         self.sampling = SamplingConfig(plan.limits.max_new_tokens, plan.temperature, plan.top_p, fmt.stop_ids)
@@ -249,8 +250,8 @@ class RolloutLoop:
 
 
 async def run(run_dir: Path, client: Any, fmt: ChatFormat, make_engine: Callable[[], Any], plan: RolloutPlan,
-              ap: RankPlan, monitor, channel_factory: Callable[[], Any],
-              weights_factory: Callable[[Any], WeightSource]) -> dict[str, Any]:
+              ap: RankPlan, monitor, channel_factory: Callable[[], RolloutChannel],
+              weights_factory: Callable[[RolloutChannel], WeightSource]) -> dict[str, Any]:
     """One rollout rank, start to stop. Returns this rank's statistics (rank 0: with the summary)."""
     if ap.rank == 0 and plan.expert_samples > 0:
         await expert_demos(run_dir, client, fmt, plan, monitor)

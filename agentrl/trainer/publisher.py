@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from agentrl.transport import weights as weights_io
+from agentrl.transport.channel import TrainerChannel
 
 
 class Publisher:
@@ -42,7 +43,7 @@ class Publisher:
         self._thread.start()
         self.unannounced = version
 
-    def announce(self, ch: Any, wait: bool = False) -> None:
+    def announce(self, ch: TrainerChannel, wait: bool = False) -> None:
         """Notify the rollout ranks of the newest version once it is complete (directory written, broadcast
         sent): a notice never names weights that are not there yet. From the trainer thread only (MPI)."""
         if self.unannounced is None:

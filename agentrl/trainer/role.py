@@ -35,6 +35,7 @@ from agentrl.trainer.parallel import Parallel
 from agentrl.trainer.publisher import Publisher
 from agentrl.trainer.select import select_training_data
 from agentrl.transport import weights as weights_io
+from agentrl.transport.channel import TrainerChannel
 from agentrl.transport.queue import TrajectoryQueue, trajectory_staleness
 from agentrl.transport.shards import ShardReader, rank_dirs
 from agentrl.types import Trajectory
@@ -61,8 +62,9 @@ def drain_shards(run_dir: Path, q: TrajectoryQueue) -> Counter[str]:
     return out
 
 
-def run(run_dir: Path, model_dir: Path, cfg: RunConfig, monitor, channel_factory: Any, par: Parallel | None = None,
-        broadcast_factory: Any = None, should_stop: Callable[[], bool] | None = None) -> TrainerState:
+def run(run_dir: Path, model_dir: Path, cfg: RunConfig, monitor, channel_factory: Callable[[int], TrainerChannel],
+        par: Parallel | None = None, broadcast_factory: Callable[[], Any] | None = None,
+        should_stop: Callable[[], bool] | None = None) -> TrainerState:
     """Warm start (unless resuming), then `trainer.steps` steps. Every trainer rank runs it.
 
     Rank 0 is the hub: it alone opens the channel, holds the queue and its ledger, publishes weights and
@@ -110,9 +112,10 @@ def run(run_dir: Path, model_dir: Path, cfg: RunConfig, monitor, channel_factory
     _loop(run_dir, learner, q, ch, publisher, cfg, shape, monitor, should_stop)
     publisher.announce(ch, wait=True)  # the last version before the stop: rollout rank 0 evaluates it
     publisher.close()
-    late = ch.close(timeout_s=max(cfg.cluster.role_timeout_s, 60.0))
+    late = ch.close(timeout_s=max(cfg.cluster.role_timeout_s, 60.0))  # warns, naming ranks that did not close
     left = _count_left(q, late)
     state.stats.update({f"left_at_end/{k}": float(v) for k, v in left.items()})
+    state.stats["ranks_not_closed"] = float(len(ch.open_ranks))
     write_report(run_dir, state, shape.steps, q, cfg.cluster.schedule)
     write_ledger(run_dir, q)
     save_queue(run_dir, q)
@@ -134,7 +137,7 @@ def _follow(learner: Learner) -> None:
     log.info("trainer rank %d: done after step %d (policy v%d)", par.rank, state.step, state.policy_version)
 
 
-def _loop(run_dir: Path, learner: Learner, q: TrajectoryQueue, ch: Any, publisher: Publisher, cfg: RunConfig,
+def _loop(run_dir: Path, learner: Learner, q: TrajectoryQueue, ch: TrainerChannel, publisher: Publisher, cfg: RunConfig,
           shape: PipelineShape, monitor, should_stop: Callable[[], bool] | None = None) -> None:
     """The hub's steps: receive, select, send the batch to the other ranks, train, publish, report."""
     state, par, a = learner.state, learner.par, cfg.algo
@@ -207,7 +210,7 @@ def _loop(run_dir: Path, learner: Learner, q: TrajectoryQueue, ch: Any, publishe
             break
 
 
-def _next_groups(q: TrajectoryQueue, ch: Any, shape: PipelineShape, timeout_s: float, poll_s: float,
+def _next_groups(q: TrajectoryQueue, ch: TrainerChannel, shape: PipelineShape, timeout_s: float, poll_s: float,
                  publisher: Publisher) -> list[list[Trajectory]]:
     """Receive while the queue has room until at least `min_groups` complete groups are ready (and announce
     the last published version as soon as it is complete)."""

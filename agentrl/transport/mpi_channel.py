@@ -39,7 +39,7 @@ TAG_HELLO = 13  # rollout → trainer: int64[1] (rollout rank); answered by a no
 TAG_BYE = 14  # rollout → trainer: int64[1] (rollout rank); trainer answers with TAG_BYE int64[1]
 PORT_KEY = "mpi_port"  # rendezvous key of the removed port mode: published by nothing now (see launch.rendezvous)
 
-__all__ = ["MpiRolloutChannel", "MpiTrainerChannel", "Notice", "RolloutChannel", "TrainerChannel"]
+__all__ = ["MpiRolloutChannel", "MpiTrainerChannel", "Notice"]
 
 
 def _mpi() -> Any:
@@ -303,9 +303,3 @@ class MpiRolloutChannel(PolledInbox):
             time.sleep(self.poll_s)
         self._pull()  # in case a notice sent before the answer is matched only now
         self._sends.drain(deadline, self.poll_s)
-
-
-# The names the role entry points import (jobs/trainer_async.py, jobs/rollout_async.py); the protocols of the same
-# names are in `agentrl.transport.channel`.
-TrainerChannel = MpiTrainerChannel
-RolloutChannel = MpiRolloutChannel

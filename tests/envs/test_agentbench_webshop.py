@@ -11,10 +11,10 @@ import pytest
 from agentbench_checkout import PROMPTS, build_checkout
 
 from agentrl.envs.api import Action, Session, StepResult
+from agentrl.envs.expert_report import report_split
 from agentrl.envs.tasks.webshop import WebShopTask
 from agentrl.envs.tasks.webshop_faithful import BAD_CALL, NO_CALLS
 from agentrl.types import Status
-from jobs.expert_report import report_split
 
 OUR_CATALOG = Path(__file__).resolve().parents[2] / "data" / "webshop"
 

@@ -26,12 +26,12 @@ from scripted_batches import step_batch  # noqa: E402
 from agentrl.launch import rendezvous  # noqa: E402
 from agentrl.rollout.async_weights import BroadcastWeights  # noqa: E402
 from agentrl.transport import weights  # noqa: E402
-from agentrl.transport.mpi_channel import RolloutChannel  # noqa: E402
+from agentrl.transport.mpi_channel import MpiRolloutChannel  # noqa: E402
 from agentrl.transport.shards import ShardWriter, shard_dir  # noqa: E402
 
 
 def main(run_dir: Path, steps: int, broadcast: bool, first: int = 0) -> None:
-    ch = RolloutChannel.world(0, trainer=0, timeout_s=300)
+    ch = MpiRolloutChannel.world(0, trainer=0, timeout_s=300)
     received = BroadcastWeights(run_dir, 0, 1, lambda: rendezvous.read(run_dir), 120) if broadcast else None
     writer = ShardWriter(shard_dir(run_dir, "rollout", 0))
     for k in range(first, steps):  # first > 0: a resumed run, whose earlier steps' shards are written already

@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from agentrl.config import RunConfig, load_config
+from agentrl.trainer.batch import collate
+from agentrl.trainer.model_load import load_model
+from agentrl.trainer.select import shaped_rewards
+from agentrl.trainer.step import RLHyper, rl_step
 from agentrl.types import Status, Trajectory, TrajectoryBuilder
 
 STEPS = 4
@@ -42,3 +48,20 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+def settings_of(run_dir: Path) -> tuple[RunConfig, RLHyper]:
+    cfg = load_config(str(run_dir / "config.yaml"))
+    return cfg, RLHyper.from_config(cfg.algo, cfg.trainer, cfg.rollout.temperature)
+
+
+def by_hand(model_dir: Path, cfg: RunConfig, hyper: RLHyper) -> dict[str, torch.Tensor]:
+    """The synchronous trainer by hand: each step's whole batch, one rl_step, warm-up lr."""
+    t = cfg.trainer
+    with one_thread():
+        model = load_model(model_dir, 1)
+        opt = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+        for step in range(STEPS):
+            for g in opt.param_groups:
+                g["lr"] = t.lr * min(1.0, (step + 1) / t.warmup_steps)
+            trajs = step_batch(step)
+            rl_step(model, opt, collate(trajs, shaped_rewards(trajs, cfg.algo.fail_penalty), pad_id=1), hyper)
+    return model.state_dict()

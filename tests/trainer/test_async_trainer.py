@@ -13,15 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from scripted_batches import STEPS, one_thread, step_batch
+from scripted_batches import STEPS, by_hand, settings_of, step_batch
 
-from agentrl.config import RunConfig, dump_config, load_config
+from agentrl.config import dump_config, load_config
 from agentrl.launch.local import mpiexec
 from agentrl.models import tiny
-from agentrl.trainer.batch import collate
 from agentrl.trainer.model_load import load_model
-from agentrl.trainer.select import shaped_rewards
-from agentrl.trainer.step import RLHyper, rl_step
 from agentrl.transport import weights
 from agentrl.transport.shards import write_shard
 
@@ -69,8 +66,8 @@ def test_the_synchronous_schedule_is_the_plain_update(tmp_path: Path, model_dir:
     proc = _run_world(run_dir, model_dir, settings)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
-    cfg, hyper = _settings(run_dir)
-    expected = _by_hand(model_dir, cfg, hyper)
+    cfg, hyper = settings_of(run_dir)
+    expected = by_hand(model_dir, cfg, hyper)
     published = dict(weights.iter_weights(weights.version_dir(run_dir, STEPS)))
     for k, v in expected.items():
         torch.testing.assert_close(published[k], v, rtol=0, atol=1e-7)
@@ -89,10 +86,10 @@ def test_decoupled_loss_changes_the_update_only_through_the_behaviour_weight(tmp
     run_dir = tmp_path / "decoupled"
     proc = _run_world(run_dir, model_dir, ["algo.max_staleness=0", "algo.offpolicy=decoupled", "algo.is_cap=2.0"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    cfg, hyper = _settings(run_dir)
+    cfg, hyper = settings_of(run_dir)
     assert hyper.offpolicy == "decoupled"
-    expected = _by_hand(model_dir, cfg, hyper)
-    behaviour = _by_hand(model_dir, cfg, dataclasses.replace(hyper, offpolicy="behaviour"))
+    expected = by_hand(model_dir, cfg, hyper)
+    behaviour = by_hand(model_dir, cfg, dataclasses.replace(hyper, offpolicy="behaviour"))
     published = dict(weights.iter_weights(weights.version_dir(run_dir, STEPS)))
     for k, v in expected.items():
         torch.testing.assert_close(published[k], v, rtol=0, atol=1e-7)
@@ -107,8 +104,8 @@ def test_broadcast_delivers_the_published_weights(tmp_path: Path, model_dir: Pat
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = json.loads((run_dir / "report" / "broadcast.json").read_text())
     assert got == {"version": STEPS, "max_diff": 0.0, "names": True}
-    cfg, hyper = _settings(run_dir)
-    expected = _by_hand(model_dir, cfg, hyper)
+    cfg, hyper = settings_of(run_dir)
+    expected = by_hand(model_dir, cfg, hyper)
     published = dict(weights.iter_weights(weights.version_dir(run_dir, STEPS)))
     for k, v in expected.items():
         torch.testing.assert_close(published[k], v, rtol=0, atol=1e-7)
@@ -122,8 +119,8 @@ def test_two_trainer_ranks_make_the_one_rank_update(tmp_path: Path, model_dir: P
     proc = _run_world(run_dir, model_dir, ["algo.max_staleness=0", "transport.inflight=drain", "trainer.parallel=ddp"],
                       trainer_ranks=2)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    cfg, hyper = _settings(run_dir)
-    expected = _by_hand(model_dir, cfg, hyper)
+    cfg, hyper = settings_of(run_dir)
+    expected = by_hand(model_dir, cfg, hyper)
     published = dict(weights.iter_weights(weights.version_dir(run_dir, STEPS)))
     before = load_model(model_dir, 1).state_dict()
     for k, v in expected.items():
@@ -149,8 +146,8 @@ def test_two_resumed_trainer_ranks_continue_the_update(tmp_path: Path, model_dir
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "resumed from" in proc.stderr and "trainer rank 1 of 2: taking its share of each step the hub selects " \
         "(from step 2)" in proc.stderr
-    cfg, hyper = _settings(run_dir)
-    expected = _by_hand(model_dir, cfg, hyper)
+    cfg, hyper = settings_of(run_dir)
+    expected = by_hand(model_dir, cfg, hyper)
     published = dict(weights.iter_weights(weights.version_dir(run_dir, STEPS)))
     for k, v in expected.items():
         torch.testing.assert_close(published[k], v, rtol=0, atol=1e-6)
@@ -183,22 +180,3 @@ def test_two_fsdp2_ranks_follow_one_rank_through_warm_start_and_kl(tmp_path: Pat
     reports = [json.loads((runs[r] / "report" / "trainer.json").read_text()) for r in (1, 2)]
     assert reports[0]["sft_steps"] == reports[1]["sft_steps"] == 2
     assert reports[0]["trajectories_trained"] == reports[1]["trajectories_trained"] == 8 * STEPS
-
-
-def _settings(run_dir: Path) -> tuple[RunConfig, RLHyper]:
-    cfg = load_config(str(run_dir / "config.yaml"))
-    return cfg, RLHyper.from_config(cfg.algo, cfg.trainer, cfg.rollout.temperature)
-
-
-def _by_hand(model_dir: Path, cfg: RunConfig, hyper: RLHyper) -> dict[str, torch.Tensor]:
-    """The synchronous trainer by hand: each step's whole batch, one rl_step, warm-up lr."""
-    t = cfg.trainer
-    with one_thread():
-        model = load_model(model_dir, 1)
-        opt = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
-        for step in range(STEPS):
-            for g in opt.param_groups:
-                g["lr"] = t.lr * min(1.0, (step + 1) / t.warmup_steps)
-            trajs = step_batch(step)
-            rl_step(model, opt, collate(trajs, shaped_rewards(trajs, cfg.algo.fail_penalty), pad_id=1), hyper)
-    return model.state_dict()
