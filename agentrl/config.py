@@ -124,7 +124,7 @@ class EnvsConfig:
     """On SIGTERM a worker stops taking sessions and waits up to this long for its own to end."""
     max_tool_calls: int = 16
     """Tool calls in one assistant message beyond this: one error observation, none of them run."""
-    expert_route: str = "auto"
+    expert_route: Literal["auto", "enabled", "disabled"] = "auto"
     """Whether workers answer /expert (the task's scripted expert hands out answers): auto | enabled |
     disabled (words YAML keeps as strings; `on`/`off` would turn into booleans).
     auto: on exactly when the run plays the expert (rollout.engine: expert, or a warm start with
@@ -141,13 +141,11 @@ class EnvsConfig:
         _check(self.max_output_chars >= 256, f"{p}.max_output_chars", "must be >= 256")
         _check(self.drain_s >= 0, f"{p}.drain_s", "must be >= 0")
         _check(self.max_tool_calls >= 1, f"{p}.max_tool_calls", "must be >= 1")
-        _check(self.expert_route in ("auto", "enabled", "disabled"), f"{p}.expert_route",
-               "must be auto, enabled or disabled")
 
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    engine: str = "vllm"
+    engine: Literal["vllm", "expert"] = "vllm"
     """vllm | expert (the task's scripted expert, served by the env worker)."""
     prompts_per_step: int = 8
     samples_per_prompt: int = 8
@@ -190,7 +188,6 @@ class RolloutConfig:
     def validate(self, p: str) -> None:
         _check(self.env_latency_s >= 0 and self.env_latency_sigma >= 0, f"{p}.env_latency_s",
                "env_latency_s and env_latency_sigma must be >= 0")
-        _check(self.engine in ("vllm", "expert"), f"{p}.engine", f"unknown engine {self.engine!r} (vllm | expert)")
         _check(self.max_turns >= 0, f"{p}.max_turns", "must be >= 0 (0: each task's own limit)")
         for name in ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "max_model_len",
                      "concurrency", "kv_cache_gib"):
@@ -235,7 +232,7 @@ class TrainerConfig:
     """Warm-start steps between two checks of `sft_target`."""
     sft_holdout: int = 32
     """Successful demonstrations per task held out of the warm start for `sft_target` (at most a quarter)."""
-    update: str = "rl"
+    update: Literal["rl", "sft"] = "rl"
     """What each of the `steps` does: rl (train on the rollout's batch) | sft (one more warm-start update on the
     expert's demonstrations instead: a control run, to tell RL's gain from more imitation)."""
     threads: int = 2
@@ -246,10 +243,10 @@ class TrainerConfig:
     packing: bool = True
     """Pack several trajectories per row (position ids restart per trajectory) instead of one padded
     trajectory per row; the padding fraction is logged as train/padding_frac either way."""
-    parallel: str = "ddp"
+    parallel: Literal["none", "ddp", "fsdp2"] = "ddp"
     """Data parallelism over the trainer ranks (RANK/WORLD_SIZE or Slurm's variables): ddp | fsdp2
     (parameters, gradients and optimizer state sharded per decoder layer) | none (one rank only)."""
-    mixed_precision: str = "auto"
+    mixed_precision: Literal["auto", "bf16", "fp32"] = "auto"
     """auto: bf16 compute on GPUs that support it, float32 elsewhere | bf16 | fp32."""
     checkpoint_every: int = 10
     """Write ckpt/step-<N> every this many RL steps (and after the last); 0: never."""
@@ -266,19 +263,14 @@ class TrainerConfig:
         _check(0 < self.sft_min_token_prob < 1, f"{p}.sft_min_token_prob", "must be in (0, 1)")
         _check(self.sft_check_every >= 1, f"{p}.sft_check_every", "must be >= 1")
         _check(self.sft_holdout >= 1, f"{p}.sft_holdout", "must be >= 1")
-        _check(self.update in ("rl", "sft"), f"{p}.update", f"unknown update {self.update!r} (rl | sft)")
         _check(self.warmup_steps >= 0, f"{p}.warmup_steps", "must be >= 0")
-        _check(self.parallel in ("none", "ddp", "fsdp2"), f"{p}.parallel",
-               f"unknown layout {self.parallel!r} (none | ddp | fsdp2)")
-        _check(self.mixed_precision in ("auto", "bf16", "fp32"), f"{p}.mixed_precision",
-               f"unknown precision {self.mixed_precision!r} (auto | bf16 | fp32)")
         _check(self.checkpoint_every >= 0, f"{p}.checkpoint_every", "must be >= 0 (0: never)")
         _check(self.keep_checkpoints >= 1, f"{p}.keep_checkpoints", "must be >= 1")
 
 
 @dataclass(frozen=True)
 class AlgoConfig:
-    adv_estimator: str = "grpo"
+    adv_estimator: Literal["grpo", "rloo", "reinforce_pp"] = "grpo"
     task_norm: bool = True
     """Per-task normalization of action-token advantages (AgentRL eq. 1)."""
     eps_low: float = 0.2
@@ -286,16 +278,16 @@ class AlgoConfig:
     dual_clip: float = 3.0
     """Dual-clip bound c > 1 for negative advantages; 0 disables it."""
     kl_coef: float = 0.0
-    kl_estimator: str = "k3"
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     entropy_coef: float = 0.0
     fail_penalty: float = -0.2
     """Reward for agent failures (invalid_action, turn_limit, context_limit)."""
     max_staleness: int = 0
-    offpolicy: str = "behaviour"
+    offpolicy: Literal["behaviour", "decoupled", "tis"] = "behaviour"
     """The policy-gradient loss: behaviour (PPO ratio against the engine's log-probs), decoupled (AReaL's
     decoupled PPO: clip against the trainer's pre-step policy, weight by π_prox/μ) or tis (the same
     arithmetic, truncated at is_cap, named for engine–trainer mismatch)."""
-    is_weight: str = "truncate"
+    is_weight: Literal["truncate", "mask", "seq_truncate", "none"] = "truncate"
     """decoupled only: the behaviour weight (truncate | mask | seq_truncate | none)."""
     is_cap: float = 2.0
     """Upper bound C of the behaviour weight (decoupled, tis)."""
@@ -304,27 +296,18 @@ class AlgoConfig:
     eps: float = 1e-6
 
     def validate(self, p: str) -> None:
-        _check(self.adv_estimator in ("grpo", "rloo", "reinforce_pp"), f"{p}.adv_estimator",
-               f"unknown estimator {self.adv_estimator!r}")
-        _check(self.kl_estimator in ("k1", "k2", "k3"), f"{p}.kl_estimator", f"unknown estimator {self.kl_estimator!r}")
         _check(0 <= self.eps_low < 1, f"{p}.eps_low", "must be in [0, 1)")
         _check(self.eps_high >= 0, f"{p}.eps_high", "must be >= 0")
         _check(self.dual_clip == 0 or self.dual_clip > 1, f"{p}.dual_clip", "must be 0 (off) or > 1")
         _check(self.kl_coef >= 0, f"{p}.kl_coef", "must be >= 0")
         _check(self.max_staleness >= 0, f"{p}.max_staleness", "must be >= 0")
-        _check(self.offpolicy in ("behaviour", "decoupled", "tis"), f"{p}.offpolicy",
-               f"unknown loss {self.offpolicy!r} (behaviour | decoupled | tis)")
-        _check(self.is_weight in ("truncate", "mask", "seq_truncate", "none"), f"{p}.is_weight",
-               f"unknown weight {self.is_weight!r}")
         _check(self.is_cap > 0, f"{p}.is_cap", "must be > 0")
 
 
 @dataclass(frozen=True)
 class TransportConfig:
-    kind: str = "shards"
-    """shards: trajectories travel as HDF5 shards in the run dir (works within and between jobs)."""
     poll_s: float = 0.05
-    weights: str = "dir"
+    weights: Literal["dir", "broadcast"] = "dir"
     """Asynchronous schedule: how engines get new weights. dir: versioned safetensors directories (also
     what restarts read); broadcast: the in-job gloo/NCCL broadcast, with the directory still written."""
     min_groups: int = 0
@@ -336,25 +319,20 @@ class TransportConfig:
     """A group still missing members this long after its first arrived is dropped (counted group_timeout)."""
     queue_capacity: int = 0
     """Trajectories the trainer's queue holds before it stops receiving; 0: 4 × max_groups × group size."""
-    channel: str = "mpi"
+    channel: Literal["mpi", "files"] = "mpi"
     """Asynchronous schedule: how trajectories and notices travel. mpi: one MPI world (mpiexec, or srun
     across het groups); files: no MPI, the shard segments and a notice file in the run dir, polled every
     `poll_s`, for roles that run as separate jobs (each rollout rank restarts alone; weights must be dir)."""
-    inflight: str = "swap"
+    inflight: Literal["swap", "abort", "drain"] = "swap"
     """New weights while episodes are mid-trajectory. swap: between generation calls (each token keeps
     the version that sampled it); abort: cancel the running episodes and start them again on the new
     weights; drain: stop starting episodes until the running ones finish, then swap (no mixed versions)."""
 
     def validate(self, p: str) -> None:
-        _check(self.kind in ("shards",), f"{p}.kind", f"unknown transport {self.kind!r} (shards)")
         _check(self.poll_s > 0, f"{p}.poll_s", "must be positive")
-        _check(self.weights in ("dir", "broadcast"), f"{p}.weights", f"unknown {self.weights!r} (dir | broadcast)")
-        _check(self.channel in ("mpi", "files"), f"{p}.channel", f"unknown channel {self.channel!r} (mpi | files)")
         _check(self.channel != "files" or self.weights == "dir", f"{p}.channel",
                "files needs transport.weights=dir (the broadcast is one group of every rank: a rank restarted "
                "alone cannot rejoin it)")
-        _check(self.inflight in ("swap", "abort", "drain"), f"{p}.inflight",
-               f"unknown {self.inflight!r} (swap | abort | drain)")
         _check(self.min_groups >= 0 and self.max_groups >= 0 and self.queue_capacity >= 0, f"{p}.min_groups",
                "min_groups, max_groups and queue_capacity must be >= 0")
         _check(self.max_groups == 0 or self.max_groups >= self.min_groups, f"{p}.max_groups",
@@ -558,9 +536,6 @@ class RolloutTopology:
 class EnvTopology:
     """The env het group: the controller (by default) and `envs.workers` env workers over `nodes` nodes."""
     nodes: int = 1
-    slots_per_task: dict[str, int] = field(default_factory=dict)
-    """Concurrent sessions per task on one worker; a task not named gets envs.slots. NOT YET WIRED: the
-    worker applies envs.slots to every task."""
     apptainer_image: str = ""
     """The env workers' image (built from containers/agentrl.def); "" runs them on the node's Python."""
     binds: tuple[str, ...] = ()
@@ -572,8 +547,6 @@ class EnvTopology:
 
     def validate(self, p: str) -> None:
         _check(self.nodes >= 1, f"{p}.nodes", "must be >= 1")
-        for task, n in self.slots_per_task.items():
-            _check(n >= 1, f"{p}.slots_per_task.{task}", "must be >= 1")
         self.slurm.validate(f"{p}.slurm")
 
 
@@ -722,9 +695,6 @@ class RunConfig:
                "sft (the control run) continues the warm start: it needs trainer.sft_steps > 0")
         _check(self.trainer.steps == 0 or self.rollout.samples_per_prompt >= 2, "rollout.samples_per_prompt",
                "must be >= 2 for RL: group advantages of a group of one are 0")
-        for task in self.cluster.env.slots_per_task:
-            _check(task in self.envs.tasks, f"cluster.env.slots_per_task.{task}",
-                   f"is not one of envs.tasks {list(self.envs.tasks)}")
         _check(self.envs.workers >= self.cluster.env.nodes, "envs.workers",
                f"must be >= cluster.env.nodes ({self.cluster.env.nodes}): every env node runs a worker")
         _check(bool(self.model.path) or self.rollout.max_model_len <= self.model.max_position,

@@ -31,7 +31,7 @@ from agentrl.launch import topology
     ("cluster.rollout.lagging_prob=0.5", "cluster.rollout.lagging_prob", "lagging_engines_per_rank is 0"),
     ("cluster.rollout.ranks=1001", "cluster.rollout.ranks", "<= 1000"),
     ("cluster.rollout.tensor_parallel_size=0", "cluster.rollout.tensor_parallel_size", ">= 1"),
-    ("cluster.env.slots_per_task={nope: 4}", "cluster.env.slots_per_task.nope", "not one of envs.tasks"),
+    ("cluster.env.slots_per_task={nope: 4}", "cluster.env.slots_per_task", "unknown field"),
     ("cluster.env.nodes=2", "envs.workers", "every env node runs a worker"),
     ("cluster.hetjob=maybe", "cluster.hetjob", "true/false"),
 ])
