@@ -26,14 +26,14 @@ def os_files() -> dict[str, str]:
 
 
 def db_files() -> dict[str, str]:
-    from agentrl.envs.tasks import db_data
+    from agentrl.envs.tasks.db import data as db_data
 
     return {f"db/{split}.jsonl": "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in db_data.generate(split))
             for split in db_data.SPLIT_SIZES}
 
 
 def kg_files() -> dict[str, str]:
-    from agentrl.envs.tasks import kg_data
+    from agentrl.envs.tasks.kg import data as kg_data
 
     return {f"kg/{name}": content for name, content in kg_data.generate().items()}
 
