@@ -39,7 +39,7 @@ def kg_files() -> dict[str, str]:
 
 
 def webshop_files() -> dict[str, str]:
-    from agentrl.envs.tasks import webshop_data
+    from agentrl.envs.tasks.webshop import data as webshop_data
 
     return {f"webshop/{name}": content for name, content in webshop_data.generate().items()}
 

@@ -12,7 +12,7 @@ from agentbench_checkout import PROMPTS, build_checkout
 
 from agentrl.envs.api import Action, Session, StepResult
 from agentrl.envs.tasks.webshop import WebShopTask
-from agentrl.envs.tasks.webshop_faithful import BAD_CALL, NO_CALLS
+from agentrl.envs.tasks.webshop.faithful import BAD_CALL, NO_CALLS
 from agentrl.types import Status
 from jobs.expert_report import report_split
 
