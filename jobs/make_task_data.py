@@ -20,7 +20,7 @@ from agentrl.envs.tasks.shared import data_root
 
 
 def os_files() -> dict[str, str]:
-    from agentrl.envs.tasks import os_data
+    from agentrl.envs.tasks.os_task import data as os_data
 
     return {f"os/{split}.json": json.dumps(os_data.generate(split), indent=1) + "\n" for split in os_data.SPLIT_SIZES}
 
