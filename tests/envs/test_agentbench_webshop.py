@@ -45,6 +45,14 @@ def test_agentbench_source_reads_the_checkouts_ranges(checkout: Path, monkeypatc
         WebShopTask(source="agentbench", webshop_dir=OUR_CATALOG, agentbench_dir=None)
 
 
+def test_agentbench_source_in_the_strict_protocol_keeps_the_checkouts_ranges(checkout: Path) -> None:
+    """The ranges are the checkout's whatever the protocol (they were read with the faithful prompts, so
+    protocol='strict' failed on a missing attribute)."""
+    t = WebShopTask(source="agentbench", webshop_dir=OUR_CATALOG, agentbench_dir=checkout, protocol="strict")
+    assert t.protocol == "strict" and t.faithful is None and t.ranges["test"] == (0, 200)
+    assert Session(t, "test-0").messages[0]["content"] != PROMPTS["webshop"]  # our prompt, not the checkout's
+
+
 def test_faithful_protocol(task: WebShopTask) -> None:
     s = Session(task, "test-0")
     assert s.messages[0] == {"role": "system", "content": PROMPTS["webshop"]}

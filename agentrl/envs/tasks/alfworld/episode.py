@@ -44,7 +44,6 @@ def available(commands: list[str]) -> str:
     return " AVAILABLE ACTIONS: " + "\n".join(commands) + "\n"
 
 
-
 class AlfworldEpisode:
     def __init__(self, game: Path) -> None:
         tw = textworld()

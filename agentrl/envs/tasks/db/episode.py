@@ -43,7 +43,6 @@ SYSTEM_PROMPT = (
     "ones. Always use the tools; an answer written in the message text does not count.")
 
 
-
 class Databases(Protocol):
     """What an episode needs of its task (`DbTask`): databases on the configured backend."""
 

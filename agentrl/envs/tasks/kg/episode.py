@@ -76,7 +76,6 @@ class Variable:
     program: Program
 
 
-
 def f1_score(predicted: set[str], gold: set[str]) -> float:
     """AgentBench's F1 between the predicted and gold answer sets (0.0 when they share nothing)."""
     tp = len(predicted & gold)

@@ -47,7 +47,6 @@ class Goal:
         return self.instruction.strip(".") + bound
 
 
-
 def _parse_pricing(pricing: Any) -> list[float]:
     if not pricing:
         return [100.0]

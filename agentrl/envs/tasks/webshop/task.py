@@ -126,4 +126,3 @@ class WebShopTask:
         raise EnvError("bad_request", f"webshop has no sample {index!r}")
 
 
-
