@@ -46,8 +46,8 @@ from typing import Any
 from agentrl.envs.api import EnvError, Session, Task
 from agentrl.envs.tasks import get_task
 from agentrl.envs.tasks.db import MODIFY, DbSample, DbTask, answers_match
-from agentrl.envs.tasks.os_problems import OsProblem, script_argv
 from agentrl.envs.tasks.os_task import SCRIPT_TIMEOUT_S, OsEpisode
+from agentrl.envs.tasks.os_task.problems import OsProblem, script_argv
 from agentrl.envs.tasks.shared import call_message
 from agentrl.types import Status
 

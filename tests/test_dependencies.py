@@ -5,12 +5,14 @@ rollout/envs/controller, algorithms stay pure math, launch runs on a login node 
 and nothing imports the `jobs/` entry points: not the package, not another entry point (code two
 jobs share belongs in `agentrl/`), and not a test (tests call the library; a test of a command line runs
 it, `python -m jobs.x`, in a subprocess). `agentrl/auth.py` (the run's secret) is standard library only, so
-every role, the launcher included, may use it.
+every role, the launcher included, may use it. Within the built-in tasks (`agentrl.envs.tasks`), imports
+flow one way: no module imports, even inside a function, a module that imports it back.
 """
 from __future__ import annotations
 
 import ast
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -156,3 +158,94 @@ def test_the_checker_catches_violations(tmp_path: Path) -> None:
     job = tmp_path / "job.py"
     job.write_text("from jobs.controller import serve\nimport agentrl.config\n")
     assert [m for m in _imports(job) if m.split(".")[0] == "jobs"] == ["jobs.controller"]
+
+
+TASKS = PKG / "envs" / "tasks"
+
+
+def _module_name(path: Path, root: Path) -> str:
+    """`root/agentrl/envs/tasks/db/task.py` -> "agentrl.envs.tasks.db.task" (a package: its `__init__`)."""
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported_modules(path: Path, known: set[str]) -> set[str]:
+    """The modules of `known` that `path` imports anywhere in its body, functions included. `from p import m`
+    names the module `p.m` when it is one, else `p`; the parents Python imports on the way are not edges
+    (a package's own modules may import each other while its `__init__` runs)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            subs = {f"{node.module}.{a.name}" for a in node.names} & known
+            found |= subs if len(subs) == len(node.names) else subs | {node.module}
+    return found & known
+
+
+def import_cycles(files: Iterable[Path], root: Path) -> list[list[str]]:
+    """Every set of modules among `files` that import each other in a circle (Tarjan's strongly connected
+    components with more than one module, or a module importing itself), each sorted."""
+    paths = {_module_name(p, root): p for p in files}
+    graph = {m: sorted(_imported_modules(p, set(paths))) for m, p in paths.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(m: str) -> None:
+        index[m] = low[m] = len(index)
+        stack.append(m)
+        on_stack.add(m)
+        for n in graph[m]:
+            if n not in index:
+                visit(n)
+                low[m] = min(low[m], low[n])
+            elif n in on_stack:
+                low[m] = min(low[m], index[n])
+        if low[m] == index[m]:
+            component = []
+            while True:
+                n = stack.pop()
+                on_stack.discard(n)
+                component.append(n)
+                if n == m:
+                    break
+            if len(component) > 1 or m in graph[m]:
+                cycles.append(sorted(component))
+
+    for m in sorted(graph):
+        if m not in index:
+            visit(m)
+    return sorted(cycles)
+
+
+def test_task_modules_import_one_way() -> None:
+    """A task package reads task -> faithful -> episode -> data, never back: an import inside a method
+    that closes a circle counts too."""
+    assert import_cycles(TASKS.rglob("*.py"), ROOT) == []
+
+
+def test_the_cycle_check_catches_a_circle(tmp_path: Path) -> None:
+    """A circle through a method-level import, and one through a package's `__init__`, are both found;
+    a package whose modules import siblings (while `__init__` re-exports them) is not a circle."""
+    pkg = tmp_path / "agentrl" / "envs" / "tasks"
+    (pkg / "t").mkdir(parents=True)
+    files = {
+        "__init__.py": "",
+        "a.py": "from agentrl.envs.tasks.b import X\n",
+        "b.py": "def f():\n    from agentrl.envs.tasks import a\n",
+        "t/__init__.py": "from agentrl.envs.tasks.t.task import T\n",
+        "t/task.py": "from agentrl.envs.tasks.t.episode import E\n",
+        "t/episode.py": "from agentrl.envs.tasks.t.data import D\n",
+        "t/data.py": "import json\n",
+    }
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    assert import_cycles(pkg.rglob("*.py"), tmp_path) == [["agentrl.envs.tasks.a", "agentrl.envs.tasks.b"]]
+    (pkg / "t" / "data.py").write_text("from agentrl.envs.tasks.t import T\n")  # back through the package
+    assert import_cycles(pkg.rglob("*.py"), tmp_path) == [
+        ["agentrl.envs.tasks.a", "agentrl.envs.tasks.b"],
+        ["agentrl.envs.tasks.t", "agentrl.envs.tasks.t.data", "agentrl.envs.tasks.t.episode",
+         "agentrl.envs.tasks.t.task"]]

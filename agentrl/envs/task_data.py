@@ -12,26 +12,26 @@ from pathlib import Path
 
 
 def os_files() -> dict[str, str]:
-    from agentrl.envs.tasks import os_data
+    from agentrl.envs.tasks.os_task import data as os_data
 
     return {f"os/{split}.json": json.dumps(os_data.generate(split), indent=1) + "\n" for split in os_data.SPLIT_SIZES}
 
 
 def db_files() -> dict[str, str]:
-    from agentrl.envs.tasks import db_data
+    from agentrl.envs.tasks.db import data as db_data
 
     return {f"db/{split}.jsonl": "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in db_data.generate(split))
             for split in db_data.SPLIT_SIZES}
 
 
 def kg_files() -> dict[str, str]:
-    from agentrl.envs.tasks import kg_data
+    from agentrl.envs.tasks.kg import data as kg_data
 
     return {f"kg/{name}": content for name, content in kg_data.generate().items()}
 
 
 def webshop_files() -> dict[str, str]:
-    from agentrl.envs.tasks import webshop_data
+    from agentrl.envs.tasks.webshop import data as webshop_data
 
     return {f"webshop/{name}": content for name, content in webshop_data.generate().items()}
 

@@ -18,7 +18,7 @@ from agentrl.types import Status
 pytest.importorskip("textworld", reason="TextWorld is the envs extra (install.sh installs it)")
 
 from agentrl.envs.tasks.alfworld import AGENTBENCH_SPLITS, AlfworldTask  # noqa: E402
-from agentrl.envs.tasks.alfworld_faithful import BAD_CALL, NO_CALLS, bleu, process_action  # noqa: E402
+from agentrl.envs.tasks.alfworld.faithful import BAD_CALL, NO_CALLS, bleu, process_action  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from agentbench_checkout import PROMPTS, build_checkout
 
 from agentrl.envs.api import EnvError, Session
 from agentrl.envs.tasks.db import DbTask
-from agentrl.envs.tasks.db_faithful import NO_CALLS, PARSE_ERROR, UNKNOWN_TOOL
+from agentrl.envs.tasks.db.faithful import NO_CALLS, PARSE_ERROR, UNKNOWN_TOOL
 from agentrl.types import Status
 from jobs.agentbench_check import main as check_main
 

@@ -13,7 +13,7 @@ from env_helpers import expert_reward
 
 from agentrl.envs.api import Session
 from agentrl.envs.tasks.kg import AGENTBENCH_FILES, KGTask
-from agentrl.envs.tasks.kg_faithful import NO_CALLS
+from agentrl.envs.tasks.kg.faithful import NO_CALLS
 from agentrl.types import Status
 
 

@@ -13,7 +13,7 @@ from agentbench_checkout import PROMPTS, build_checkout
 from agentrl.envs.api import Action, Session, StepResult
 from agentrl.envs.expert_report import report_split
 from agentrl.envs.tasks.webshop import WebShopTask
-from agentrl.envs.tasks.webshop_faithful import BAD_CALL, NO_CALLS
+from agentrl.envs.tasks.webshop.faithful import BAD_CALL, NO_CALLS
 from agentrl.types import Status
 
 OUR_CATALOG = Path(__file__).resolve().parents[2] / "data" / "webshop"
@@ -43,6 +43,14 @@ def test_agentbench_source_reads_the_checkouts_ranges(checkout: Path, monkeypatc
     monkeypatch.delenv("AGENTRL_AGENTBENCH_DIR", raising=False)
     with pytest.raises(ValueError, match="reads AgentBench-FC's prompt"):
         WebShopTask(source="agentbench", webshop_dir=OUR_CATALOG, agentbench_dir=None)
+
+
+def test_agentbench_source_in_the_strict_protocol_keeps_the_checkouts_ranges(checkout: Path) -> None:
+    """The ranges are the checkout's whatever the protocol (they were read with the faithful prompts, so
+    protocol='strict' failed on a missing attribute)."""
+    t = WebShopTask(source="agentbench", webshop_dir=OUR_CATALOG, agentbench_dir=checkout, protocol="strict")
+    assert t.protocol == "strict" and t.faithful is None and t.ranges["test"] == (0, 200)
+    assert Session(t, "test-0").messages[0]["content"] != PROMPTS["webshop"]  # our prompt, not the checkout's
 
 
 def test_faithful_protocol(task: WebShopTask) -> None:

@@ -17,7 +17,7 @@ from system_tools import missing_system_tool
 
 from agentrl.envs.api import EnvError, Session
 from agentrl.envs.tasks.db import DbTask
-from agentrl.envs.tasks.db_backends import MYSQL8_SQL_MODE, MariaDBServer, find_mariadbd, rows_hash
+from agentrl.envs.tasks.db.backends import MYSQL8_SQL_MODE, MariaDBServer, find_mariadbd, rows_hash
 from jobs.agentbench_check import main as check_main
 
 
@@ -99,7 +99,7 @@ def test_a_session_cannot_lift_its_limits_and_its_queries_end_with_it(task: DbTa
     import threading
     import time
 
-    from agentrl.envs.tasks.db_backends import MariaDBDatabase
+    from agentrl.envs.tasks.db.backends import MariaDBDatabase
 
     s = Session(task, "train-0")
     user = s.episode.db.user
@@ -187,7 +187,7 @@ def test_no_silent_shared_account(server: MariaDBServer, limited: str, caplog: p
     before = databases(server)
     task = DbTask(backend="mariadb", mariadb_address=f"unix:{server.socket}", mariadb_user=limited,
                   mariadb_password="pw")
-    with caplog.at_level(logging.ERROR, logger="agentrl.envs.tasks.db_backends"), pytest.raises(EnvError) as e:
+    with caplog.at_level(logging.ERROR, logger="agentrl.envs.tasks.db.backends"), pytest.raises(EnvError) as e:
         Session(task, "train-0")
     assert e.value.code == "env_error" and "cannot create a MariaDB user per session" in e.value.message
     assert any("the session fails" in r.getMessage() for r in caplog.records)

@@ -14,7 +14,7 @@ from agentrl.envs.api import Session
 from agentrl.envs.task_data import db_files
 from agentrl.envs.tasks import get_task
 from agentrl.envs.tasks.db import TOOLS, DbTask, answers_match, clean_answers
-from agentrl.envs.tasks.db_backends import SqliteDatabase, Table, rows_hash
+from agentrl.envs.tasks.db.backends import SqliteDatabase, Table, rows_hash
 from agentrl.types import Status
 
 
@@ -154,7 +154,7 @@ PROCESS_WIDE = ("SELECT hex(fts3_tokenizer('simple'))", "SELECT fts3_tokenizer('
                 "PRAGMA cache_size = -100000000", "SELECT load_extension('/lib/x86_64-linux-gnu/libc.so.6')")
 PLAY = """
 import sys
-from agentrl.envs.tasks.db_backends import SqliteDatabase, Table
+from agentrl.envs.tasks.db.backends import SqliteDatabase, Table
 db = SqliteDatabase([Table("t", ("a",), (("1",),))])
 for sql in sys.argv[1:]:
     print(db.execute(sql), flush=True)

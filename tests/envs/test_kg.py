@@ -15,7 +15,7 @@ import pytest
 from agentrl.envs.api import Session
 from agentrl.envs.tasks import get_task
 from agentrl.envs.tasks.kg import KGTask, f1_score, load_samples, parse_action
-from agentrl.envs.tasks.kg_sparql import SparqlBackend, select_entities, select_relations
+from agentrl.envs.tasks.kg.sparql import SparqlBackend, select_entities, select_relations
 from agentrl.types import Status
 
 ROOT = Path(__file__).resolve().parents[2]

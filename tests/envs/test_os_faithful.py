@@ -12,8 +12,8 @@ from sandbox_helpers import require_sandbox
 
 from agentrl.envs.api import Session
 from agentrl.envs.expert import play
-from agentrl.envs.tasks import os_agentbench as ab
 from agentrl.envs.tasks.os_task import FaithfulOsEpisode, OsTask, parse_problem
+from agentrl.envs.tasks.os_task import faithful as ab
 from agentrl.types import Status
 
 

@@ -19,11 +19,16 @@ Layout, as in the repository (paths relative to the checkout):
   * webshop: the goal ranges (`start`, `end`) and tools in `configs/tasks/webshop.yaml`, prompt in
     `src/server/tasks/webshop/task.py` (`prompt_with_max_turn`); the catalog is WebShop's own data;
   * os: `data/os_interaction/{data/, scripts/, train_0317/}` (read by the os task).
+
+`AgentBenchPrompts` is what a task's faithful protocol shows the model (system prompt, tool schemas,
+round limit), read through a `PromptSource` that says where that task server keeps them; db, kg,
+alfworld and webshop share it (kg extends it with its one-shot example).
 """
 from __future__ import annotations
 
 import ast
 import copy
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -87,3 +92,51 @@ class Checkout:
             raise KeyError(f"{path} has no section {section!r}")
         params.update((config[section] or {}).get("parameters") or {})
         return params
+
+
+@dataclass(frozen=True)
+class PromptSource:
+    """Where one AgentBench-FC task server keeps what its faithful protocol shows the model.
+
+    The tools and the round limit are parameters of a section of the task's config (the test split's,
+    which is what AgentBench evaluates); the system prompt is a constant of a Python file, or the string a
+    function of it returns. kg keeps its tools in that Python file instead (`tools_constant`).
+    """
+
+    config: str
+    """`configs/tasks/<task>.yaml`."""
+    section: str
+    """The config section whose parameters hold the tools and the round limit."""
+    rounds_key: str
+    """The parameter that holds the round limit (each task server names it its own way)."""
+    default_rounds: int
+    """The round limit when the section does not set it (the task server's own default)."""
+    prompt_file: str
+    """The Python file that holds the system prompt."""
+    prompt: str
+    """The module-level constant holding the prompt, or the function returning it (`returned`)."""
+    returned: bool = False
+    tools_constant: str = ""
+    """When set, the tools are this constant of `prompt_file`, not a config parameter."""
+
+
+@dataclass(frozen=True)
+class AgentBenchPrompts:
+    """What a faithful episode shows the model, as the user's checkout says: never our own words."""
+
+    system: str
+    tools: list[dict[str, Any]]
+    max_rounds: int
+
+    @classmethod
+    def read(cls, checkout: Checkout, source: PromptSource) -> AgentBenchPrompts:
+        """The prompts of the task server that `source` describes, from `checkout`."""
+        config = checkout.task_config(source.config, source.section)
+        if source.returned:
+            system = checkout.returned_string(source.prompt_file, source.prompt)
+        else:
+            system = str(checkout.constant(source.prompt_file, source.prompt))
+        tools = (checkout.constant(source.prompt_file, source.tools_constant) if source.tools_constant
+                 else config["tools"])
+        rounds = int(config.get(source.rounds_key, source.default_rounds))
+        return cls(system=system, tools=list(tools), max_rounds=rounds)

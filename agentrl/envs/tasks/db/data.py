@@ -17,7 +17,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from agentrl.envs.tasks.db_backends import SqliteDatabase, tables_of
+from agentrl.envs.tasks.db.backends import SqliteDatabase, tables_of
 
 SPLIT_SIZES = {"train": 500, "test": 100}
 

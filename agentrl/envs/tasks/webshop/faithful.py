@@ -16,13 +16,13 @@ the tools and the round limit from `configs/tasks/webshop.yaml`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from agentrl.envs.api import Action, StepResult, tool_message
 from agentrl.envs.protocol import CallPolicy, first_value
-from agentrl.envs.tasks.agentbench import Checkout
-from agentrl.envs.tasks.webshop import Catalog, Goal, WebShopEpisode
+from agentrl.envs.tasks.agentbench import AgentBenchPrompts, Checkout, PromptSource
+from agentrl.envs.tasks.webshop.catalog import Catalog, Goal
+from agentrl.envs.tasks.webshop.episode import WebShopEpisode
 from agentrl.types import Status
 
 TASK_FILE = "src/server/tasks/webshop/task.py"
@@ -33,26 +33,21 @@ BAD_CALL = "No valid tool call found from agent."
 ACTIONS = {"search_action": "search", "click_action": "click"}
 
 
-@dataclass(frozen=True)
-class FaithfulPrompts:
-    system: str
-    tools: list[dict[str, Any]]
-    max_rounds: int
-    ranges: dict[str, tuple[int, int]]
+PROMPTS = PromptSource(config=CONFIG, section=SECTIONS["test"], rounds_key="round", default_rounds=20,
+                       prompt_file=TASK_FILE, prompt="prompt_with_max_turn")
+"""Where the WebShop server keeps its prompt (`prompt_with_max_turn`), tools and round limit."""
 
-    @classmethod
-    def read(cls, checkout: Checkout) -> FaithfulPrompts:
-        sections = {split: checkout.task_config(CONFIG, name) for split, name in SECTIONS.items()}
-        test = sections["test"]
-        return cls(system=str(checkout.constant(TASK_FILE, "prompt_with_max_turn")), tools=list(test["tools"]),
-                   max_rounds=int(test.get("round", 20)),
-                   ranges={split: (int(c.get("start", 0)), int(c.get("end", 500))) for split, c in sections.items()})
+
+def goal_ranges(checkout: Checkout) -> dict[str, tuple[int, int]]:
+    """The goals each split plays (`start`, `end` of its config section), in WebShop's goal order."""
+    sections = {split: checkout.task_config(CONFIG, name) for split, name in SECTIONS.items()}
+    return {split: (int(c.get("start", 0)), int(c.get("end", 500))) for split, c in sections.items()}
 
 
 class FaithfulWebShopEpisode(WebShopEpisode):
     call_policy = CallPolicy(first_call_only=True, lenient_arguments=True)
 
-    def __init__(self, catalog: Catalog, goal: Goal, prompts: FaithfulPrompts) -> None:
+    def __init__(self, catalog: Catalog, goal: Goal, prompts: AgentBenchPrompts) -> None:
         super().__init__(catalog, goal)
         self.prompts = prompts
         self.last = self.observation()  # AgentBench's `observation`: shown again when an action does nothing

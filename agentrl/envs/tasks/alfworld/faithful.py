@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agentrl.envs.api import Action, StepResult, tool_message
 from agentrl.envs.protocol import CallPolicy, first_value
-from agentrl.envs.tasks.agentbench import Checkout
-from agentrl.envs.tasks.alfworld import AlfworldEpisode, available, clean
+from agentrl.envs.tasks.agentbench import AgentBenchPrompts, PromptSource
+from agentrl.envs.tasks.alfworld.episode import AlfworldEpisode, available, clean
 from agentrl.types import Status
 
 TASK_FILE = "src/server/tasks/alfworld/task.py"
@@ -38,17 +37,9 @@ BAD_CALL = "No valid tool calls found. Please call a tool instead."
 SNAP_LIMIT = 0.01
 
 
-@dataclass(frozen=True)
-class FaithfulPrompts:
-    system: str
-    tools: list[dict[str, Any]]
-    max_rounds: int
-
-    @classmethod
-    def read(cls, checkout: Checkout) -> FaithfulPrompts:
-        config = checkout.task_config(CONFIG, "alfworld-std")
-        return cls(system=checkout.returned_string(TASK_FILE, "get_task_instruction"), tools=list(config["tools"]),
-                   max_rounds=int(config.get("max_step", 20)))
+PROMPTS = PromptSource(config=CONFIG, section="alfworld-std", rounds_key="max_step", default_rounds=20,
+                       prompt_file=TASK_FILE, prompt="get_task_instruction", returned=True)
+"""Where the ALFWorld server keeps its prompt (what `get_task_instruction` returns), tool and round limit."""
 
 
 def _ngrams(tokens: list[str], n: int) -> Counter[tuple[str, ...]]:
@@ -99,7 +90,7 @@ def process_ob(observation: str) -> str:
 class FaithfulAlfworldEpisode(AlfworldEpisode):
     call_policy = CallPolicy(first_call_only=True, lenient_arguments=True)
 
-    def __init__(self, game: Path, prompts: FaithfulPrompts) -> None:
+    def __init__(self, game: Path, prompts: AgentBenchPrompts) -> None:
         super().__init__(game)
         self.prompts = prompts
         self.outputs: list[str] = []  # the raw actions played (AgentBench's repeat check)

@@ -2,7 +2,7 @@
 
 AgentBench serves Freebase from Virtuoso (`http://localhost:3001/sparql` in its configs); a user who
 has that running sets `AGENTRL_KG_SPARQL_URL` and the `kg` task runs AgentBench's own questions.
-Each program (see `kg.Program`) becomes one graph pattern that binds a variable to its entities:
+Each program (see `program.Program`) becomes one graph pattern that binds a variable to its entities:
 
     ("ENT", "m.0abc")                    VALUES ?x0 { ns:m.0abc }
     ("JOIN", "r.s.t", p)                 <p on ?x1> ?x1 ns:r.s.t ?x0 .
@@ -29,7 +29,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from agentrl.envs.tasks.kg import NUMBER_TYPE, Program
+from agentrl.envs.tasks.kg.program import NUMBER_TYPE, Program
 
 NS = "http://rdf.freebase.com/ns/"
 NAME = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+$")

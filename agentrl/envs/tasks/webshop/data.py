@@ -1,7 +1,7 @@
 """The `webshop` task's offline data: a synthetic product catalog and shopping instructions, fixed seed.
 
 `generate(seed)` gives three files in WebShop's own formats, so that one loader reads ours and a
-WebShop checkout's (`webshop.load_catalog`):
+WebShop checkout's (`catalog.load_catalog`):
 
   * `items_shuffle.json`: products as WebShop scraped them (`asin`, `name`, `category`, `query`,
     `product_category`, `full_description`, `small_description`, `pricing` "$12.99" or

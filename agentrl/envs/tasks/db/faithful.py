@@ -17,13 +17,14 @@ The system prompt and the tool descriptions are the checkout's (`task.py`'s SYST
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from agentrl.envs.api import Action, EnvError, StepResult, tool_message
 from agentrl.envs.protocol import CallPolicy, first_value
-from agentrl.envs.tasks.agentbench import Checkout
-from agentrl.envs.tasks.db import AGENTBENCH_CONFIG, AGENTBENCH_PROMPT, DbEpisode, answers_match
+from agentrl.envs.tasks.agentbench import AgentBenchPrompts, PromptSource
+from agentrl.envs.tasks.db.episode import Databases, DbEpisode
+from agentrl.envs.tasks.db.grading import MODIFY, answers_match
+from agentrl.envs.tasks.db.samples import DbSample
 from agentrl.types import Status
 
 PARSE_ERROR = "Error: Failed to parse tool call. Tool call format is incorrect."
@@ -31,26 +32,20 @@ NO_CALLS = "Internal error: No tool calls found despite finish reason."
 UNKNOWN_TOOL = "Invalid function call. Please call a tool instead."
 
 
-@dataclass(frozen=True)
-class FaithfulPrompts:
-    """What the faithful protocol reads from the user's checkout."""
-
-    system: str
-    tools: list[dict[str, Any]]
-    max_rounds: int
-
-    @classmethod
-    def read(cls, checkout: Checkout) -> FaithfulPrompts:
-        config = checkout.task_config(AGENTBENCH_CONFIG, "dbbench-std")
-        return cls(system=str(checkout.constant(AGENTBENCH_PROMPT, "SYSTEM_PROMPT")), tools=list(config["tools"]),
-                   max_rounds=int(config.get("max_round", 15)))
+PROMPTS = PromptSource(config="configs/tasks/dbbench.yaml", section="dbbench-std", rounds_key="max_round",
+                       default_rounds=15, prompt_file="src/server/tasks/dbbench/task.py", prompt="SYSTEM_PROMPT")
+"""Where the dbbench server keeps its prompt (`task.py`'s SYSTEM_PROMPT), tools and round limit."""
 
 
 class FaithfulDbEpisode(DbEpisode):
     call_policy = CallPolicy(first_call_only=False, lenient_arguments=True)
 
+    def __init__(self, sample: DbSample, task: Databases, prompts: AgentBenchPrompts) -> None:
+        super().__init__(sample, task)
+        self.prompts = prompts
+
     def initial_messages(self) -> list[dict[str, Any]]:
-        return [{"role": "system", "content": self.task.faithful.system},
+        return [{"role": "system", "content": self.prompts.system},
                 {"role": "user", "content": self.sample.prompt()}]
 
     def text_step(self, content: str) -> StepResult:
@@ -90,7 +85,7 @@ class FaithfulDbEpisode(DbEpisode):
         """AgentBench's `compare_results`, which answers False on any error."""
         s = self.sample
         try:
-            if s.kind in ("INSERT", "UPDATE", "DELETE"):
+            if s.kind in MODIFY:
                 return answers_match(self.db.table_hash(s.tables), s.answer_md5 or self.task.reference_hash(s), s.kind)
             return answers_match(answer, s.label, s.kind)
         except EnvError:

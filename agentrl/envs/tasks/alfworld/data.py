@@ -81,5 +81,5 @@ def make_archive(path: Path, sizes: dict[str, int] | None = None) -> dict[str, i
     return dict(sizes)
 
 
-if __name__ == "__main__":  # python -m agentrl.envs.tasks.alfworld_data data/alfworld/games.tar.xz
+if __name__ == "__main__":  # python -m agentrl.envs.tasks.alfworld.data data/alfworld/games.tar.xz
     print(make_archive(Path(sys.argv[1] if len(sys.argv) > 1 else "data/alfworld/games.tar.xz")))

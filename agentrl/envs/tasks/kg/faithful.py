@@ -23,47 +23,48 @@ from typing import Any
 
 from agentrl.envs.api import Action, StepResult, tool_message
 from agentrl.envs.protocol import CallPolicy
-from agentrl.envs.tasks.agentbench import Checkout
-from agentrl.envs.tasks.kg import FINAL_ANSWER, KGBackend, KGEpisode, KGSample
+from agentrl.envs.tasks.agentbench import AgentBenchPrompts, Checkout, PromptSource
+from agentrl.envs.tasks.kg.episode import FINAL_ANSWER, KGEpisode
+from agentrl.envs.tasks.kg.program import KGBackend
+from agentrl.envs.tasks.kg.samples import KGSample
 from agentrl.types import Status
 
 CONST = "src/server/tasks/knowledgegraph/const.py"
 CONFIG = "configs/tasks/kg.yaml"
 SECTIONS = {"train": "kg-env_train", "test": "kg-std"}
+PROMPTS = PromptSource(config=CONFIG, section="default", rounds_key="max_rounds", default_rounds=15, prompt_file=CONST,
+                       prompt="INSTRUCTIONS", tools_constant="TOOLS")
+"""Where the knowledge-graph server keeps its prompt and tools (`const.py`) and its round limit."""
 NO_CALLS = "No valid function calls found! Need to recheck the function calls."
 
 
 @dataclass(frozen=True)
-class FaithfulPrompts:
-    """What the faithful protocol reads from the user's checkout."""
+class KGPrompts(AgentBenchPrompts):
+    """The shared prompts (`system` is `INSTRUCTIONS` formatted with the round limit), and what the kg
+    server shows besides: its one-shot conversation, the splits that show it, and the order in which
+    each tool reads its arguments."""
 
-    instructions: str
     one_shot: list[dict[str, Any]]
-    tools: list[dict[str, Any]]
-    param_order: dict[str, list[str]]
-    max_rounds: int
     one_shot_splits: frozenset[str]
+    param_order: dict[str, list[str]]
 
     @classmethod
-    def read(cls, checkout: Checkout) -> FaithfulPrompts:
-        default = checkout.task_config(CONFIG, "default")
+    def read(cls, checkout: Checkout, source: PromptSource = PROMPTS) -> KGPrompts:
+        base = AgentBenchPrompts.read(checkout, source)
         shots = frozenset(split for split, section in SECTIONS.items()
                           if checkout.task_config(CONFIG, section).get("one_shot"))
-        tools = list(checkout.constant(CONST, "TOOLS"))
         try:
             order = dict(checkout.constant(CONST, "TOOLS_PARAM_ORDER"))
         except KeyError:  # the parameter order is the schema's
-            order = {t["function"]["name"]: list(t["function"]["parameters"]["properties"]) for t in tools}
-        max_rounds = int(default.get("max_rounds", 15))
-        return cls(instructions=str(checkout.constant(CONST, "INSTRUCTIONS")).format(max_round=max_rounds),
-                   one_shot=list(checkout.constant(CONST, "ONE_SHOT")), tools=tools, param_order=order,
-                   max_rounds=max_rounds, one_shot_splits=shots)
+            order = {t["function"]["name"]: list(t["function"]["parameters"]["properties"]) for t in base.tools}
+        return cls(system=base.system.format(max_round=base.max_rounds), tools=base.tools, max_rounds=base.max_rounds,
+                   one_shot=list(checkout.constant(CONST, "ONE_SHOT")), one_shot_splits=shots, param_order=order)
 
 
 class FaithfulKGEpisode(KGEpisode):
     call_policy = CallPolicy(first_call_only=False, lenient_arguments=True)
 
-    def __init__(self, sample: KGSample, backend: KGBackend, prompts: FaithfulPrompts, one_shot: bool) -> None:
+    def __init__(self, sample: KGSample, backend: KGBackend, prompts: KGPrompts, one_shot: bool) -> None:
         super().__init__(sample, backend)
         self.prompts = prompts
         self.one_shot = one_shot
@@ -71,7 +72,7 @@ class FaithfulKGEpisode(KGEpisode):
     def initial_messages(self) -> list[dict[str, Any]]:
         shots = [dict(m) for m in self.prompts.one_shot] if self.one_shot else []
         question = f"{self.sample.question}\nEntities: [{', '.join(self.sample.entities)}]"
-        return [{"role": "system", "content": self.prompts.instructions}, *shots,
+        return [{"role": "system", "content": self.prompts.system}, *shots,
                 {"role": "user", "content": question}]
 
     def step(self, action: Action) -> StepResult:

@@ -25,13 +25,13 @@ Two protocols (task option `protocol`):
     (malformed ones get an "Error: ..." observation); `finish_action` commits no answer (a `match`
     fails, a `check` gets "" as the answer); observations are the raw output (800/780 truncation).
   * "faithful" (default with `source="agentbench"`): AgentBench-FC's own protocol, with the tools and
-    prompts read from the checkout (`agentrl.envs.tasks.os_agentbench`): the first tool call only, its
+    prompts read from the checkout (`agentrl.envs.tasks.os_task.faithful`): the first tool call only, its
     argument values whatever their keys, `finish_action`'s thought as the answer, AgentBench's
     observation texts. docs/tasks.md lists every difference that remains.
 
 Reward: 1.0 if the evaluation passes, else 0.0; status "completed"; metrics {"success", "setup_failed"}.
 Splits: with `source="ours"` (default) train/test are this project's generated samples
-(`data/os/{train,test}.json`, made by `agentrl.envs.tasks.os_data`); with `source="agentbench"` they
+(`data/os/{train,test}.json`, made by `agentrl.envs.tasks.os_task.data`); with `source="agentbench"` they
 are AgentBench's own, read from the checkout in `agentbench_dir` / `AGENTRL_AGENTBENCH_DIR` in its own
 layout (a split whose files are missing is left out). "dev" is AgentBench's dev subset (26 samples),
 from the checkout or from this project's copy in `data/agentbench/os_interaction/`.
@@ -63,8 +63,8 @@ from agentrl.envs.sandbox import (
     select_backend,
     session_budget,
 )
-from agentrl.envs.tasks import os_agentbench as ab
-from agentrl.envs.tasks.os_problems import OsProblem, load_problems, parse_problem, script_argv, shell_command
+from agentrl.envs.tasks.os_task import faithful as ab
+from agentrl.envs.tasks.os_task.problems import OsProblem, load_problems, parse_problem, script_argv, shell_command
 from agentrl.envs.tasks.shared import call_message, data_root, env_path, split_index, split_indices
 from agentrl.types import Status
 
@@ -328,7 +328,7 @@ class OsEpisode:
 
 
 class FaithfulOsEpisode(OsEpisode):
-    """AgentBench-FC's protocol (`os_agentbench`): the first call only, its arguments unchecked
+    """AgentBench-FC's protocol (`faithful`): the first call only, its arguments unchecked
     (`CallPolicy`, applied by `Session`), read here as AgentBench reads them."""
 
     call_policy = CallPolicy(first_call_only=True, lenient_arguments=True)

@@ -5,7 +5,7 @@
 way AgentBench's `execute_independent` does, except that python runs as the image's own interpreter
 in isolated mode without `site` (`agentrl.envs.sandbox.python_argv`), so that nothing the agent put on PATH, in
 /root or in site-packages runs inside a grader. Where the files of each split are in a checkout:
-`agentrl.envs.tasks.os_agentbench`.
+`agentrl.envs.tasks.os_task.faithful`.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The `kg` task's offline data: a small Freebase-like graph and questions over it, from a fixed seed.
 
-`generate(seed)` gives (and `make(out_dir, seed)` writes) `graph.json` (see `kg.LocalGraph`) and
+`generate(seed)` gives (and `make(out_dir, seed)` writes) `graph.json` (see `graph.LocalGraph`) and
 `train.json` / `test.json` in AgentBench's KG format, so that the same loader reads them and
 AgentBench's own files. The world: countries with capitals and populations, people with
 nationalities and birth years, films with directors, actors, genres, producing countries, runtimes
@@ -19,7 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs.tasks.kg import LocalGraph, Program
+from agentrl.envs.tasks.kg.graph import LocalGraph
+from agentrl.envs.tasks.kg.program import Program
 
 SYLLABLES = ("ka", "lo", "mi", "ren", "so", "ta", "vel", "dor", "an", "is", "bar", "eth", "qu", "ol", "un",
              "zi", "mar", "tes", "fen", "gal", "hor", "ny", "pra", "sil", "cor", "dun", "el", "wyn", "ro", "ba")
