@@ -36,12 +36,15 @@ from agentrl.launch.local import ROLLOUT_PREFIX, TRAINER, LocalLauncher, start_p
 
 class Killer(threading.Thread):
     """Kills a random live env worker every `every` seconds (uniform in the range), and the trainer once
-    after its first RL checkpoint, by pid with SIGKILL: no chance to clean up."""
+    after its RL checkpoint of step `trainer_after` (late enough that weights/v0 has been pruned: the
+    restarted rollout rank must start from the resumed trainer's version), by pid with SIGKILL: no chance to
+    clean up."""
 
     def __init__(self, launcher: LocalLauncher, every: tuple[float, float], kill_trainer: bool, seed: int,
-                 max_worker_kills: int) -> None:
+                 max_worker_kills: int, trainer_after: int = 1) -> None:
         super().__init__(daemon=True)
         self.launcher, self.every, self.kill_trainer = launcher, every, kill_trainer
+        self.trainer_after = trainer_after
         self.rng = random.Random(seed)
         self.max_worker_kills = max_worker_kills
         self.kills: list[dict[str, Any]] = []
@@ -57,7 +60,8 @@ class Killer(threading.Thread):
         next_worker = time.monotonic() + self.rng.uniform(*self.every)
         while not self.stop.wait(0.2):
             roles = self.launcher.roles
-            if not trainer_killed and "trainer" in roles and _rl_checkpoints(self.launcher.run_dir):
+            if not trainer_killed and "trainer" in roles and \
+                    max(_rl_checkpoints(self.launcher.run_dir), default=0) >= self.trainer_after:
                 trainer_killed = self._kill("trainer")
             n_worker_kills = sum(k["role"].startswith("env_worker-") for k in self.kills)
             if time.monotonic() >= next_worker and n_worker_kills < self.max_worker_kills:
@@ -93,7 +97,8 @@ class Killer(threading.Thread):
             os.kill(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             return False
-        self.kills.append({"role": name, "pid": proc.pid, "t": round(time.time(), 2)})
+        versions = sorted(p.name for p in (self.launcher.run_dir / "weights").glob("v*"))  # what a restart finds
+        self.kills.append({"role": name, "pid": proc.pid, "t": round(time.time(), 2), "weights": versions})
         print(f"[     chaos] killed {name} (pid {proc.pid})", flush=True)
         return True
 
@@ -148,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     run_dir.mkdir(parents=True)
     dump_config(cfg, run_dir / "config.yaml")
     launcher = LocalLauncher(run_dir)
-    killer = Killer(launcher, every, not args.no_trainer_kill, args.seed, max_kills)  # type: ignore[arg-type]
+    killer = Killer(launcher, every, not args.no_trainer_kill, args.seed, max_kills,  # type: ignore[arg-type]
+                    trainer_after=max(1, min(4, steps - 2)))
     t0 = time.time()
     failed: str | None = None
     try:

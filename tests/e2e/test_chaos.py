@@ -25,6 +25,10 @@ def test_quick_chaos_run_loses_nothing(tmp_path: Path) -> None:
     assert r["completed"] and r["steps_done"] == 8 and r["rl_steps"] == 8
     killed = [k["role"] for k in r["kills"]]
     assert "trainer" in killed and r["restarts"]["trainer"] == 1  # resumed from its checkpoint
+    # killed after step 4: weights/v0 was pruned by then, so the rollout rank restarted after it (its rank
+    # follows a restarted trainer) started from the version the trainer resumed at (it once waited for v0)
+    trainer_kill = next(k for k in r["kills"] if k["role"] == "trainer")
+    assert "v0" not in trainer_kill["weights"] and r["restarts"].get("rollout-0", 0) >= 1
     assert sum(k.startswith("env_worker-") for k in killed) >= 1 and r["sessions_hit"] >= 1
     # every step trained on one step's trajectories (8 prompts x 4 samples; sync: nothing stale, no group left out
     # for lack of members), and every trajectory the rollout produced, the killed trainer's lifetime's included, is

@@ -84,6 +84,11 @@ def test_async_smoke_run_as_one_hetjob(slurm, job_env, tmp_path: Path, monkeypat
     ledger = reconcile(run_dir)
     per_step = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
     assert len(ledger.consumed) == taken(trainer) == cfg.trainer.steps * per_step  # each once
+    # every rank distinct: its own shard directory and its own groups (ids carry the rank), none shared
+    by_rank = shard_trajectories(run_dir)
+    assert sorted(by_rank) == [0, 1] and all(by_rank.values())
+    groups = [{t.group_id for t in ts} for ts in by_rank.values()]
+    assert not groups[0] & groups[1]
     assert trainer["left_at_end/held"] == len(ledger.held)
     logs = sorted(p.name for p in (run_dir / "logs").iterdir())
     if channel == "mpi":

@@ -73,7 +73,7 @@ def test_rendered_script_runs_site_setup_from_anywhere(slurm, job_env, tmp_path:
     run_dir = tmp_path / "runs" / f"smoke-{job}"
     log = (elsewhere / f"agentrl-smoke-{job}.out").read_text()
     assert json.loads((run_dir / "report" / "summary.json").read_text())["rl_steps"] == 2, log
-    for role in ("controller-0", "env_worker-0", "rollout-0", "trainer-0"):
+    for role in ("controller-0", "env_worker-0", "pipeline"):  # the MPMD step: each program ran the set-up
         assert "agentrl-setup-ran-ok" in (run_dir / "logs" / f"{role}.log").read_text(), role
     state = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
     assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, state
@@ -96,29 +96,31 @@ def test_submitit_hetjob_executor(slurm, job_env, tmp_path: Path) -> None:
 
 
 def test_submitit_smoke_run_as_one_hetjob(slurm, job_env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """~20-40 s. The smoke run (expert engine) through `submit.submit`: three het groups, every role an
-    srun step, `job.result()` is the run's summary."""
+    """~20-40 s. The smoke run (expert engine; the synchronous schedule) through `submit.submit`: three het
+    groups, the services srun steps, trainer and rollout rank one MPMD step, `job.result()` is the run's
+    summary."""
     from agentrl.launch import submit
 
     monkeypatch.chdir(tmp_path)
     cfg = load_config("smoke", SMALL)
     (job,) = submit.submit(cfg, "smoke", SMALL, tmp_path / "submitit")
     summary = job.result()
-    assert summary["rl_steps"] == 2
+    assert summary["rl_steps"] == 2 and summary["schedule"] == "sync"
     assert summary["success_after_rl"] == 1.0  # the scripted expert solves every lookup sample
     run_dir = tmp_path / "runs" / f"smoke-{job.job_id}"
     logs = sorted(p.name for p in (run_dir / "logs").iterdir())
-    assert logs == ["controller-0.log", "env_worker-0.log", "rollout-0.log", "trainer-0.log"]
+    assert logs == ["controller-0.log", "env_worker-0.log", "pipeline.log"]
 
 
 def test_submitit_smoke_run_as_jobs_per_role(slurm, job_env, tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """~20-40 s. cluster.hetjob=false: env, trainer and rollout jobs chained with --dependency=after; the
-    rollout job's result is the summary, and it cancels the env job at the end."""
+    """~20-40 s. cluster.hetjob=false (with the file channel: no MPI world spans jobs): env, trainer and
+    rollout jobs chained with --dependency=after; the rollout job's result is the summary, and it cancels the
+    env job at the end."""
     from agentrl.launch import submit
 
     monkeypatch.chdir(tmp_path)
-    overrides = [*SMALL, "cluster.hetjob=false"]
+    overrides = [*SMALL, "cluster.hetjob=false", "transport.channel=files"]
     env_job, trainer_job, rollout_job = submit.submit(load_config("smoke", overrides), "smoke", overrides,
                                                       tmp_path / "submitit")
     assert rollout_job.result()["rl_steps"] == 2
