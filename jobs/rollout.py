@@ -62,10 +62,10 @@ async def amain(run_dir: Path, rank: int, files: bool = False) -> dict:
     from agentrl.launch import rendezvous
     from agentrl.monitor.tensorboard import make_monitor
     from agentrl.rollout import role
-    from agentrl.rollout.async_weights import BroadcastWeights, DirWeights
     from agentrl.rollout.env_latency import maybe_slow
     from agentrl.rollout.from_config import chat_format, engine_factory
     from agentrl.rollout.plan import RolloutPlan
+    from agentrl.rollout.weight_sources import BroadcastWeights, DirWeights
     from agentrl.transport.file_channel import FileRolloutChannel
 
     cfg = load_config(str(run_dir / "config.yaml"))

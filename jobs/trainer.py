@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     from agentrl.launch import rendezvous, slurm_env
     from agentrl.launch.preempt import Preemption
     from agentrl.monitor.tensorboard import make_monitor, write_config
-    from agentrl.rollout.async_weights import STORE_KEY
+    from agentrl.rollout.weight_sources import STORE_KEY
     from agentrl.trainer import role
     from agentrl.trainer.parallel import Parallel, close_distributed, dist_env, init_distributed
     from agentrl.transport import file_channel

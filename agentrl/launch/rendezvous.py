@@ -14,9 +14,10 @@ from agentrl.fsio import write_json_atomic
 
 FILENAME = "rendezvous.json"
 PIPELINE_KEYS = ("mpi_port", "weights_store", "file_channel")
-"""Keys the asynchronous pipeline's trainer publishes (its MPI port, the weight broadcast's store, the file
+"""Keys the pipeline's trainer publishes (its MPI port, the weight broadcast's store, the file
 channel's nonce): cleared before the pipeline or its trainer restarts (tests check they are
-`mpi_channel.PORT_KEY`, `async_weights.STORE_KEY` and `file_channel.CHANNEL_KEY`)."""
+`mpi_channel.PORT_KEY`, `weight_sources.STORE_KEY` and `file_channel.CHANNEL_KEY`; the port key is no longer
+published: it is cleared for run dirs of earlier versions)."""
 
 
 def read(run_dir: str | Path) -> dict[str, Any]:

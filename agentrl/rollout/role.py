@@ -36,13 +36,13 @@ from agentrl.config import RunConfig
 from agentrl.fsio import write_json_atomic
 from agentrl.monitor.eval_summary import per_task_summary
 from agentrl.monitor.rollout_stats import rollout_metrics
-from agentrl.rollout.async_weights import WeightSource
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.collect import collect
 from agentrl.rollout.engine import ExpertEngine, SamplingConfig
 from agentrl.rollout.engine_pool import EnginePool
 from agentrl.rollout.in_run_eval import evaluate, read_json
 from agentrl.rollout.plan import RolloutPlan
+from agentrl.rollout.weight_sources import WeightSource
 from agentrl.transport.channel import RolloutChannel
 from agentrl.transport.shards import ShardReader, ShardWriter, shard_dir
 from agentrl.types import Trajectory

@@ -11,8 +11,8 @@ from agentrl.config import dump_config, load_config
 from agentrl.launch import rendezvous
 from agentrl.launch.continuing import resume_check
 from agentrl.launch.local import PIPELINE_KEYS
-from agentrl.rollout.async_weights import STORE_KEY
 from agentrl.rollout.role import next_incarnation
+from agentrl.rollout.weight_sources import STORE_KEY
 from agentrl.transport.file_channel import CHANNEL_KEY
 from agentrl.transport.mpi_channel import PORT_KEY
 

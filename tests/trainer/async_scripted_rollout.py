@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scripted_batches import step_batch  # noqa: E402
 
 from agentrl.launch import rendezvous  # noqa: E402
-from agentrl.rollout.async_weights import BroadcastWeights  # noqa: E402
+from agentrl.rollout.weight_sources import BroadcastWeights  # noqa: E402
 from agentrl.transport import weights  # noqa: E402
 from agentrl.transport.mpi_channel import MpiRolloutChannel  # noqa: E402
 from agentrl.transport.shards import ShardWriter, shard_dir  # noqa: E402

@@ -1,4 +1,4 @@
-"""Where an asynchronous rollout rank finds new weights: the versioned directories, or the in-job broadcast.
+"""Where a rollout rank finds new weights: the versioned directories, or the in-job broadcast.
 
 Both answer `newest(notice_version)` without blocking (the rollout's event loop asks every tick) and
 `wait(version, timeout_s)` (blocking: the first weights, and the final ones before the last evaluation).

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from agentrl.rollout.agent_loop import EpisodeLimits
-from agentrl.rollout.async_weights import DirWeights
 from agentrl.rollout.plan import RolloutPlan
 from agentrl.rollout.role import RankPlan
+from agentrl.rollout.weight_sources import DirWeights
 from agentrl.transport import weights
 
 
