@@ -86,13 +86,13 @@ def main(argv: list[str] | None = None) -> None:
         rendezvous.publish(run_dir, **{STORE_KEY: {"host": "127.0.0.1", "port": store.port}})
         return WeightBroadcast(store, 0, cfg.cluster.rollout.ranks + 1, timeout_s=timeout)
 
-    # The trainer ranks' own process group (gloo or NCCL; one rank: none). Its timeout covers the other ranks'
-    # longest wait: for the hub's first batch, which may take up to role_timeout_s.
+    # The trainer ranks' own process group (gloo or NCCL; one rank: none), with the configured collective timeout
+    # (shorter than the Slurm time limit): while the hub waits for groups it keeps the others' wait alive.
     os.environ.update(torch_env)  # env:// reads MASTER_ADDR and MASTER_PORT from the environment
     # MPI channel: the ranks come from the MPI world (torch_env); file channel: from the environment (one srun
     # step of T tasks through launch.slurm_env, or torchrun), else one rank
     env = dist_env(torch_env) if not files else dist_env()
-    device = init_distributed(env, timeout_s=max(1800.0, timeout + 60.0))
+    device = init_distributed(env, timeout_s=cfg.cluster.trainer.collective_timeout)
     par = Parallel(cfg.trainer.parallel, env, device, cfg.trainer.mixed_precision)
     monitor = make_monitor(run_dir, "trainer", cfg.monitor.tensorboard, rank=par.rank)
     write_config(monitor, cfg)  # the resolved config as text at step 0 (rank 0's monitor; a null one elsewhere)

@@ -43,6 +43,10 @@ from agentrl.types import Trajectory
 log = logging.getLogger("agentrl.trainer")
 
 QUEUE_FILE = "queue.json"
+KEEPALIVE = "keepalive"
+"""What the hub sends the other trainer ranks while it waits for groups (every quarter of the collective
+timeout): they wait in a collective, which would otherwise time out during a long fill (engines starting,
+the first evaluation) although nothing is wrong; a real hang still ends within the timeout."""
 
 
 def save_queue(run_dir: Path, q: TrajectoryQueue) -> None:
@@ -130,7 +134,10 @@ def _follow(learner: Learner) -> None:
     log.info("trainer rank %d of %d: taking its share of each step the hub selects (from step %d)", par.rank,
              par.world_size, state.step)
     while state.step < learner.t.steps:
-        usable, rewards = par.broadcast_object(None)
+        msg = par.broadcast_object(None)
+        if msg == KEEPALIVE:
+            continue
+        usable, rewards = msg
         learner.update(usable, rewards)
         if learner.end_step()[0]:
             break
@@ -145,9 +152,12 @@ def _loop(run_dir: Path, learner: Learner, q: TrajectoryQueue, ch: TrainerChanne
     # pipeline's fill, logged apart as pipeline/fill_s.
     t_start: float | None = None
     idle_total = 0.0
+    keepalive = (lambda: par.broadcast_object(KEEPALIVE)) if par.distributed else None
+    keepalive_s = cfg.cluster.trainer.collective_timeout / 4
     while state.step < shape.steps:
         t_wait = time.perf_counter()
-        groups = _next_groups(q, ch, shape, cfg.cluster.role_timeout_s, cfg.transport.poll_s, publisher)
+        groups = _next_groups(q, ch, shape, cfg.cluster.role_timeout_s, cfg.transport.poll_s, publisher, keepalive,
+                              keepalive_s)
         t0 = time.perf_counter()
         if t_start is None:
             t_start = t0
@@ -211,11 +221,16 @@ def _loop(run_dir: Path, learner: Learner, q: TrajectoryQueue, ch: TrainerChanne
 
 
 def _next_groups(q: TrajectoryQueue, ch: TrainerChannel, shape: PipelineShape, timeout_s: float, poll_s: float,
-                 publisher: Publisher) -> list[list[Trajectory]]:
+                 publisher: Publisher, keepalive: Callable[[], Any] | None = None, keepalive_s: float = 0.0
+                 ) -> list[list[Trajectory]]:
     """Receive while the queue has room until at least `min_groups` complete groups are ready (and announce
-    the last published version as soon as it is complete)."""
+    the last published version as soon as it is complete); `keepalive` every `keepalive_s` meanwhile."""
     deadline = time.monotonic() + timeout_s
+    beat = time.monotonic() + keepalive_s
     while True:
+        if keepalive is not None and time.monotonic() >= beat:
+            keepalive()
+            beat = time.monotonic() + keepalive_s
         publisher.announce(ch)
         if not q.full:
             for _, batch in ch.poll():

@@ -1,7 +1,7 @@
 """A scripted rollout rank for the asynchronous trainer's tests (a program run under mpiexec, not a test).
 
     mpiexec -n 1 python -m mpi4py -m jobs.trainer --run-dir R : -n 1 python -m mpi4py THIS R STEPS [broadcast] \
-            [first=K]
+            [first=K] [delay=S]
 
 It plays a synchronous rollout over the real channel: for step k it waits for the notice of v<k>, then writes
 and sends `scripted_batches.step_batch(k)` (sampled "by v<k>"), exactly the data the synchronous trainer test feeds
@@ -30,10 +30,11 @@ from agentrl.transport.mpi_channel import MpiRolloutChannel  # noqa: E402
 from agentrl.transport.shards import ShardWriter, shard_dir  # noqa: E402
 
 
-def main(run_dir: Path, steps: int, broadcast: bool, first: int = 0) -> None:
+def main(run_dir: Path, steps: int, broadcast: bool, first: int = 0, delay_s: float = 0.0) -> None:
     ch = MpiRolloutChannel.world(0, trainer=0, timeout_s=300)
     received = BroadcastWeights(run_dir, 0, 1, lambda: rendezvous.read(run_dir), 120) if broadcast else None
     writer = ShardWriter(shard_dir(run_dir, "rollout", 0))
+    time.sleep(delay_s)  # `delay=S`: a long fill before the first batch (engines starting, evaluation)
     for k in range(first, steps):  # first > 0: a resumed run, whose earlier steps' shards are written already
         while ch.version < k:
             ch.poll_notices()
@@ -60,4 +61,5 @@ def main(run_dir: Path, steps: int, broadcast: bool, first: int = 0) -> None:
 if __name__ == "__main__":
     opts = sys.argv[3:]
     main(Path(sys.argv[1]), int(sys.argv[2]), "broadcast" in opts,
-         next((int(o.split("=")[1]) for o in opts if o.startswith("first=")), 0))
+         next((int(o.split("=")[1]) for o in opts if o.startswith("first=")), 0),
+         next((float(o.split("=")[1]) for o in opts if o.startswith("delay=")), 0.0))

@@ -35,7 +35,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _run_world(run_dir: Path, model_dir: Path, extra: list[str], broadcast: bool = False, trainer_ranks: int = 1,
-               sft_steps: int = 0, steps: int = STEPS, first: int = 0) -> subprocess.CompletedProcess:
+               sft_steps: int = 0, steps: int = STEPS, first: int = 0, delay_s: float = 0.0
+               ) -> subprocess.CompletedProcess:
     """The trainer's `trainer_ranks` ranks and one scripted rollout rank in one mpiexec world (`first` > 0: the
     same run dir again, the rollout rank sending steps first..steps-1)."""
     cfg = load_config(None, [f"model.path={model_dir}", f"trainer.steps={steps}", f"trainer.sft_steps={sft_steps}",
@@ -51,7 +52,7 @@ def _run_world(run_dir: Path, model_dir: Path, extra: list[str], broadcast: bool
         write_shard(run_dir / "shards" / "expert-0" / "000000.h5", step_batch(-1, 3))
     cmd = [mpiexec(), "-n", str(trainer_ranks), sys.executable, "-m", "mpi4py", "-m", "jobs.trainer",
            "--run-dir", str(run_dir), ":", "-n", "1", sys.executable, "-m", "mpi4py", str(HERE / "async_scripted_rollout.py"), str(run_dir),
-           str(steps), *(["broadcast"] if broadcast else []), f"first={first}"]
+           str(steps), *(["broadcast"] if broadcast else []), f"first={first}", f"delay={delay_s}"]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1",  # the script imports tests and jobs
                                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
@@ -114,10 +115,12 @@ def test_broadcast_delivers_the_published_weights(tmp_path: Path, model_dir: Pat
 def test_two_trainer_ranks_make_the_one_rank_update(tmp_path: Path, model_dir: Path) -> None:
     """cluster.trainer.ranks_per_node=2 (DDP): the hub receives, selects and sends each step's batch to the second
     rank, both take their share of the update, and the published weights are the plain update's (the ranks'
-    summed gradients differ from one rank's only in float rounding), with the ledger of a one-rank run."""
+    summed gradients differ from one rank's only in float rounding), with the ledger of a one-rank run. The
+    first batch comes 15 s late, past the 10 s collective timeout: the hub's keepalives hold the second rank's
+    wait (without them gloo ends it)."""
     run_dir = tmp_path / "dp2"
-    proc = _run_world(run_dir, model_dir, ["algo.max_staleness=0", "transport.inflight=drain", "trainer.parallel=ddp"],
-                      trainer_ranks=2)
+    proc = _run_world(run_dir, model_dir, ["algo.max_staleness=0", "transport.inflight=drain", "trainer.parallel=ddp",
+                                           "cluster.trainer.collective_timeout_s=10"], trainer_ranks=2, delay_s=15)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     cfg, hyper = settings_of(run_dir)
     expected = by_hand(model_dir, cfg, hyper)
