@@ -60,7 +60,7 @@ from pathlib import Path
 
 from agentrl.envs.cgroups import CgroupSupport, SessionCgroup
 from agentrl.envs.cgroups import detect as detect_cgroups
-from agentrl.envs.rootfs import GRADER_TOOLS, default_rootfs_dir, require_rootfs
+from agentrl.envs.rootfs import LEGACY_TOOLS, default_rootfs_dir, require_rootfs
 
 log = logging.getLogger(__name__)
 
@@ -301,9 +301,6 @@ TRUSTED_PYTHON = ["/usr/bin/python3", "-I", "-S"]
 `site` (no .pth file or sitecustomize runs, wherever the agent could write one). Under bubblewrap the
 session's /usr/bin is its own copy; a grader's /usr is a read-only view of the image instead
 (`sandbox_driver.enter_view`), so this path and its start-up files (pyvenv.cfg, ._pth) are the image's."""
-GRADER_BIN = f"/{GRADER_TOOLS}/bin"
-"""The image's own tools inside a bubblewrap sandbox, under the read-only /usr/lib: the driver runs from
-here (the session's /usr/bin is empty until it copies these) and restores /usr/bin from here."""
 # `python3 -c CODE ARGS...` without `site`: `site` is what defines exit()/quit(), which AgentBench's check
 # scripts call; the prelude puts them back and runs CODE with sys.argv as `python3 -c` would set it.
 PYTHON_PRELUDE = ("import builtins, sys\nbuiltins.exit = builtins.quit = sys.exit\ncode = sys.argv.pop(1)\n"
@@ -321,7 +318,8 @@ def python_argv(code: str, params: list[str]) -> list[str]:
 ETC_PINNED = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "ld.so.preload", "alternatives")
 VAR_PINNED = ("lib", "cache")  # read-only (dpkg's database, caches: large, and no task writes there)
 USR_WRITABLE = ("local",)  # /usr/local is the session's (with /usr/local/lib read-only: python's site dirs)
-COPIED_BIN = ("bin", "sbin")  # with `writable_bin`: the session's own copies, made by the driver at start
+COPIED_BIN = ("bin", "sbin")
+"""With `writable_bin`: the session's own copies, which the driver mounts over the image's at start."""
 FRESH = ("home", "tmp", "run", "boot", "media", "mnt", "opt", "srv", "root")
 
 
@@ -339,35 +337,22 @@ def top_links(image: str | Path) -> dict[str, str]:
             if (image / n).is_symlink() and not os.readlink(image / n).startswith("usr/lib")}
 
 
-@functools.lru_cache(maxsize=4)
-def tools_bytes(image: str) -> int:
-    """What the copies of the image's tool directories take on a tmpfs (each file rounded up to pages)."""
-    total = 0
-    for d in COPIED_BIN:
-        root = Path(image) / GRADER_TOOLS / d
-        if root.is_dir():
-            for entry in os.scandir(root):
-                st = entry.stat(follow_symlinks=False)
-                total += (st.st_size + 4095) // 4096 * 4096 + 4096
-    return total
-
-
-def plan_mounts(image: str | Path, writable_bin: bool = False, disk_mb: int = 512) -> list[str]:
+def plan_mounts(image: str | Path, disk_mb: int = 512) -> list[str]:
     """bubblewrap's mount arguments for a session over `image` (after the root tmpfs is made).
 
-    /usr and /etc are tmpfs mounts of their own (`disk_mb` each, /usr plus its tool copies), so that
-    neither can be renamed and rebuilt by the session (a mount point cannot be moved from inside): in
-    them, read-only, the children of /usr (except /usr/local, and /usr/bin and /usr/sbin when
-    `writable_bin`: the driver copies those from `GRADER_TOOLS`), /usr/local/lib and the pinned /etc
-    entries. Also read-only: /var/lib, /var/cache, and the image's top-level links into usr/lib* (/lib,
-    /lib64: where the dynamic loader is found), bound as directories. The other top-level links stay
-    links (`top_links`; the driver restores them before a grader runs). Everything else the session sees
-    comes from `seed_archive`, unpacked into the writable root.
+    /usr and /etc are tmpfs mounts of their own (`disk_mb` each), so that neither can be renamed and
+    rebuilt by the session (a mount point cannot be moved from inside): in them, read-only, the
+    children of /usr (except /usr/local; with `writable_bin` the driver mounts the session's copies of
+    /usr/bin and /usr/sbin over the image's), /usr/local/lib and the pinned /etc entries. Also
+    read-only: /var/lib, /var/cache, and the image's top-level links into usr/lib* (/lib, /lib64: where
+    the dynamic loader is found), bound as directories. The other top-level links stay links
+    (`top_links`; the driver restores them before a grader runs). An image built before the copies went
+    over the image's own tools holds hard links of them in `LEGACY_TOOLS`: an empty, read-only
+    directory here (else `du -sh /usr` would count them beside the session's copies). Everything else
+    the session sees comes from `seed_archive`, unpacked into the writable root.
     """
     image = Path(image)
-    writable = USR_WRITABLE + (COPIED_BIN if writable_bin else ())
     size = ["--size", str(disk_mb << 20)]
-    usr_size = ["--size", str((disk_mb << 20) + (tools_bytes(str(image)) if writable_bin else 0))]
     args: list[str] = []
     for name in sorted(os.listdir(image)):
         src = image / name
@@ -378,14 +363,17 @@ def plan_mounts(image: str | Path, writable_bin: bool = False, disk_mb: int = 51
             else:
                 args += ["--symlink", target, f"/{name}"]
         elif name == "usr":
-            args += ["--perms", "0755", *usr_size, "--tmpfs", "/usr"]  # bwrap would make it 0700
+            args += ["--perms", "0755", *size, "--tmpfs", "/usr"]  # bwrap would make it 0700
             for child in sorted(os.listdir(src)):
                 if (src / child).is_symlink():
                     args += ["--symlink", os.readlink(src / child), f"/usr/{child}"]
-                elif child not in writable:
+                elif child not in USR_WRITABLE:
                     args += ["--ro-bind", str(src / child), f"/usr/{child}"]
             if (src / "local" / "lib").is_dir():
                 args += ["--ro-bind", str(src / "local" / "lib"), "/usr/local/lib"]
+            if (image / LEGACY_TOOLS).is_dir() and not (image / LEGACY_TOOLS).is_symlink():
+                args += ["--perms", "0755", "--size", "4096", "--tmpfs", f"/{LEGACY_TOOLS}",
+                         "--remount-ro", f"/{LEGACY_TOOLS}"]
         elif name == "var":
             args += [a for v in VAR_PINNED if (src / v).is_dir() for a in ("--ro-bind", str(src / v), f"/var/{v}")]
         elif name == "etc":
@@ -394,27 +382,24 @@ def plan_mounts(image: str | Path, writable_bin: bool = False, disk_mb: int = 51
     return args
 
 
-def grader_view(image: str | Path, writable_bin: bool = False) -> dict[str, object]:
+def grader_view(image: str | Path) -> dict[str, object]:
     """What a grader's /usr is made of (the driver's `enter_view`): the image's, read-only, never the session's.
 
     ro: the children of /usr that `plan_mounts` binds read-only from the image (the session's own are
-    these mounts, which it cannot change); tools: /usr/bin and /usr/sbin from the image's pristine tools
-    (when the session has writable copies); links: /usr's symlinks; local: /usr/local's children stay the
-    session's, and local_lib lists the image's (empty) directories under /usr/local/lib, made afresh.
+    these mounts, which it cannot change; /usr/bin and /usr/sbin are the image's beneath the session's
+    copies); links: /usr's symlinks; local: /usr/local stays the session's, and local_lib lists the
+    image's (empty) directories under /usr/local/lib, made afresh when the session moved the image's aside.
     """
     src = Path(image) / "usr"
-    writable = USR_WRITABLE + (COPIED_BIN if writable_bin else ())
     names = sorted(os.listdir(src))
-    tools = {d: f"/{GRADER_TOOLS}/{d}" for d in COPIED_BIN
-             if writable_bin and (Path(image) / GRADER_TOOLS / d).is_dir()}
     lib = src / "local" / "lib"
     if lib.is_dir() and any(not d.is_dir() or d.is_symlink() for d in lib.rglob("*")):
         raise SandboxUnavailable(f"{lib} holds files: a grader's view of /usr/local/lib has the image's "
                                  f"directories only (rebuild the image with `python -m jobs.make_rootfs`)")
     local_lib = ["", *sorted(str(d.relative_to(lib)) for d in lib.rglob("*"))] if lib.is_dir() else [""]
-    return {"ro": [n for n in names if not (src / n).is_symlink() and n not in writable],
+    return {"ro": [n for n in names if not (src / n).is_symlink() and n not in USR_WRITABLE],
             "links": {n: os.readlink(src / n) for n in names if (src / n).is_symlink()},
-            "tools": tools, "local": "local" in names, "local_lib": local_lib}
+            "local": "local" in names, "local_lib": local_lib}
 
 
 @functools.lru_cache(maxsize=4)
@@ -538,10 +523,9 @@ class Shell:
         """The command line that starts this session's sandbox."""
         command = [*TRUSTED_PYTHON, "-c", BOOT]
         if self.backend == "bwrap":
-            command[0] = f"{GRADER_BIN}/python3"  # the session's /usr/bin is empty until the driver copies it
             image = str(self.cfg.image_dir().absolute())
             many = self.cfg.many_uids(self.backend)
-            argv = bwrap_argv(plan_mounts(image, self.cfg.writable_bin, self.cfg.disk_mb), command, self.cfg.hostname,
+            argv = bwrap_argv(plan_mounts(image, self.cfg.disk_mb), command, self.cfg.hostname,
                               self.cfg.disk_mb, self.cfg.shm_mb, in_userns=many)
             if many:
                 launch = {"base": self.cfg.uid_base, "count": self.cfg.uid_count, "nproc": self.cfg.nproc,
@@ -569,9 +553,9 @@ class Shell:
             image = self.cfg.image_dir().absolute()
             cfg["links"] = top_links(image)
             if c.writable_bin:
-                cfg["copies"] = [[f"/{GRADER_TOOLS}/{d}", f"/usr/{d}"] for d in COPIED_BIN
-                                 if (image / GRADER_TOOLS / d).is_dir()]
-            cfg["view"] = grader_view(image, c.writable_bin)
+                cfg["copies"] = [f"/usr/{d}" for d in COPIED_BIN if (image / "usr" / d).is_dir()]
+                cfg["tools_room"] = c.disk_mb << 20
+            cfg["view"] = grader_view(image)
         elif self.backend == "none":  # unsandboxed: keep HOME and the state inside the session directory
             self._dir = Path(tempfile.mkdtemp(prefix="agentrl-sbx-", dir=c.work_dir or None))
             home = str(self._dir)
