@@ -193,12 +193,16 @@ def replay_os(task: Task, index: str) -> Outcome:
         return False, OURS, f"setup fails here (a sandbox limit; AgentBench's container runs it): {last_line[:240]!r}"
     if NETWORK_COMMANDS.search(example):
         return False, NETWORK, f"the example uses the network: {example[:120]!r}"
-    for evidence in (_counts_its_grader(task, index, example),
-                     _varies_between_runs(task, index, session.episode),
-                     _changes_what_it_reports(task, index),
-                     _rejects_its_own_example(task, index)):
-        if evidence:
-            return False, DATA, evidence
+    classifiers = (lambda: _counts_its_grader(task, index, example),
+                   lambda: _varies_between_runs(task, index, session.episode),
+                   lambda: _changes_what_it_reports(task, index),
+                   lambda: _rejects_its_own_example(task, index))
+    for classify in classifiers:  # in order, each only if the ones before found nothing
+        found = classify()
+        if isinstance(found, tuple):
+            return False, *found
+        if found:
+            return False, DATA, found
     return False, OURS, f"status {result.status.value}, reward {result.reward}"
 
 
@@ -303,19 +307,23 @@ def _varies_between_runs(task: Task, index: str, failed: Any) -> str | None:
             "the answer and the grader's own run of the example need not agree")
 
 
-def _changes_what_it_reports(task: Task, index: str) -> str | None:
-    """Evidence that the example changes the state it reports on, or None.
+def _changes_what_it_reports(task: Task, index: str) -> tuple[str, str] | None:
+    """(class, evidence) when the grader's run of the example reports other than the agent's shell, or None.
 
     For a check that compares the answer with the example's output, the answer comes from the example
     run in the agent's shell, and the grader then runs the example again on the state that run left
-    (AgentBench's grader too: it runs the example after the answer). An example that edits what it
-    counts (train-683 removes the duplicate lines it counted) prints less the second time, so no answer
-    from its first run passes. The evidence, in a fresh session: the example in the shell prints a,
-    the grader's own run of it right after prints b != a; and in a second fresh session the first run
-    prints a again (a function of the state, not a race: that is `_varies_between_runs`).
+    (AgentBench's grader too: it runs the example after the answer). Two causes tell apart:
+      * a data defect: the example edits what it counts (train-683 removes the duplicate lines it
+        counted), so it prints less the second time wherever it runs, and no answer from its first run
+        passes. The evidence: in a fresh session the shell prints a, the grader's rerun b != a; in a
+        second fresh session the shell prints a again (a function of the state, not a race: that is
+        `_varies_between_runs`) and a second run in the shell prints something else as well;
+      * our defect: the shell's second run prints a again, so the state did not change, yet the grader
+        prints b: the grader's view of the system is not the agent's (test-42's `du -sh /usr` and
+        test-19's `ls -lt /usr` on 639fcf2, where the session's /usr and a grader's differed).
     """
     firsts: list[str] = []
-    second = ""
+    second = again = ""
     for attempt in range(2):
         with _fresh_episode(task, index) as episode:
             if episode is None or episode.example is None or not _compares_with_example(episode.problem):
@@ -331,11 +339,22 @@ def _changes_what_it_reports(task: Task, index: str) -> str | None:
                 if g.exit_code != 0:
                     return None
                 second = g.output.strip()
+            else:
+                r = episode.bash(episode.example)
+                if r.timed_out:
+                    return None
+                again = r.output.strip()
     if firsts[0] != firsts[1] or second == firsts[0]:
         return None
-    return (f"the example changes the state it reports on: in the agent's shell it prints {firsts[0][:40]!r}, and "
-            f"the grader's rerun on the state that run left prints {second[:40]!r} (a second fresh session's first "
-            "run prints the first again); AgentBench's grader also reruns the example after the answer")
+    if again == firsts[1]:
+        return OURS, (f"the grader's view differs from the agent's shell: the example prints {firsts[0][:40]!r} in the "
+                      f"shell, twice on one state (so it changes nothing it reports on), and "
+                      f"{second[:40]!r} run as the "
+                      "grader runs it right after")
+    return DATA, (f"the example changes the state it reports on: in the agent's shell it prints {firsts[0][:40]!r}, "
+                  f"and the grader's rerun on the state that run left prints {second[:40]!r} (a second fresh "
+                  f"session's first run prints the first again, its second run {again[:40]!r}); AgentBench's "
+                  "grader also reruns the example after the answer")
 
 
 def _rejects_its_own_example(task: Task, index: str) -> str | None:
