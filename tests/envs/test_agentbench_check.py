@@ -99,6 +99,9 @@ REPLAYED = [  # failures shown by replaying the sample's own scripts: (sample, t
     # the example changes what it counts: the grader's rerun prints 2, but every fresh session's first run 1
     ({"description": "stateful", "evaluation": {"check": [None, INT_CHECK],
                                                 "example": "echo x >> /root/f; wc -l < /root/f"}}, "data defect"),
+    # the grader sees another system than the shell (here: its own mounts), as test-42's `du -sh /usr` did on 639fcf2
+    ({"description": "mounts", "evaluation": {"check": [None, INT_CHECK],
+                                              "example": "grep -c . /proc/self/mountinfo"}}, "our defect"),
 ]
 
 
@@ -119,3 +122,5 @@ def test_os_failures_shown_by_replaying_the_samples_scripts(tmp_path: Path) -> N
     stateful = details[f"test-{first + 4}"]  # not "varies": every fresh session prints 1 first
     assert "changes the state it reports on: in the agent's shell it prints '1', and the grader's rerun on the " \
            "state that run left prints '2'" in stateful, stateful
+    view = details[f"test-{first + 5}"]
+    assert view.startswith("our defect: the grader's view differs from the agent's shell: the example prints '"), view
