@@ -16,6 +16,7 @@ import pytest
 from sandbox_helpers import require_sandbox
 
 from agentrl.envs import sandbox as sb
+from agentrl.envs import sandbox_config
 from agentrl.envs.sandbox import SandboxConfig, SandboxError, SandboxUnavailable, Shell
 
 
@@ -92,14 +93,14 @@ def test_bwrap_command_line_in_a_prepared_user_namespace() -> None:
 
 def test_launch_command_of_a_root_worker(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(sb.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(sb, "has_capability", lambda cap: False)
+    monkeypatch.setattr(sandbox_config, "has_capability", lambda cap: False)
     cfg = SandboxConfig(backend="bwrap", image=str(fake_image(tmp_path)))
     assert cfg.many_uids("bwrap") and cfg.sandbox_uid("bwrap") == cfg.uid_base
     assert not SandboxConfig(uid_count=1).many_uids("bwrap") and SandboxConfig(uid_count=1).sandbox_uid("bwrap") == 65534
     assert not cfg.many_uids("apptainer") and cfg.sandbox_uid("none") is None
-    assert cfg.nofile() == sb.resource.getrlimit(sb.resource.RLIMIT_NOFILE)[1]  # cannot raise: the hard limit
-    monkeypatch.setattr(sb, "has_capability", lambda cap: cap == sb.CAP_SYS_RESOURCE)
-    assert cfg.nofile() == max(min(sb.DOCKER_NOFILE, sb.nr_open()), sb.resource.getrlimit(sb.resource.RLIMIT_NOFILE)[1])
+    assert cfg.nofile() == sandbox_config.resource.getrlimit(sandbox_config.resource.RLIMIT_NOFILE)[1]  # cannot raise: the hard limit
+    monkeypatch.setattr(sandbox_config, "has_capability", lambda cap: cap == sb.CAP_SYS_RESOURCE)
+    assert cfg.nofile() == max(min(sb.DOCKER_NOFILE, sb.nr_open()), sandbox_config.resource.getrlimit(sandbox_config.resource.RLIMIT_NOFILE)[1])
     assert SandboxConfig(open_files=4096).nofile() == 4096
     shell = Shell.__new__(Shell)
     shell.cfg, shell.backend = cfg, "bwrap"
