@@ -97,11 +97,15 @@ __all__ = ["BACKENDS", "BASE_ENV", "CAP_SYS_RESOURCE", "CHECK_ENV", "DOCKER_CAPS
 log = logging.getLogger(__name__)
 
 DRIVER_SOURCE = Path(__file__).with_name("sandbox_driver.py")
+VIEW_SOURCE = Path(__file__).with_name("sandbox_view.py")
 USERNS_LAUNCHER = Path(__file__).with_name("sandbox_userns.py")
-# Reads the driver's source (length-prefixed) from stdin and runs it: keeps the command line short.
-BOOT = ("import os\ndef r(n):\n b=b''\n while len(b)<n:\n  c=os.read(0,n-len(b))\n  if not c: raise SystemExit(1)\n"
-        "  b+=c\n return b\nh=b''\nwhile not h.endswith(b'\\n'): h+=r(1)\n"
-        "exec(compile(r(int(h)),'agentrl-driver','exec'),{'__name__':'__main__'})\n")
+# Reads length-prefixed sources from stdin ("<length> <module>\n" + source each): each but the last becomes
+# the module it names; the last, the driver, runs as __main__. Keeps the command line short.
+BOOT = ("import os,sys,types\ndef r(n):\n b=b''\n while len(b)<n:\n  c=os.read(0,n-len(b))\n"
+        "  if not c: raise SystemExit(1)\n  b+=c\n return b\nwhile True:\n h=b''\n"
+        " while not h.endswith(b'\\n'): h+=r(1)\n n,name=h.decode().split()\n m=types.ModuleType(name)\n"
+        " exec(compile(r(int(n)),'agentrl-'+name,'exec'),m.__dict__)\n if name=='__main__': break\n"
+        " sys.modules[name]=m\n")
 
 
 # ------------------------------------------------------------------------------------ the environment
@@ -240,10 +244,11 @@ class Shell:
                                       env={"PATH": BASE_ENV["PATH"], "LANG": "C.UTF-8"},
                                       preexec_fn=enter if cgroup is not None or uid is not None else None)
         cfg, seed = self._driver_config()
-        source = DRIVER_SOURCE.read_bytes()
+        view, source = VIEW_SOURCE.read_bytes(), DRIVER_SOURCE.read_bytes()
         header = json.dumps(cfg).encode()
         try:
-            self._write(b"%d\n" % len(source) + source + b"%d\n" % len(header) + header + seed)
+            self._write(b"%d sandbox_view\n" % len(view) + view + b"%d __main__\n" % len(source) + source
+                        + b"%d\n" % len(header) + header + seed)
             answer = self._answer(time.monotonic() + max(30.0, self.cfg.command_timeout_s))
         except SandboxError as e:
             message = f"the {self.backend} sandbox did not start: {e}; {self._stderr_tail()}"
