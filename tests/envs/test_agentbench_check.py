@@ -65,7 +65,8 @@ def check_stand_ins(tmp_path: Path, group: int, samples: list[tuple[dict[str, An
     expected: dict[str, list[str]] = {}
     for n, (_, kind) in enumerate(samples):
         expected.setdefault(kind, []).append(f"test-{first + n}")
-    assert {k: sorted(v) for k, v in result["failures"].items()} == expected, result["details"]
+    assert {k: sorted(v) for k, v in result["failures"].items()} == {k: sorted(v) for k, v in expected.items()}, \
+        result["details"]
     assert result["passed"] == first == 4
     return task, first, result["details"]
 
@@ -102,6 +103,10 @@ REPLAYED = [  # failures shown by replaying the sample's own scripts: (sample, t
     # the grader sees another system than the shell (here: its own mounts), as test-42's `du -sh /usr` did on 639fcf2
     ({"description": "mounts", "evaluation": {"check": [None, INT_CHECK],
                                               "example": "grep -c . /proc/self/mountinfo"}}, "our defect"),
+    # the same, where the sample's setup varies between sessions (as test-19's on 639fcf2)
+    ({"description": "mounts again", "create": {"init": "echo $RANDOM$RANDOM > /root/r"},
+      "evaluation": {"check": [None, INT_CHECK],
+                     "example": "echo $(cat /root/r)$(grep -c . /proc/self/mountinfo)"}}, "our defect"),
 ]
 
 
@@ -124,3 +129,6 @@ def test_os_failures_shown_by_replaying_the_samples_scripts(tmp_path: Path) -> N
            "state that run left prints '2'" in stateful, stateful
     view = details[f"test-{first + 5}"]
     assert view.startswith("our defect: the grader's view differs from the agent's shell: the example prints '"), view
+    racy = details[f"test-{first + 6}"]
+    assert racy.startswith("our defect: the example's output varies between fresh sessions") and \
+        "the grader's view differs from the agent's shell" in racy, racy

@@ -146,7 +146,7 @@ def _compares_with_example(problem: OsProblem) -> bool:
     return bool(problem.check) and None in (problem.check or []) and problem.example is not None
 
 
-def _varies_between_runs(task: Task, index: str, failed: Any) -> str | None:
+def _varies_between_runs(task: Task, index: str, failed: Any) -> str | tuple[str, str] | None:
     """Evidence that the example's output is not a function of the sample's state, or None.
 
     For a check that compares the answer with the example's output, the answer (the example run in the
@@ -157,7 +157,11 @@ def _varies_between_runs(task: Task, index: str, failed: Any) -> str | None:
     (`OsEpisode.bash`, the bash_action of the episode) once in each of `REPLAYS` fresh sessions (each
     from the sample's own starting state: an example that changes what it counts, such as one that
     appends to PATH, prints the same first output every time; bounded by `REPLAY_BUDGET_S`), plus its
-    output in the failed episode `failed`, gives more than one output.
+    output in the failed episode `failed`, gives more than one output. Unless the variation is the
+    sample's own setup's and the example is stable on one state: when in two fresh sessions the shell
+    prints the same twice and a grader right after prints something else, the failure is ours (the
+    grader's view is not the agent's: test-19 on 639fcf2, whose init writes 99 files within one clock
+    tick, so which is "newest" varies between sessions, and whose grader saw a /usr/local made afresh).
     """
     if not isinstance(failed, OsEpisode) or not failed.ran_example or not _compares_with_example(failed.problem):
         return None
@@ -177,9 +181,29 @@ def _varies_between_runs(task: Task, index: str, failed: Any) -> str | None:
     if len(counts) < 2:
         return None
     shown = dict(sorted(counts.items(), key=lambda kv: -kv[1])[:6])
+    views = [_shell_and_grader(task, index) for _ in range(2)]
+    if all(v is not None and v[0] == v[1] != v[2] for v in views):
+        v = views[0]
+        assert v is not None
+        return OURS, (f"the example's output varies between fresh sessions ({shown}: the sample's own setup varies), "
+                      f"but not on one state: in one session the shell prints {v[0][:40]!r} twice, and a grader's "
+                      f"run right after {v[2][:40]!r} (twice so): the grader's view differs from the agent's shell")
     return (f"the example's output varies between runs of the same state: {shown} ({len(outputs)} runs: the "
             f"failed episode's {outputs[0][:40]!r} and {len(outputs) - 1} in fresh sessions), so "
             "the answer and the grader's own run of the example need not agree")
+
+
+def _shell_and_grader(task: Task, index: str) -> tuple[str, str, str] | None:
+    """In a fresh session: the example's output in the shell, again in the shell, then run as a grader."""
+    with _fresh_episode(task, index) as episode:
+        if episode is None or episode.example is None or episode.problem.example is None:
+            return None
+        runs = [episode.bash(episode.example) for _ in range(2)]
+        g = episode.shell.run_independent(script_argv(episode.problem.example, []), timeout=SCRIPT_TIMEOUT_S,
+                                          freeze=True)
+        if any(r.timed_out for r in runs) or g.exit_code != 0:
+            return None
+        return runs[0].output.strip(), runs[1].output.strip(), g.output.strip()
 
 
 def _changes_what_it_reports(task: Task, index: str) -> tuple[str, str] | None:
