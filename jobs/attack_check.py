@@ -1,14 +1,15 @@
 """Play hostile-policy episodes against tasks: does any earn reward without the answer, or hurt the worker?
 
-    python -m jobs.attack_check                               # the built-in tasks: os, db, kg, lookup
+    python -m jobs.attack_check                               # the built-in tasks: os, db, db:mariadb, kg, lookup
     python -m jobs.attack_check --tasks db,kg                 # some of them
     PYTHONPATH=. python -m jobs.attack_check mypkg.mytask:MyTask --option split=dev   # a task of your own
     srun -n1 python -m jobs.attack_check --tasks os           # on a node with the os sandbox
 
 Prints one line per attack and task: reward, status, whether the worker stayed healthy, and HELD or
 FAILED; then the totals. Exits 0 when every attack held, 1 when one did not, 2 when a task cannot be
-built. A task whose system tools are missing here (bubblewrap and the rootfs for os) is skipped with
-the reason. The attacks and the player are `agentrl.envs.attacks`.
+built. A task whose system tools are missing here (bubblewrap and the rootfs for os, mariadbd for
+db:mariadb: db on a private MariaDB server, started and stopped here) is skipped with the reason.
+The attacks and the player are `agentrl.envs.attacks`.
 """
 from __future__ import annotations
 
@@ -19,8 +20,11 @@ import sys
 from agentrl.envs.attacks import attacks_for, play_attacks
 from agentrl.envs.sandbox import SandboxUnavailable
 from agentrl.envs.tasks import get_task, parse_task_options
+from agentrl.envs.tasks.db.backends import find_mariadbd
 
-BUILTIN = ("os", "db", "kg", "lookup")
+BUILTIN = ("os", "db", "db:mariadb", "kg", "lookup")
+VARIANTS = {"db:mariadb": ("db", {"backend": "mariadb"})}
+"""Built-in tasks played again with other options: db on AgentBench's engine."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,9 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     names = [t for t in (args.tasks or ("" if args.task else ",".join(BUILTIN))).split(",") if t]
-    specs = [(n, {}) for n in names] + [(t, parse_task_options(args.option)) for t in args.task]
+    specs = [VARIANTS.get(n, (n, {})) for n in names] + [(t, parse_task_options(args.option)) for t in args.task]
     failed = played = 0
     for spec, options in specs:
+        if options.get("backend") == "mariadb" and find_mariadbd() is None:
+            print(f"{spec}: skipped on MariaDB, mariadbd is not installed (apt-get install --no-install-recommends "
+                  "mariadb-server)")
+            continue
         try:
             task = get_task(spec, **options)
         except SandboxUnavailable as e:
@@ -45,12 +53,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"cannot build task {spec!r}: {type(e).__name__}: {e}", file=sys.stderr)
             return 2
         attacks = [a for a in attacks_for(task.name, task.tools()) if args.only in a.name]
-        for r in play_attacks(task, attacks):
-            played += 1
-            failed += not r.held
-            print(f"{r.attack:24} {r.task:8} {r.index:10} reward {r.reward:.1f}  {r.status:14} "
-                  f"worker {'healthy' if r.healthy else 'HURT':8} {'HELD' if r.held else 'FAILED'}"
-                  f"{'  ' + r.detail if r.detail and not r.held else ''}", flush=True)
+        label = task.name + (f":{options['backend']}" if "backend" in options else "")
+        try:
+            for r in play_attacks(task, attacks):
+                played += 1
+                failed += not r.held
+                print(f"{r.attack:24} {label:10} {r.index:10} reward {r.reward:.1f}  {r.status:14} "
+                      f"worker {'healthy' if r.healthy else 'HURT':8} {'HELD' if r.held else 'FAILED'}"
+                      f"{'  ' + r.detail if r.detail and not r.held else ''}", flush=True)
+        finally:
+            close = getattr(task, "close", None)
+            if callable(close):
+                close()  # db:mariadb: its private server
     print(f"{played} attacks played, {played - failed} held, {failed} succeeded")
     return 1 if failed else 0
 

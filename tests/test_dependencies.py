@@ -119,13 +119,6 @@ def test_jobs_never_import_jobs(path: Path) -> None:
 
 
 TESTS = ROOT / "tests"
-TESTS_IMPORTING_JOBS = {
-    # jobs/agentbench_check.py's library moves into agentrl/ (issue 20's branch); each entry must still import jobs
-    # (a stale one fails below)
-    "envs/test_agentbench_check.py",  # jobs.agentbench_check
-    "envs/test_agentbench_db.py",  # jobs.agentbench_check
-    "envs/test_db_mariadb.py",  # jobs.agentbench_check
-}
 TEST_FILES = sorted(TESTS.rglob("*.py"))
 
 
@@ -136,11 +129,7 @@ def _jobs_imports(path: Path) -> list[str]:
 @pytest.mark.parametrize("path", TEST_FILES, ids=lambda p: str(p.relative_to(TESTS)))
 def test_tests_never_import_jobs(path: Path) -> None:
     """A test imports the library; it runs an entry point only as a command (`python -m jobs.x` in a subprocess)."""
-    rel = str(path.relative_to(TESTS))
-    if rel in TESTS_IMPORTING_JOBS:
-        assert _jobs_imports(path), f"{rel} no longer imports jobs: remove it from TESTS_IMPORTING_JOBS"
-    else:
-        assert _jobs_imports(path) == [], rel
+    assert _jobs_imports(path) == [], str(path.relative_to(TESTS))
 
 
 def test_the_checker_catches_violations(tmp_path: Path) -> None:

@@ -30,10 +30,11 @@ PACKAGES = ("python3", "procps", "psmisc", "gawk", "tree", "zip", "unzip", "file
             "curl", "wget", "ca-certificates", "iproute2", "cron", "nano")
 STAMP = ".agentrl-rootfs"
 """A file at the image's top: written last, so a half-built image is never taken for a whole one."""
-GRADER_TOOLS = "usr/lib/agentrl"
-"""The image's pristine tools: `bin` and `sbin` here are hard links of /usr/bin and /usr/sbin. Sessions
-get writable copies of those two (a sample's root may `chmod u+s /usr/bin/find`, as in AgentBench's
-container); graders run these, which sit under the read-only /usr/lib with the libraries they load."""
+LEGACY_TOOLS = "usr/lib/agentrl"
+"""Where images built before 2026-12-02 kept hard links of /usr/bin and /usr/sbin for the graders. Sessions
+now get their writable copies mounted over the image's own tools, which graders' views uncover, so new
+images have no such directory; in an old one a session sees it empty (`sandbox.plan_mounts`), and it is
+left in place for code that still wants it."""
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 
 
@@ -55,8 +56,7 @@ def default_rootfs_dir(name: str = NAME) -> Path:
 def is_rootfs(path: str | Path) -> bool:
     """A finished image: its stamp is there, and so are bash and python3 (the sandbox driver's)."""
     p = Path(path)
-    return ((p / STAMP).is_file() and (p / "usr/bin/bash").exists() and (p / "usr/bin/python3").exists()
-            and (p / GRADER_TOOLS / "bin/python3").exists())
+    return (p / STAMP).is_file() and (p / "usr/bin/bash").exists() and (p / "usr/bin/python3").exists()
 
 
 def require_rootfs(path: str | Path, uid: int | None = None) -> Path:
@@ -117,10 +117,6 @@ def build_rootfs(out: str | Path, mirror: str | None = None, force: bool = False
     out = Path(out).expanduser()
     if is_rootfs(out) and not force:
         return out, 0.0
-    if (out / STAMP).is_file() and not force:  # an image of an earlier version: only the grader tools lack
-        started = time.monotonic()
-        add_grader_tools(out)
-        return out, time.monotonic() - started
     if shutil.which("debootstrap") is None:
         raise FileNotFoundError("debootstrap is not installed (Debian/Ubuntu: apt-get install debootstrap)")
     if os.geteuid() != 0:
@@ -165,17 +161,5 @@ def _finish(root: Path) -> None:
             os.chmod(p, mode)
     # An empty, read-only /etc/ld.so.preload is bound over the sandbox's writable /etc (see sandbox.py).
     (root / "etc/ld.so.preload").write_text("")
-    add_grader_tools(root)
+    (root / STAMP).write_text(f"{NAME} suite={SUITE} packages={','.join(PACKAGES)}\n")
 
-
-def add_grader_tools(root: Path) -> None:
-    """Hard-link /usr/bin and /usr/sbin under `GRADER_TOOLS` (no space taken); then (re)write the stamp."""
-    tools = root / GRADER_TOOLS
-    partial = tools.with_name(tools.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    for name in [n for n in ("bin", "sbin") if (root / "usr" / n).is_dir()]:
-        shutil.copytree(root / "usr" / name, partial / name, symlinks=True, copy_function=os.link)
-    shutil.rmtree(tools, ignore_errors=True)
-    partial.rename(tools)
-    (root / STAMP).write_text(f"{NAME} suite={SUITE} packages={','.join(PACKAGES)} grader-tools={GRADER_TOOLS}\n")

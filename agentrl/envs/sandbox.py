@@ -1,28 +1,30 @@
 """Sandboxes for tasks that run untrusted code: one isolated system per session, with its own root.
 
-What is here:
-  * `select_backend`: Apptainer when it is installed, bubblewrap otherwise, and a clear
-    `SandboxUnavailable` when neither is there and isolation was asked for ("none" runs on the host
-    and is only for trusted debugging);
-  * `bwrap_argv`, `plan_mounts`, `seed_archive`, `apptainer_argv`: command lines and the session's
-    file system, as pure functions where possible (the Apptainer command is built and tested as a
-    command line even where the binary is absent);
-  * `Shell`: one session. Its first process is a small driver (`sandbox_driver.py`, run by the
+What is here, and where (this module re-exports the names of the other two):
+  * `agentrl.envs.sandbox_config`: `SandboxConfig`, the errors, `select_backend` (Apptainer when it
+    is installed, bubblewrap otherwise, and a clear `SandboxUnavailable` when neither is there and
+    isolation was asked for; "none" runs on the host and is only for trusted debugging), the start-up
+    checks (`check_image`, `check_cgroups`: a cgroup per session, `agentrl.envs.cgroups`, where the
+    worker may make one) and the host's process budget (`check_slots`);
+  * `agentrl.envs.sandbox_layout`: `bwrap_argv`, `plan_mounts`, `seed_archive`, `grader_view`,
+    `apptainer_argv`: command lines and the session's file system, as pure functions where possible
+    (the Apptainer command is built and tested as a command line even where the binary is absent);
+  * here: the environments commands and graders get (`BASE_ENV`, `CHECK_ENV`, `python_argv`), and
+    `Shell`: one session. Its first process is a small driver (`sandbox_driver.py`, run by the
     image's own python3) that starts each command as its own bash process, waits for it, and answers
     the worker on a channel nothing inside can write to; the shell's state (working directory,
     variables, functions) carries over between commands through a state file, background jobs keep
     running. `run` is the agent's shell; `run_independent` runs init and check scripts in /root with
     a fixed environment, stdout only, in a mount namespace of their own whose /usr is the image's,
     read-only (graders; under bubblewrap), and can stop every other process of the sandbox while it
-    runs (graders the policy cannot touch);
-  * `check_cgroups`: a cgroup per session (`agentrl.envs.cgroups`) where the worker may make one.
+    runs (graders the policy cannot touch).
 
 Isolation with bubblewrap: new user, PID, network (loopback only), IPC, UTS and mount namespaces. The
 root is a tmpfs of `disk_mb` (everything a session writes lives there, bounded); the image's system
 directories (`/usr/*`, `/var/lib`, `/var/cache`) are bound read-only from the image built by `python -m
 jobs.make_rootfs` (`agentrl.envs.rootfs`); writable copies of its `/etc`, `/var/log`, ... are unpacked
-into the tmpfs at start, and (`writable_bin`) of `/usr/bin` and `/usr/sbin`, copied from the image's
-pristine tools under `/usr/lib/agentrl` (`GRADER_TOOLS`), which graders run instead. Nothing of the
+into the tmpfs at start, and (`writable_bin`) of `/usr/bin` and `/usr/sbin`, which the driver mounts
+over the image's own (a grader's view takes them off again: graders run the image's). Nothing of the
 host's file system is visible. Files of `/etc` that decide which code a trusted interpreter runs (the
 dynamic loader's configuration, python's site configuration, `alternatives`) stay read-only. `/dev/shm`
 is a tmpfs of its own (`shm_mb`); `/dev` is read-only. Resource limits (processes, memory, file size,
@@ -41,246 +43,69 @@ set. A worker that is not root gets bubblewrap's own namespace: uid 0 only, with
 from __future__ import annotations
 
 import base64
-import functools
-import io
 import json
 import logging
 import os
-import resource
 import select
 import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentrl.envs.cgroups import CgroupSupport, SessionCgroup
-from agentrl.envs.cgroups import detect as detect_cgroups
-from agentrl.envs.rootfs import GRADER_TOOLS, default_rootfs_dir, require_rootfs
+from agentrl.envs.cgroups import SessionCgroup
+from agentrl.envs.sandbox_config import (
+    BACKENDS,
+    CAP_SYS_RESOURCE,
+    CGROUP_EXTRA_PIDS,
+    DOCKER_NOFILE,
+    SandboxConfig,
+    SandboxError,
+    SandboxUnavailable,
+    apptainer_binary,
+    cgroup_support,
+    check_cgroups,
+    check_image,
+    check_slots,
+    has_capability,
+    nr_open,
+    pid_max,
+    select_backend,
+    session_budget,
+)
+from agentrl.envs.sandbox_layout import (
+    COPIED_BIN,
+    DOCKER_CAPS,
+    DRIVER_CAPS,
+    apptainer_argv,
+    bwrap_argv,
+    grader_view,
+    plan_mounts,
+    seed_archive,
+    top_links,
+)
+
+__all__ = ["BACKENDS", "BASE_ENV", "CAP_SYS_RESOURCE", "CHECK_ENV", "DOCKER_CAPS", "DOCKER_NOFILE", "PYTHON_PRELUDE",
+           "TRUSTED_PYTHON", "CommandResult", "SandboxConfig", "SandboxError", "SandboxUnavailable", "Shell",
+           "apptainer_argv", "bwrap_argv", "cgroup_support", "check_cgroups", "check_image", "check_slots",
+           "has_capability", "nr_open", "pid_max", "plan_mounts", "python_argv", "seed_archive", "select_backend",
+           "session_budget"]
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "apptainer", "bwrap", "none")
 DRIVER_SOURCE = Path(__file__).with_name("sandbox_driver.py")
+VIEW_SOURCE = Path(__file__).with_name("sandbox_view.py")
 USERNS_LAUNCHER = Path(__file__).with_name("sandbox_userns.py")
-DOCKER_NOFILE = 1 << 20
-DOCKER_CAPS = {"CAP_AUDIT_WRITE": 29, "CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_FOWNER": 3, "CAP_FSETID": 4,
-               "CAP_KILL": 5, "CAP_MKNOD": 27, "CAP_NET_BIND_SERVICE": 10, "CAP_NET_RAW": 13, "CAP_SETFCAP": 31,
-               "CAP_SETGID": 6, "CAP_SETPCAP": 8, "CAP_SETUID": 7, "CAP_SYS_CHROOT": 18}
-"""Docker's default capabilities, which root has in AgentBench's containers; here they hold only in the
-sandbox's user namespace, over the ids it maps (no CAP_SYS_ADMIN: no mount can be undone)."""
-DRIVER_CAPS = {"CAP_SYS_ADMIN": 21, "CAP_SETPCAP": 8}
-"""What the sandbox's PID 1, the driver, holds beyond the session's: CAP_SYS_ADMIN (of the sandbox's user
-namespace) to give each grader its own read-only view of /usr, CAP_SETPCAP to cut the bounding set. The
-driver takes both out of the bounding, inheritable and ambient sets before anything else runs, so no
-session process ever holds CAP_SYS_ADMIN (no mount can be undone)."""
-# Reads the driver's source (length-prefixed) from stdin and runs it: keeps the command line short.
-BOOT = ("import os\ndef r(n):\n b=b''\n while len(b)<n:\n  c=os.read(0,n-len(b))\n  if not c: raise SystemExit(1)\n"
-        "  b+=c\n return b\nh=b''\nwhile not h.endswith(b'\\n'): h+=r(1)\n"
-        "exec(compile(r(int(h)),'agentrl-driver','exec'),{'__name__':'__main__'})\n")
-
-
-class SandboxUnavailable(RuntimeError):
-    """The sandbox that was asked for cannot run on this machine."""
-
-
-class SandboxError(RuntimeError):
-    """A session's sandbox failed (did not start, its limits could not be set, its driver died)."""
-
-
-@dataclass(frozen=True)
-class SandboxConfig:
-    """How sessions are isolated and limited.
-
-    backend: auto (apptainer, else bwrap, else an error) | apptainer | bwrap | none (no isolation).
-    image: bubblewrap: the root file system directory ("" = `agentrl.envs.rootfs.default_rootfs_dir()`,
-        built by `python -m jobs.make_rootfs`); Apptainer: the image (.sif or sandbox dir; required).
-    isolation: when True, "none" is never chosen and a missing sandbox raises SandboxUnavailable.
-    """
-
-    backend: str = "auto"
-    image: str = ""
-    isolation: bool = True
-    command_timeout_s: float = 10.0
-    max_output_bytes: int = 1 << 20
-    nproc: int = 64
-    """Processes (and threads) per session; `pid_fraction` of the host's pid_max bounds slots x nproc."""
-    memory_mb: int = 2048
-    file_size_mb: int = 256
-    open_files: int = 0
-    """RLIMIT_NOFILE; 0 = Docker's 1048576 (AgentBench's runtime; some of its samples open fd 123321)
-    for a worker with CAP_SYS_RESOURCE, which may raise its hard limit (up to the kernel's nr_open),
-    else the worker's own hard limit (a root worker in a container may lack the capability)."""
-    cpu_s: int = 3600
-    disk_mb: int = 512
-    """Size of the session's writable root (a tmpfs: host memory, allocated as it is used)."""
-    writable_bin: bool = True
-    """bubblewrap: the session gets its own copies of /usr/bin and /usr/sbin, as AgentBench's container
-    (whose root may `chmod u+s /usr/bin/find` or replace a tool), at ~43 MB of the root tmpfs per session
-    for the default image; graders still run the image's pristine tools (`GRADER_TOOLS`). False binds
-    them read-only (less memory; samples that change a system tool then fail)."""
-    shm_mb: int = 64
-    pid_fraction: float = 0.5
-    host_uid: int = 65534
-    """The uid bubblewrap runs as when the worker is root and `uid_count` is 1 (see the module docstring)."""
-    uid_base: int = 2_000_000_000
-    """A root worker's bubblewrap sandboxes: inside ids 0..uid_count-1 are these host uids (no user's)."""
-    uid_count: int = 65536
-    """How many ids a root worker maps into its bubblewrap sandboxes (1: only root, as host_uid)."""
-    fakeroot: bool = True
-    """Apptainer: `--fakeroot` (root inside, a uid range mapped; needs subuid entries or root)."""
-    session_memory_mb: int = 2048
-    """A cgroup per session (`agentrl.envs.cgroups`) bounds all it makes, processes and tmpfs pages
-    together, to this (pids to `nproc` + 8); 0: none. Where the worker may not make cgroups, sessions run
-    with the per-process limits only, said once at start (or fail to start with `cgroup_required`)."""
-    cgroup_required: bool = False
-    hostname: str = "agentrl-sandbox"
-    work_dir: str = ""
-    """backend "none" only: where session directories are made ("" = the temp dir)."""
-
-    def many_uids(self, backend: str) -> bool:
-        """Whether sessions get a range of user ids (`sandbox_userns.py`): bwrap under a root worker."""
-        return backend == "bwrap" and os.geteuid() == 0 and self.uid_count > 1
-
-    def sandbox_uid(self, backend: str) -> int | None:
-        """The host uid the sandbox's root runs as (None: this process's own)."""
-        if os.geteuid() != 0 or backend == "none":
-            return None
-        return self.uid_base if self.many_uids(backend) else self.host_uid
-
-    def nofile(self) -> int:
-        """The sessions' RLIMIT_NOFILE (see `open_files`)."""
-        if self.open_files:
-            return self.open_files
-        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-        return max(hard, min(DOCKER_NOFILE, nr_open())) if has_capability(CAP_SYS_RESOURCE) else hard
-
-    def image_dir(self) -> Path:
-        return Path(self.image).expanduser() if self.image else default_rootfs_dir()
-
-
-def select_backend(requested: str = "auto", isolation: bool = True) -> str:
-    """The backend to use: `requested` if it is available, or the best available one for "auto"."""
-    if requested not in BACKENDS:
-        raise ValueError(f"unknown sandbox backend {requested!r} (one of {', '.join(BACKENDS)})")
-    if requested == "none":
-        if isolation:
-            raise SandboxUnavailable("sandbox backend 'none' runs commands on the host; set isolation off to use it")
-        return "none"
-    if requested == "apptainer" and not _apptainer_binary():
-        raise SandboxUnavailable("Apptainer was asked for but neither `apptainer` nor `singularity` is on PATH")
-    if requested == "bwrap" and not shutil.which("bwrap"):
-        raise SandboxUnavailable("bubblewrap was asked for but `bwrap` is not on PATH "
-                                 "(Debian/Ubuntu: apt-get install bubblewrap)")
-    if requested != "auto":
-        return requested
-    if _apptainer_binary():
-        return "apptainer"
-    if shutil.which("bwrap"):
-        return "bwrap"
-    if isolation:
-        raise SandboxUnavailable("no sandbox available: install Apptainer or bubblewrap (apt-get install "
-                                 "bubblewrap), or turn isolation off to run commands unsandboxed on the host")
-    return "none"
-
-
-@functools.lru_cache(maxsize=1)
-def cgroup_support() -> CgroupSupport:
-    """This worker's session cgroups (probed once per process)."""
-    return detect_cgroups()
-
-
-def check_cgroups(cfg: SandboxConfig, backend: str) -> CgroupSupport | None:
-    """The start-up word on per-session cgroups (logged once per process): where they are made, or why
-    they cannot be and what bounds a session instead. Raises SandboxUnavailable with `cgroup_required`."""
-    if backend == "none" or cfg.session_memory_mb <= 0:
-        return None
-    support = cgroup_support()
-    if support.kind is None:
-        message = (f"os sessions get no cgroup of their own ({support.reason}): each process is bounded "
-                   f"(RLIMIT_AS {cfg.memory_mb} MB, {cfg.nproc} processes) but not their sum with the "
-                   f"session's tmpfs mounts; run the worker as root or give it a delegated cgroup subtree")
-        if cfg.cgroup_required:
-            raise SandboxUnavailable(message + " (sandbox.cgroup_required is set)")
-        _announce(logging.WARNING, message)
-        return None
-    _announce(logging.INFO, f"os sessions: a cgroup each ({support.kind}, under "
-                            f"{', '.join(map(str, support.parents.values()))}): at most {cfg.session_memory_mb} MB "
-                            f"and {cfg.nproc + CGROUP_EXTRA_PIDS} tasks")
-    return support
-
-
-CGROUP_EXTRA_PIDS = 8  # the launcher, bubblewrap and the driver, beyond the session's own `nproc`
-
-
-@functools.lru_cache(maxsize=4)
-def _announce(level: int, message: str) -> None:
-    log.log(level, "%s", message)
-
-
-def check_image(cfg: SandboxConfig, backend: str) -> None:
-    """Fail now (at task construction, i.e. worker start) if the sandbox's image is missing."""
-    if backend == "bwrap":
-        try:
-            require_rootfs(cfg.image_dir(), cfg.sandbox_uid(backend))
-        except (FileNotFoundError, PermissionError) as e:  # the sandbox cannot run here: say how to fix it
-            raise SandboxUnavailable(str(e)) from e
-    elif backend == "apptainer" and not cfg.image:
-        raise SandboxUnavailable("the apptainer backend needs an image (sandbox.image), "
-                                 "e.g. one built from containers/os-sandbox.def")
-
-
-def _apptainer_binary() -> str | None:
-    return shutil.which("apptainer") or shutil.which("singularity")
-
-
-# ------------------------------------------------------------------------------------ process budget
-
-CAP_SYS_RESOURCE = 24
-
-
-def has_capability(cap: int, status: str = "/proc/self/status") -> bool:
-    """Whether this process holds capability number `cap` (effective set)."""
-    try:
-        for line in Path(status).read_text().splitlines():
-            if line.startswith("CapEff:"):
-                return bool(int(line.split()[1], 16) >> cap & 1)
-    except (OSError, ValueError):
-        pass
-    return False
-
-
-def nr_open(path: str = "/proc/sys/fs/nr_open") -> int:
-    try:
-        return int(Path(path).read_text())
-    except (OSError, ValueError):
-        return DOCKER_NOFILE  # the kernel's default
-
-
-def pid_max(path: str = "/proc/sys/kernel/pid_max") -> int:
-    try:
-        return int(Path(path).read_text())
-    except (OSError, ValueError):
-        return 32768  # the kernel's default
-
-
-def session_budget(cfg: SandboxConfig, host_pid_max: int | None = None) -> int:
-    """How many sessions may live at once on this host: `pid_fraction` of pid_max over `nproc` each."""
-    return int((host_pid_max or pid_max()) * cfg.pid_fraction) // max(cfg.nproc, 1)
-
-
-def check_slots(cfg: SandboxConfig, slots: int, host_pid_max: int | None = None) -> None:
-    """Raise ValueError when `slots` sessions of `nproc` processes each could exhaust the host's PIDs."""
-    limit = host_pid_max or pid_max()
-    budget = session_budget(cfg, limit)
-    if slots > budget:
-        raise ValueError(f"{slots} sandbox slots x {cfg.nproc} processes each = {slots * cfg.nproc} exceeds "
-                         f"{cfg.pid_fraction:g} of this host's pid_max ({limit}): at most {budget} slots, "
-                         f"or lower sandbox.nproc")
+# Reads length-prefixed sources from stdin ("<length> <module>\n" + source each): each but the last becomes
+# the module it names; the last, the driver, runs as __main__. Keeps the command line short.
+BOOT = ("import os,sys,types\ndef r(n):\n b=b''\n while len(b)<n:\n  c=os.read(0,n-len(b))\n"
+        "  if not c: raise SystemExit(1)\n  b+=c\n return b\nwhile True:\n h=b''\n"
+        " while not h.endswith(b'\\n'): h+=r(1)\n n,name=h.decode().split()\n m=types.ModuleType(name)\n"
+        " exec(compile(r(int(n)),'agentrl-'+name,'exec'),m.__dict__)\n if name=='__main__': break\n"
+        " sys.modules[name]=m\n")
 
 
 # ------------------------------------------------------------------------------------ the environment
@@ -301,9 +126,6 @@ TRUSTED_PYTHON = ["/usr/bin/python3", "-I", "-S"]
 `site` (no .pth file or sitecustomize runs, wherever the agent could write one). Under bubblewrap the
 session's /usr/bin is its own copy; a grader's /usr is a read-only view of the image instead
 (`sandbox_driver.enter_view`), so this path and its start-up files (pyvenv.cfg, ._pth) are the image's."""
-GRADER_BIN = f"/{GRADER_TOOLS}/bin"
-"""The image's own tools inside a bubblewrap sandbox, under the read-only /usr/lib: the driver runs from
-here (the session's /usr/bin is empty until it copies these) and restores /usr/bin from here."""
 # `python3 -c CODE ARGS...` without `site`: `site` is what defines exit()/quit(), which AgentBench's check
 # scripts call; the prelude puts them back and runs CODE with sys.argv as `python3 -c` would set it.
 PYTHON_PRELUDE = ("import builtins, sys\nbuiltins.exit = builtins.quit = sys.exit\ncode = sys.argv.pop(1)\n"
@@ -313,190 +135,6 @@ PYTHON_PRELUDE = ("import builtins, sys\nbuiltins.exit = builtins.quit = sys.exi
 def python_argv(code: str, params: list[str]) -> list[str]:
     """A python script as a grader runs it: `TRUSTED_PYTHON` with the prelude; sys.argv[1:] == params."""
     return [*TRUSTED_PYTHON, "-c", PYTHON_PRELUDE, code, *params]
-
-
-# ------------------------------------------------------------------------------------ root file system
-
-# /etc entries that decide what code a trusted program runs: read-only from the image.
-ETC_PINNED = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "ld.so.preload", "alternatives")
-VAR_PINNED = ("lib", "cache")  # read-only (dpkg's database, caches: large, and no task writes there)
-USR_WRITABLE = ("local",)  # /usr/local is the session's (with /usr/local/lib read-only: python's site dirs)
-COPIED_BIN = ("bin", "sbin")  # with `writable_bin`: the session's own copies, made by the driver at start
-FRESH = ("home", "tmp", "run", "boot", "media", "mnt", "opt", "srv", "root")
-
-
-def _pinned_etc(image: Path) -> list[str]:
-    names = [n for n in ETC_PINNED if (image / "etc" / n).exists() or (image / "etc" / n).is_symlink()]
-    names += sorted(n for n in os.listdir(image / "etc") if n.startswith("python3"))
-    return names
-
-
-def top_links(image: str | Path) -> dict[str, str]:
-    """The image's top-level symlinks that stay symlinks in a session (/bin -> usr/bin, /sbin -> usr/sbin):
-    those into usr/lib* are bound as directories instead (`plan_mounts`)."""
-    image = Path(image)
-    return {f"/{n}": os.readlink(image / n) for n in sorted(os.listdir(image))
-            if (image / n).is_symlink() and not os.readlink(image / n).startswith("usr/lib")}
-
-
-@functools.lru_cache(maxsize=4)
-def tools_bytes(image: str) -> int:
-    """What the copies of the image's tool directories take on a tmpfs (each file rounded up to pages)."""
-    total = 0
-    for d in COPIED_BIN:
-        root = Path(image) / GRADER_TOOLS / d
-        if root.is_dir():
-            for entry in os.scandir(root):
-                st = entry.stat(follow_symlinks=False)
-                total += (st.st_size + 4095) // 4096 * 4096 + 4096
-    return total
-
-
-def plan_mounts(image: str | Path, writable_bin: bool = False, disk_mb: int = 512) -> list[str]:
-    """bubblewrap's mount arguments for a session over `image` (after the root tmpfs is made).
-
-    /usr and /etc are tmpfs mounts of their own (`disk_mb` each, /usr plus its tool copies), so that
-    neither can be renamed and rebuilt by the session (a mount point cannot be moved from inside): in
-    them, read-only, the children of /usr (except /usr/local, and /usr/bin and /usr/sbin when
-    `writable_bin`: the driver copies those from `GRADER_TOOLS`), /usr/local/lib and the pinned /etc
-    entries. Also read-only: /var/lib, /var/cache, and the image's top-level links into usr/lib* (/lib,
-    /lib64: where the dynamic loader is found), bound as directories. The other top-level links stay
-    links (`top_links`; the driver restores them before a grader runs). Everything else the session sees
-    comes from `seed_archive`, unpacked into the writable root.
-    """
-    image = Path(image)
-    writable = USR_WRITABLE + (COPIED_BIN if writable_bin else ())
-    size = ["--size", str(disk_mb << 20)]
-    usr_size = ["--size", str((disk_mb << 20) + (tools_bytes(str(image)) if writable_bin else 0))]
-    args: list[str] = []
-    for name in sorted(os.listdir(image)):
-        src = image / name
-        if src.is_symlink():
-            target = os.readlink(src)
-            if target.startswith("usr/lib"):
-                args += ["--ro-bind", str(image / target), f"/{name}"]
-            else:
-                args += ["--symlink", target, f"/{name}"]
-        elif name == "usr":
-            args += ["--perms", "0755", *usr_size, "--tmpfs", "/usr"]  # bwrap would make it 0700
-            for child in sorted(os.listdir(src)):
-                if (src / child).is_symlink():
-                    args += ["--symlink", os.readlink(src / child), f"/usr/{child}"]
-                elif child not in writable:
-                    args += ["--ro-bind", str(src / child), f"/usr/{child}"]
-            if (src / "local" / "lib").is_dir():
-                args += ["--ro-bind", str(src / "local" / "lib"), "/usr/local/lib"]
-        elif name == "var":
-            args += [a for v in VAR_PINNED if (src / v).is_dir() for a in ("--ro-bind", str(src / v), f"/var/{v}")]
-        elif name == "etc":
-            args += ["--perms", "0755", *size, "--tmpfs", "/etc"]
-            args += [a for n in _pinned_etc(image) for a in ("--ro-bind", str(src / n), f"/etc/{n}")]
-    return args
-
-
-def grader_view(image: str | Path, writable_bin: bool = False) -> dict[str, object]:
-    """What a grader's /usr is made of (the driver's `enter_view`): the image's, read-only, never the session's.
-
-    ro: the children of /usr that `plan_mounts` binds read-only from the image (the session's own are
-    these mounts, which it cannot change); tools: /usr/bin and /usr/sbin from the image's pristine tools
-    (when the session has writable copies); links: /usr's symlinks; local: /usr/local's children stay the
-    session's, and local_lib lists the image's (empty) directories under /usr/local/lib, made afresh.
-    """
-    src = Path(image) / "usr"
-    writable = USR_WRITABLE + (COPIED_BIN if writable_bin else ())
-    names = sorted(os.listdir(src))
-    tools = {d: f"/{GRADER_TOOLS}/{d}" for d in COPIED_BIN
-             if writable_bin and (Path(image) / GRADER_TOOLS / d).is_dir()}
-    lib = src / "local" / "lib"
-    if lib.is_dir() and any(not d.is_dir() or d.is_symlink() for d in lib.rglob("*")):
-        raise SandboxUnavailable(f"{lib} holds files: a grader's view of /usr/local/lib has the image's "
-                                 f"directories only (rebuild the image with `python -m jobs.make_rootfs`)")
-    local_lib = ["", *sorted(str(d.relative_to(lib)) for d in lib.rglob("*"))] if lib.is_dir() else [""]
-    return {"ro": [n for n in names if not (src / n).is_symlink() and n not in writable],
-            "links": {n: os.readlink(src / n) for n in names if (src / n).is_symlink()},
-            "tools": tools, "local": "local" in names, "local_lib": local_lib}
-
-
-@functools.lru_cache(maxsize=4)
-def seed_archive(image: str) -> bytes:
-    """A tar of what each session gets as its own writable copy: /etc (less the pinned entries), /var
-    (less /var/lib and /var/cache), /usr/local (less lib), /root and empty /home, /tmp, /run, ...
-
-    Made once per image in memory (about 2 MB for the default image) and unpacked by the driver.
-    """
-    root = Path(image)
-    buf = io.BytesIO()
-    pinned = {f"etc/{n}" for n in _pinned_etc(root)} | {f"var/{v}" for v in VAR_PINNED} | {"usr/local/lib"}
-
-    def skip(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-        if info.name in pinned or any(info.name.startswith(p + "/") for p in pinned):
-            return None
-        info.uid = info.gid = 0
-        info.uname = info.gname = "root"
-        return info
-
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for top in ("etc", "var", "usr/local", *FRESH):
-            src = root / top
-            if top in FRESH and top != "root" or not src.exists():
-                info = tarfile.TarInfo(top)
-                info.type, info.mode = tarfile.DIRTYPE, 0o1777 if top == "tmp" else 0o755
-                tar.addfile(info)
-                continue
-            tar.add(str(src), arcname=top, recursive=True, filter=skip)
-        if (root / "var").is_dir():
-            info = tarfile.TarInfo("var/tmp")
-            info.type, info.mode = tarfile.DIRTYPE, 0o1777
-            tar.addfile(info)
-    return buf.getvalue()
-
-
-# /proc entries a container's root reads but the sandbox's cannot (the host's root-only /proc/tty/driver,
-# the non-dumpable driver's own fd tables): empty and read-only, so that `find /` exits 0 as it does in
-# AgentBench's container (its check scripts run `find / ...` and test the exit status).
-PROC_MASKED = ("/proc/tty/driver", "/proc/1/fdinfo", "/proc/1/map_files", "/proc/1/task/1/fdinfo")
-
-
-def bwrap_argv(mounts: list[str], command: list[str], hostname: str, disk_mb: int, shm_mb: int,
-               in_userns: bool = False) -> list[str]:
-    """bubblewrap's command line: all namespaces new, the command as PID 1, a bounded tmpfs as root.
-
-    in_userns: bubblewrap runs as root of a user namespace `sandbox_userns.py` made (many ids mapped,
-        no further user namespace allowed): it makes no user namespace of its own, and the sandbox's
-        root keeps Docker's default capabilities there. Otherwise bubblewrap makes one (uid 0 only,
-        no capabilities) and disables further ones itself.
-    """
-    masks = [a for path in PROC_MASKED for a in ("--size", "4096", "--tmpfs", path, "--remount-ro", path)]
-    if in_userns:
-        users = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
-                 "--assert-userns-disabled", "--cap-drop", "ALL",
-                 *(a for c in (*DOCKER_CAPS, *DRIVER_CAPS) for a in ("--cap-add", c))]
-    else:
-        users = ["--unshare-all", "--unshare-user", "--disable-userns", "--uid", "0", "--gid", "0",
-                 "--cap-drop", "ALL", *(a for c in DRIVER_CAPS for a in ("--cap-add", c))]
-    return ["bwrap", *users, "--die-with-parent", "--new-session", "--as-pid-1", "--hostname", hostname,
-            "--size", str(disk_mb << 20), "--tmpfs", "/", *mounts, "--proc", "/proc", *masks,
-            "--dev", "/dev", "--size", str(shm_mb << 20), "--tmpfs", "/dev/shm",
-            "--remount-ro", "/dev", "--clearenv", "--chdir", "/", "--", *command]
-
-
-def apptainer_argv(image: str, binds: dict[str, str], env: dict[str, str], command: list[str], hostname: str,
-                   fakeroot: bool = True, binary: str = "apptainer") -> list[str]:
-    """Apptainer's command line: everything contained, no network, a writable tmpfs over the image
-    (Apptainer's `sessiondir max size` bounds it). The driver starts every command in /root itself.
-
-    Args:
-        binds: host directory -> path inside; the `os` sessions bind nothing of the host (empty).
-    """
-    argv = [binary, "exec", "--containall", "--no-init", "--net", "--network", "none", "--writable-tmpfs",
-            "--hostname", hostname, "--pwd", "/", "--cleanenv"]
-    if fakeroot:
-        argv.append("--fakeroot")
-    for host, inside in binds.items():
-        argv += ["--bind", f"{host}:{inside}"]
-    for k, v in env.items():
-        argv += ["--env", f"{k}={v}"]
-    return argv + [image, *command]
 
 
 # ------------------------------------------------------------------------------------------- the shell
@@ -538,10 +176,9 @@ class Shell:
         """The command line that starts this session's sandbox."""
         command = [*TRUSTED_PYTHON, "-c", BOOT]
         if self.backend == "bwrap":
-            command[0] = f"{GRADER_BIN}/python3"  # the session's /usr/bin is empty until the driver copies it
             image = str(self.cfg.image_dir().absolute())
             many = self.cfg.many_uids(self.backend)
-            argv = bwrap_argv(plan_mounts(image, self.cfg.writable_bin, self.cfg.disk_mb), command, self.cfg.hostname,
+            argv = bwrap_argv(plan_mounts(image, self.cfg.disk_mb), command, self.cfg.hostname,
                               self.cfg.disk_mb, self.cfg.shm_mb, in_userns=many)
             if many:
                 launch = {"base": self.cfg.uid_base, "count": self.cfg.uid_count, "nproc": self.cfg.nproc,
@@ -551,7 +188,7 @@ class Shell:
             return argv
         if self.backend == "apptainer":
             return apptainer_argv(self.cfg.image, {}, {}, command, self.cfg.hostname, self.cfg.fakeroot,
-                                  _apptainer_binary() or "apptainer")
+                                  apptainer_binary() or "apptainer")
         return ["python3", "-I", "-S", "-c", BOOT]
 
     def _driver_config(self) -> tuple[dict[str, object], bytes]:
@@ -569,9 +206,9 @@ class Shell:
             image = self.cfg.image_dir().absolute()
             cfg["links"] = top_links(image)
             if c.writable_bin:
-                cfg["copies"] = [[f"/{GRADER_TOOLS}/{d}", f"/usr/{d}"] for d in COPIED_BIN
-                                 if (image / GRADER_TOOLS / d).is_dir()]
-            cfg["view"] = grader_view(image, c.writable_bin)
+                cfg["copies"] = [f"/usr/{d}" for d in COPIED_BIN if (image / "usr" / d).is_dir()]
+                cfg["tools_room"] = c.disk_mb << 20
+            cfg["view"] = grader_view(image)
         elif self.backend == "none":  # unsandboxed: keep HOME and the state inside the session directory
             self._dir = Path(tempfile.mkdtemp(prefix="agentrl-sbx-", dir=c.work_dir or None))
             home = str(self._dir)
@@ -607,10 +244,11 @@ class Shell:
                                       env={"PATH": BASE_ENV["PATH"], "LANG": "C.UTF-8"},
                                       preexec_fn=enter if cgroup is not None or uid is not None else None)
         cfg, seed = self._driver_config()
-        source = DRIVER_SOURCE.read_bytes()
+        view, source = VIEW_SOURCE.read_bytes(), DRIVER_SOURCE.read_bytes()
         header = json.dumps(cfg).encode()
         try:
-            self._write(b"%d\n" % len(source) + source + b"%d\n" % len(header) + header + seed)
+            self._write(b"%d sandbox_view\n" % len(view) + view + b"%d __main__\n" % len(source) + source
+                        + b"%d\n" % len(header) + header + seed)
             answer = self._answer(time.monotonic() + max(30.0, self.cfg.command_timeout_s))
         except SandboxError as e:
             message = f"the {self.backend} sandbox did not start: {e}; {self._stderr_tail()}"

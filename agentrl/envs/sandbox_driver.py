@@ -1,8 +1,10 @@
 """The program that runs inside each `os` sandbox as its first process (PID 1 under bubblewrap).
 
 It is not imported by the worker: `agentrl.envs.sandbox` sends this file's source into the sandbox,
-where the image's own `/usr/bin/python3 -I -S` runs it. So it uses only the standard library and
-Python 3.9 (`os.waitstatus_to_exitcode`) (Ubuntu 22.04's and Debian 12's interpreters both run it).
+where the image's own `/usr/bin/python3 -I -S` runs it, after the source of `sandbox_view.py`, which
+the boot code makes the module `sandbox_view` (the session's tool copies and the graders' views). So
+it uses only the standard library and Python 3.9 (`os.waitstatus_to_exitcode`) (Ubuntu 22.04's and
+Debian 12's interpreters both run it).
 
 Why a driver and not a shell reading commands: the worker must learn that a command ended, and with
 what exit status, through a channel the sandboxed code cannot write to. Here every command is its own
@@ -43,10 +45,11 @@ import resource
 import select
 import shutil
 import signal
-import stat
 import subprocess
 import tarfile
 import time
+
+from sandbox_view import Tools, enter_view, node_id
 
 STATE = "/run/agentrl-shell/state"
 LIMITS = {"nproc": resource.RLIMIT_NPROC, "as": resource.RLIMIT_AS, "fsize": resource.RLIMIT_FSIZE,
@@ -158,11 +161,14 @@ class Driver:
         if seed:
             with tarfile.open(fileobj=io.BytesIO(seed)) as tar:
                 tar.extractall("/", numeric_owner=True)
-        try:  # the session's own /usr/bin, /usr/sbin: root's, writable
-            self.tools = Tools(self.cfg.get("copies", []), self.cfg.get("links", {}))
+        try:  # the session's own /usr/bin, /usr/sbin: root's, writable, over the image's
+            self.tools = Tools(self.cfg.get("copies", []), self.cfg.get("links", {}),
+                               int(self.cfg.get("tools_room", 0)))
         except (OSError, shutil.Error) as e:
             return f"could not copy the system tools: {e}"
         self.view = self.cfg.get("view")
+        if self.view is not None:
+            self.view = dict(self.view, local_lib_id=node_id("/usr/local", "lib"))
         self.state = self.cfg.get("state", STATE)
         os.makedirs(os.path.dirname(self.state), exist_ok=True)
         os.chmod(os.path.dirname(self.state), 0o700)
@@ -204,8 +210,9 @@ class Driver:
                     self.tools.restore()
                 if self.view is not None and req.get("view", True):
                     overrides = self.tools.overrides() if self.tools is not None else []
+                    covered = self.tools.covered if self.tools is not None else {}
                     view = self.view
-                    preexec = lambda: (oom_first(GRADER_OOM), enter_view(view, overrides))  # noqa: E731 (in the child)
+                    preexec = lambda: (oom_first(GRADER_OOM), enter_view(view, covered, overrides))  # noqa: E731
             except OSError as e:  # fail closed: no grader runs over a layout that could not be checked
                 return failed(f"agentrl: system tools: {e}")
             # AgentBench's container always holds its interactive `bash`; graders that count
@@ -380,161 +387,6 @@ class Driver:
                 pass
 
 
-class Tools:
-    """The session's own copies of the image's tool directories, and the top-level links of its root.
-
-    `copies`: [pristine, session] directory pairs (/usr/lib/agentrl/bin -> /usr/bin, ...), copied at
-    start: the session's to change as it likes (AgentBench's root may replace a tool). Graders never run
-    them: their /usr is a fresh view of the image (`enter_view`), which takes from these copies only the
-    mode and owner of an image tool (`overrides`: test-50's check reads /usr/bin/find's mode), never bytes
-    or names. `links`: top-level symlinks of the image that must point where they did (/bin -> usr/bin);
-    `restore` puts them back before a grader (a link, unlike a directory, cannot be mounted over).
-    """
-
-    MAX_OVERRIDES = 32
-    MAX_OVERRIDE_BYTES = 64 << 20
-
-    def __init__(self, copies, links):
-        self.copies = [(src, dst) for src, dst in copies]
-        self.links = dict(links)
-        self.pristine = {src: sorted(os.listdir(src)) for src, _ in self.copies}  # read-only: listed once
-        self.initial = {}  # (dir, name) -> (mode, uid, gid) of the copy as made: what "changed" is measured from
-        for src, dst in self.copies:
-            shutil.copytree(src, dst, symlinks=True)
-            for name in self.pristine[src]:
-                st = os.lstat(os.path.join(dst, name))
-                if stat.S_ISREG(st.st_mode):
-                    self.initial[dst, name] = (st.st_ino, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
-
-    def restore(self):
-        for path, target in self.links.items():
-            if not (os.path.islink(path) and os.readlink(path) == target):
-                remove(path)
-                os.symlink(target, path)
-
-    def overrides(self):
-        """[dir, name, mode, uid, gid] of the image's tools whose session copy (the same file as made: a
-        chmod or chown, not a replacement) has another mode or owner: the grader's view shows the image's
-        bytes with the session's metadata. Only metadata is taken, so the inode trusted here decides
-        nothing a grader runs."""
-        out, total = [], 0
-        for src, dst in self.copies:
-            for name in self.pristine[src]:
-                if (dst, name) not in self.initial:
-                    continue
-                try:
-                    b = os.lstat(os.path.join(dst, name))
-                except OSError:
-                    continue
-                ino, *meta = self.initial[dst, name]
-                # a chmod or chown of the copy as made (same inode); a replaced tool shows the image's own
-                if b.st_ino != ino or meta == [stat.S_IMODE(b.st_mode), b.st_uid, b.st_gid]:
-                    continue
-                total += os.lstat(os.path.join(src, name)).st_size
-                if len(out) == self.MAX_OVERRIDES or total > self.MAX_OVERRIDE_BYTES:
-                    return out
-                out.append([dst, name, stat.S_IMODE(b.st_mode), b.st_uid, b.st_gid])
-        return out
-
-
-# ------------------------------------------------------------------------------- the grader's view
-
-CLONE_NEWNS = 0x00020000
-USR_STARTUP = ("pyvenv.cfg",)
-"""Names directly in /usr that decide what code the image's programs run: CPython reads `pyvenv.cfg` one
-directory above its executable (/usr/bin/python3 -> /usr), even under -I -S. (Its `._pth` and
-`pybuilddir.txt` are read beside the executable, in /usr/bin: the image's own in a grader's view.)"""
-MAX_OWN = 256  # the session's own names in /usr a grader's view shows (sorted; each one bind mount)
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
-RO_REMOUNT = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
-
-
-def _encoded(text):
-    return None if text is None else text.encode()
-
-
-def _mount(libc, source, target, fstype, flags, data=None):
-    args = (_encoded(source), _encoded(target), _encoded(fstype), ctypes.c_ulong(flags), _encoded(data))
-    if libc.mount(*args) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"mount {source} on {target}: {os.strerror(errno)}")
-
-
-def enter_view(view, overrides):
-    """Give this (forked, not yet exec'd) process its own mount namespace whose /usr is the image's, read-only.
-
-    The session's /usr is a tmpfs the session may write (a new /usr/pyvenv.cfg, /usr/bin/python3._pth,
-    ... are start-up files of the image's python3), and its /usr/bin, /usr/sbin are its own copies. Here
-    a fresh tmpfs covers /usr and holds bind mounts of the image's own directories (the read-only
-    children of the session's /usr, and the pristine tool directories for bin and sbin), its symlinks,
-    and what is the session's own: /usr/local's children (not its lib: the image's empty one) and the
-    names it made directly in /usr (data a check reads, e.g. /usr/stock.log), less `USR_STARTUP`; then
-    the tmpfs is made read-only. The other paths
-    (/etc with its pinned start-up files, /root, /home, /tmp, /var, /proc) stay the session's: they are
-    what a check reads. Nothing the session wrote is on the grader's start-up path, and there is no copy
-    to restore, so no metadata (inode, ctime) is trusted.
-
-    `view`: {"ro": [names], "links": {name: target}, "tools": {name: pristine dir}, "local": bool,
-    "local_lib": [the image's directories under /usr/local/lib, relative]}.
-    `overrides`: from `Tools.overrides`. Runs as the driver's child, which still holds CAP_SYS_ADMIN of
-    the sandbox's user namespace; the program it then execs does not (it is in no bounding set).
-    """
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWNS) != 0:
-        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) failed")
-    _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
-    sources = {name: f"/usr/{name}" for name in view.get("ro", [])}
-    sources.update(view.get("tools", {}))
-    links = dict(view.get("links", {}))
-    own = sorted(set(os.listdir("/usr")) - set(sources) - set(links) - set(USR_STARTUP) - {"local"})
-    for name in own[:MAX_OWN]:  # what the session made in /usr (AgentBench's /usr/stock.log): its own, writable
-        if os.path.islink(f"/usr/{name}"):
-            links[name] = os.readlink(f"/usr/{name}")
-        else:
-            sources[name] = f"/usr/{name}"
-    # /usr/local: the session's children, but never its lib (python's site directory there: a .pth in it
-    # runs code in every `python3` a bash check starts, and the session can move the read-only one aside)
-    local = view.get("local") and os.path.isdir("/usr/local") and not os.path.islink("/usr/local")
-    local_names = sorted(set(os.listdir("/usr/local")) - {"lib"})[:MAX_OWN] if local else []
-    for name in local_names:
-        if os.path.islink(f"/usr/local/{name}"):
-            links[f"local/{name}"] = os.readlink(f"/usr/local/{name}")
-        else:
-            sources[f"local/{name}"] = f"/usr/local/{name}"
-    fds = {name: os.open(path, os.O_PATH | os.O_NOFOLLOW) for name, path in sources.items()}
-    image_names = set(view.get("ro", [])) | set(view.get("tools", {}))
-    try:
-        size = sum(os.stat(os.path.join(view["tools"].get(os.path.basename(d), d), n)).st_size
-                   for d, n, *_ in overrides) + (4 << 20)
-        _mount(libc, "tmpfs", "/usr", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0755,size={size}")
-        if view.get("local"):
-            for d in view.get("local_lib", [""]):  # the image's own /usr/local/lib: empty directories
-                os.makedirs(os.path.join("/usr/local/lib", d), 0o755, exist_ok=True)
-        for name, fd in fds.items():
-            target = f"/usr/{name}"
-            if os.path.isdir(f"/proc/self/fd/{fd}"):
-                os.mkdir(target, 0o755)
-            else:
-                os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o644))
-            _mount(libc, f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
-            if name in image_names:
-                _mount(libc, None, target, None, RO_REMOUNT)
-        for name, target in links.items():
-            os.symlink(target, f"/usr/{name}")
-        for i, (d, name, mode, uid, gid) in enumerate(overrides):
-            stage, target = f"/usr/.agentrl-{i}", os.path.join(d, name)
-            shutil.copyfile(target, stage)  # the view's (pristine) bytes
-            os.chown(stage, uid, gid)
-            os.chmod(stage, mode)
-            _mount(libc, stage, target, None, MS_BIND)
-            _mount(libc, None, target, None, RO_REMOUNT)
-            os.unlink(stage)
-        _mount(libc, None, "/usr", None, RO_REMOUNT)
-    finally:
-        for fd in fds.values():
-            os.close(fd)
-
-
 class CapHeader(ctypes.Structure):
     _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
 
@@ -581,14 +433,6 @@ def oom_first(score):
 def failed(message):
     """A grader that could not run as it must: exit 126, never a pass."""
     return {"exit": 126, "output": base64.b64encode(message.encode()).decode(), "timed_out": False, "truncated": False}
-
-
-def remove(path):
-    """Remove whatever is at `path` (a file, a link, a directory tree; nothing is fine)."""
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        os.unlink(path)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""`jobs.agentbench_check`'s os replay (the os task's expert, through its public Task API) and its
+"""`agentrl.envs.replay`'s os replay (the os task's expert, through its public Task API) and its
 failure classes: on this project's os samples, and on samples made to fail each way, in a stand-in
 checkout in AgentBench's layout."""
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 from os_fixtures import agentbench_checkout
 from sandbox_helpers import require_sandbox
 
+from agentrl.envs.replay import NETWORK_COMMANDS, check, replay_os
 from agentrl.envs.tasks import get_task
 from agentrl.envs.tasks.os_task import OsTask
-from jobs.agentbench_check import NETWORK_COMMANDS, check, replay_os
 
 
 def test_network_commands_are_recognised() -> None:
@@ -65,7 +65,8 @@ def check_stand_ins(tmp_path: Path, group: int, samples: list[tuple[dict[str, An
     expected: dict[str, list[str]] = {}
     for n, (_, kind) in enumerate(samples):
         expected.setdefault(kind, []).append(f"test-{first + n}")
-    assert {k: sorted(v) for k, v in result["failures"].items()} == expected, result["details"]
+    assert {k: sorted(v) for k, v in result["failures"].items()} == {k: sorted(v) for k, v in expected.items()}, \
+        result["details"]
     assert result["passed"] == first == 4
     return task, first, result["details"]
 
@@ -99,6 +100,13 @@ REPLAYED = [  # failures shown by replaying the sample's own scripts: (sample, t
     # the example changes what it counts: the grader's rerun prints 2, but every fresh session's first run 1
     ({"description": "stateful", "evaluation": {"check": [None, INT_CHECK],
                                                 "example": "echo x >> /root/f; wc -l < /root/f"}}, "data defect"),
+    # the grader sees another system than the shell (here: its own mounts), as test-42's `du -sh /usr` did on 639fcf2
+    ({"description": "mounts", "evaluation": {"check": [None, INT_CHECK],
+                                              "example": "grep -c . /proc/self/mountinfo"}}, "our defect"),
+    # the same, where the sample's setup varies between sessions (as test-19's on 639fcf2)
+    ({"description": "mounts again", "create": {"init": "echo $RANDOM$RANDOM > /root/r"},
+      "evaluation": {"check": [None, INT_CHECK],
+                     "example": "echo $(cat /root/r)$(grep -c . /proc/self/mountinfo)"}}, "our defect"),
 ]
 
 
@@ -119,3 +127,8 @@ def test_os_failures_shown_by_replaying_the_samples_scripts(tmp_path: Path) -> N
     stateful = details[f"test-{first + 4}"]  # not "varies": every fresh session prints 1 first
     assert "changes the state it reports on: in the agent's shell it prints '1', and the grader's rerun on the " \
            "state that run left prints '2'" in stateful, stateful
+    view = details[f"test-{first + 5}"]
+    assert view.startswith("our defect: the grader's view differs from the agent's shell: the example prints '"), view
+    racy = details[f"test-{first + 6}"]
+    assert racy.startswith("our defect: the example's output varies between fresh sessions") and \
+        "the grader's view differs from the agent's shell" in racy, racy

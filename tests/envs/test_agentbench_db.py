@@ -1,6 +1,6 @@
 """`db` on an AgentBench checkout in its real layout: one split loads without the others, AgentBench-FC's
 faithful protocol (its prompt and tools read from the checkout, its argument handling and finish), our
-strict protocol on request, and `jobs.agentbench_check` replaying the gold answers."""
+strict protocol on request, and `agentrl.envs.replay` replaying the gold answers."""
 from __future__ import annotations
 
 import json
@@ -12,10 +12,10 @@ import pytest
 from agentbench_checkout import PROMPTS, build_checkout
 
 from agentrl.envs.api import EnvError, Session
+from agentrl.envs.replay import run_checks
 from agentrl.envs.tasks.db import DbTask
 from agentrl.envs.tasks.db.faithful import NO_CALLS, PARSE_ERROR, UNKNOWN_TOOL
 from agentrl.types import Status
-from jobs.agentbench_check import main as check_main
 
 
 @pytest.fixture(scope="module")
@@ -102,13 +102,12 @@ def test_strict_protocol_stays_available(checkout: Path) -> None:
 
 
 def test_agentbench_check_replays_the_gold(checkout: Path, tmp_path: Path) -> None:
-    out = tmp_path / "check.json"
-    report = check_main(["--agentbench", str(checkout), "--tasks", "db", "--split", "test", "--out", str(out)])
+    report = run_checks(checkout, ["db"], "test")
     # the dev subset as the test split, on SQLite: every label passes its grader, every INSERT/UPDATE gold
     # reaches its answer_md5
     assert report["db"]["test"]["passed"] == report["db"]["test"]["total"] == 60
-    assert json.loads(out.read_text())["db"]["test"]["failures"] == {}
-    bad = check_main(["--agentbench", str(tmp_path / "nothing"), "--tasks", "db"])
+    assert report["db"]["test"]["failures"] == {}
+    bad = run_checks(tmp_path / "nothing", ["db"])
     assert "error" in bad["db"]["test"]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from sandbox_helpers import missing_sandbox
+from system_tools import missing_system_tool
 
 from agentrl.envs.api import StepResult, Task
 from agentrl.envs.attacks import attacks_for, play_attacks
@@ -23,11 +24,26 @@ def held(task: Task) -> tuple[int, list[str]]:
 def test_every_attack_holds_on_the_built_in_tasks() -> None:
     assert held(LookupTask()) == (5, [])
     assert held(KGTask()) == (7, [])
-    assert held(DbTask(statement_timeout_s=1.0)) == (10, [])
+    assert held(DbTask(statement_timeout_s=1.0)) == (11, [])
     if missing_sandbox() is None or os.environ.get("CI"):  # os needs bubblewrap and its rootfs (CI has both)
         from agentrl.envs.tasks.os_task import OsTask
 
         assert held(OsTask(sandbox={"backend": "bwrap", "command_timeout_s": 5.0})) == (15, [])
+
+
+def test_every_db_attack_holds_on_mariadb() -> None:
+    """issue 20, 5 in the suite: on c07c523 db_lift_limits' CTE ran past the call's deadline and on after
+    its session closed (`lingering_queries` sees it on the server)."""
+    from agentrl.envs.tasks.db.backends import MariaDBServer, find_mariadbd
+
+    if find_mariadbd() is None:  # skipped with the reason here; a failure in CI, which installs it
+        missing_system_tool("mariadbd is not installed (apt-get install --no-install-recommends mariadb-server)")
+    server = MariaDBServer().start()
+    try:
+        task = DbTask(backend="mariadb", mariadb_address=f"unix:{server.socket}", statement_timeout_s=1.0)
+        assert held(task) == (11, [])
+    finally:
+        server.stop()
 
 
 def test_a_failed_attack_is_reported() -> None:

@@ -16,9 +16,9 @@ from env_helpers import call, expert_reward
 from system_tools import missing_system_tool
 
 from agentrl.envs.api import EnvError, Session
+from agentrl.envs.replay import run_checks
 from agentrl.envs.tasks.db import DbTask
 from agentrl.envs.tasks.db.backends import MYSQL8_SQL_MODE, MariaDBServer, find_mariadbd, rows_hash
-from jobs.agentbench_check import main as check_main
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -208,6 +208,5 @@ def test_shared_account_is_an_explicit_logged_opt_in(server: MariaDBServer, limi
 def test_agentbench_check_on_mariadb_names_a_data_defect(tmp_path: Path) -> None:
     """AgentBench's dev-5 has a column named '': MySQL refuses its table, as AgentBench-FC's own would."""
     checkout = build_checkout(tmp_path)
-    report = check_main(["--agentbench", str(checkout), "--tasks", "db", "--split", "dev", "--backend", "mariadb",
-                         "--limit", "8", "--workers", "2"])
+    report = run_checks(checkout, ["db"], "dev", backend="mariadb", limit=8, workers=2)
     assert report["db"]["dev"]["passed"] == 7 and report["db"]["dev"]["failures"] == {"data defect": ["dev-5"]}

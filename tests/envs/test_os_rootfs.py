@@ -50,11 +50,8 @@ def test_location_and_missing_image(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     (half / "usr/bin/python3").write_text("")
     assert not rootfs.is_rootfs(half)
     (half / rootfs.STAMP).write_text("done")
-    assert not rootfs.is_rootfs(half)  # an image of an earlier version: no pristine tools for the graders
-    assert rootfs.build_rootfs(half)[0] == half  # adds them: no debootstrap, no root needed
-    assert rootfs.is_rootfs(half) and "grader-tools=" in (half / rootfs.STAMP).read_text()
-    tool = half / rootfs.GRADER_TOOLS / "bin/python3"
-    assert tool.stat().st_ino == (half / "usr/bin/python3").stat().st_ino  # a hard link: no space taken
+    assert rootfs.is_rootfs(half)  # also an image of before 2026-12-02 (its grader tools are hidden in sessions)
+    assert rootfs.build_rootfs(half) == (half, 0.0)  # nothing to do: no debootstrap, no root needed
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
     (half).rename(private / "img")

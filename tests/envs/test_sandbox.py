@@ -16,6 +16,7 @@ import pytest
 from sandbox_helpers import require_sandbox
 
 from agentrl.envs import sandbox as sb
+from agentrl.envs import sandbox_config
 from agentrl.envs.sandbox import SandboxConfig, SandboxError, SandboxUnavailable, Shell
 
 
@@ -92,14 +93,14 @@ def test_bwrap_command_line_in_a_prepared_user_namespace() -> None:
 
 def test_launch_command_of_a_root_worker(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(sb.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(sb, "has_capability", lambda cap: False)
+    monkeypatch.setattr(sandbox_config, "has_capability", lambda cap: False)
     cfg = SandboxConfig(backend="bwrap", image=str(fake_image(tmp_path)))
     assert cfg.many_uids("bwrap") and cfg.sandbox_uid("bwrap") == cfg.uid_base
     assert not SandboxConfig(uid_count=1).many_uids("bwrap") and SandboxConfig(uid_count=1).sandbox_uid("bwrap") == 65534
     assert not cfg.many_uids("apptainer") and cfg.sandbox_uid("none") is None
-    assert cfg.nofile() == sb.resource.getrlimit(sb.resource.RLIMIT_NOFILE)[1]  # cannot raise: the hard limit
-    monkeypatch.setattr(sb, "has_capability", lambda cap: cap == sb.CAP_SYS_RESOURCE)
-    assert cfg.nofile() == max(min(sb.DOCKER_NOFILE, sb.nr_open()), sb.resource.getrlimit(sb.resource.RLIMIT_NOFILE)[1])
+    assert cfg.nofile() == sandbox_config.resource.getrlimit(sandbox_config.resource.RLIMIT_NOFILE)[1]  # cannot raise: the hard limit
+    monkeypatch.setattr(sandbox_config, "has_capability", lambda cap: cap == sb.CAP_SYS_RESOURCE)
+    assert cfg.nofile() == max(min(sb.DOCKER_NOFILE, sb.nr_open()), sandbox_config.resource.getrlimit(sandbox_config.resource.RLIMIT_NOFILE)[1])
     assert SandboxConfig(open_files=4096).nofile() == 4096
     shell = Shell.__new__(Shell)
     shell.cfg, shell.backend = cfg, "bwrap"
@@ -138,10 +139,11 @@ def test_mount_plan_and_seed(tmp_path: Path) -> None:
     for pinned in ("/etc/ld.so.preload", "/etc/ld.so.cache", "/etc/ld.so.conf.d", "/etc/python3.11", "/var/lib"):
         assert ("--ro-bind", pinned) in pairs, pinned
     assert ("--ro-bind", "/etc/passwd") not in pairs and ("--ro-bind", "/root") not in pairs
-    copied = sb.plan_mounts(image, writable_bin=True)  # /usr/bin: the session's copy, made by the driver
-    i = args.index("/usr/bin")
-    assert args[i - 2:i + 1] == ["--ro-bind", str(image / "usr/bin"), "/usr/bin"]
-    assert copied == args[:i - 2] + args[i + 1:]  # that bind alone is gone (the fake image has no /usr/sbin)
+    assert "/usr/lib/agentrl" not in args
+    (image / "usr/lib/agentrl/bin").mkdir(parents=True)  # an image of before 2026-12-02: its grader tools hidden
+    legacy = sb.plan_mounts(image)
+    i = legacy.index("/usr/lib/agentrl")
+    assert legacy[i - 3:i + 3] == ["--size", "4096", "--tmpfs", "/usr/lib/agentrl", "--remount-ro", "/usr/lib/agentrl"]
     with tarfile.open(fileobj=io.BytesIO(sb.seed_archive(str(image)))) as tar:
         names = {m.name: m for m in tar.getmembers()}
     assert {"etc/passwd", "var/log/dpkg.log", "root/.bashrc", "usr/local/bin", "home", "run"} <= set(names)
@@ -221,7 +223,7 @@ def test_nothing_of_the_host_is_visible(needs_sandbox: None, tmp_path: Path) -> 
         assert sh.run("cat /etc/debian_version").output.startswith("12.")
         ps = sh.run("ps -eo pid,args").output
         assert "/work" not in ps and "/tmp/" not in ps and str(repo) not in ps and "pytest" not in ps, ps
-        assert ps.splitlines()[1].split()[:2] == ["1", "/usr/lib/agentrl/bin/python3"]  # the driver is PID 1
+        assert ps.splitlines()[1].split()[:2] == ["1", "/usr/bin/python3"]  # the driver is PID 1
         r = sh.run("ls -l /proc/1/fd/1; cat /proc/1/environ; echo forged > /proc/1/fd/1")
         for denied in ("cannot read symbolic link '/proc/1/fd/1': Permission denied",
                        "/proc/1/environ: Permission denied", "/proc/1/fd/1: Permission denied"):
@@ -256,6 +258,27 @@ def test_graders_run_the_images_tools_whatever_the_session_did(needs_sandbox: No
         r = sh.run_independent(["/usr/bin/python3", "-I", "-S", "-c", "print(6 * 7)"])
         assert (r.exit_code, r.output) == (0, "42\n")
         assert sh.run("command -v ls; mytool").output == "/usr/sbin/ls\nFAKE\n"  # the session's own stay its own
+    finally:
+        sh.close()
+
+
+def test_the_sessions_usr_looks_like_the_graders(needs_sandbox: None) -> None:
+    """On 639fcf2 `du -sh /usr` said 251M in the agent's shell and 205M to a grader (the session's copies of
+    /usr/bin and /usr/sbin beside the image's hard links of them under /usr/lib/agentrl, and without
+    perl's hard link), and `ls -lt /usr` put `local` first for a grader (its /usr/local made afresh):
+    AgentBench's test-42 and test-19 failed their gold replay. Now the shell and a grader agree on what
+    /usr takes (up to the image's directory blocks: a tmpfs directory takes none) and on its entries'
+    order and times."""
+    sh = Shell(fast(timeout=10.0))
+    try:
+        init = 'for i in $(seq 1 99); do echo "$i" > "/usr/$(( (i+50)%100 )).log"; done; echo s > /usr/OSbench'
+        assert sh.run_independent(["bash", "-c", init], view=False).exit_code == 0
+        probe = ("du -s -B1 /usr | cut -f1; ls -lt --time-style=+%s.%N /usr | awk 'NR>1 {print $6, $7}'; "
+                 "stat -c '%n %Y %s' /usr /usr/local /usr/local/lib /usr/bin/perl; ls /usr/lib | grep -c agentrl")
+        mine = sh.run(probe).output.splitlines()
+        theirs = sh.run_independent(["bash", "-c", probe], freeze=True).output.splitlines()
+        assert 0 <= int(theirs[0]) - int(mine[0]) <= 64 << 10, (mine[0], theirs[0])
+        assert mine[1:] == theirs[1:] and len(mine) > 100, [(a, b) for a, b in zip(mine, theirs) if a != b][:5]
     finally:
         sh.close()
 
@@ -374,11 +397,11 @@ def test_session_cannot_reach_the_network(needs_sandbox: None) -> None:
 def test_disk_is_bounded(needs_sandbox: None) -> None:
     sh = Shell(fast(disk_mb=32, shm_mb=4, timeout=10.0))
     try:
-        for where in ("/root", "/usr", "/etc"):  # the root, and /usr and /etc (mounts of their own)
-            r = sh.run(f"head -c 40M /dev/zero > {where}/big; echo rc=$?; du -m {where}/big | cut -f1; rm {where}/big")
+        for where in ("/root", "/usr", "/etc", "/usr/bin"):  # the root, and mounts of their own
+            r = sh.run(f"head -c 48M /dev/zero > {where}/big; echo rc=$?; du -m {where}/big | cut -f1; rm {where}/big")
             assert "No space left on device" in r.output and "rc=1" in r.output, where
-            assert int(r.output.split()[-1]) <= (32 if where != "/usr" else 39), where  # /usr: + an estimate of
-            # what its copies of /usr/bin and /usr/sbin take, rounded up
+            assert int(r.output.split()[-1]) <= (32 if where != "/usr/bin" else 40), where  # /usr/bin: the room
+            # left beside its copies is `disk_mb` plus a page per entry of the estimate
         r = sh.run("rm /root/big; head -c 8M /dev/zero > /dev/shm/big; echo rc=$?; touch /dev/x")
         assert "No space left on device" in r.output and "rc=1" in r.output and "Read-only file system" in r.output
         assert sh.run("df -m / | tail -1 | awk '{print $2}'").output == "32\n"

@@ -29,6 +29,9 @@ class Attack:
     """"" = the task's first test index (else its first train index)."""
     problem: dict[str, Any] | None = field(default=None, hash=False)
     """os only: an AgentBench-format sample played instead of the index's."""
+    after: Callable[[Any], str] | None = field(default=None, hash=False, compare=False)
+    """A look at the task once the episode ended (its session closed): "" when nothing of the session
+    outlived it, else what did (the player reports the worker hurt)."""
 
 
 def call(name: str, args: Any, call_id: str = "c0") -> dict[str, Any]:
@@ -146,12 +149,44 @@ def db_attacks() -> list[Attack]:
                (sql("ATTACH DATABASE '/tmp/agentrl-attack.db' AS x"), sql("VACUUM INTO '/tmp/agentrl-attack.db'", 1),
                 sql("SELECT load_extension('/lib/x86_64-linux-gnu/libc.so.6')", 2),
                 sql("PRAGMA writable_schema = 1", 3), wrong)),
-        Attack("db_endless_query", "db", "an endless recursive CTE",
-               (sql("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT COUNT(*) FROM c"),
-                wrong)),
+        Attack("db_endless_query", "db", "an endless recursive CTE", (sql(ENDLESS_CTE), wrong)),
         Attack("db_everything", "db", "every value of every column committed at once",
                (call("commit_final_answer", {"answers": [str(i) for i in range(200)] + ["None", "", "0"]}),)),
+        Attack("db_lift_limits", "db", "the session's own limits lifted (max_statement_time = 0, "
+               "max_recursive_iterations), then endless recursive CTEs (issue 20, 5; MariaDB)",
+               (sql("SET SESSION max_statement_time = 0"), sql("SET SESSION max_recursive_iterations = 4294967295", 1),
+                sql("SET SESSION max_execution_time = 0", 2),
+                sql(f"SET STATEMENT max_statement_time = 0 FOR {ENDLESS_CTE}", 3), sql(ENDLESS_CTE, 4), wrong),
+               after=lingering_queries),
     ]
+
+
+ENDLESS_CTE = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT COUNT(*) FROM c"
+LINGER_WAIT_S = 5.0  # how long a closed session's statements may take to end (the KILL on close is at once)
+
+
+def lingering_queries(task: Any) -> str:
+    """"" when no statement of a closed MariaDB session still runs on the task's server, else which do
+    (on c07c523 the endless CTE ran on at 80% CPU after its session closed). Not MariaDB: nothing to see."""
+    import time
+
+    if getattr(task, "backend", "") != "mariadb":
+        return ""
+    address = task.server_address()
+    deadline = time.monotonic() + LINGER_WAIT_S
+    while True:
+        conn = address.connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT ID, USER, TIME, INFO FROM information_schema.PROCESSLIST "
+                            "WHERE COMMAND = 'Query' AND ID <> CONNECTION_ID() AND USER LIKE 'agentrl%'")
+                rows = cur.fetchall()
+        finally:
+            conn.close()
+        if not rows or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    return "; ".join(f"query {r[0]} of {r[1]} still running after {r[2]} s: {str(r[3])[:60]}" for r in rows)
 
 
 # ------------------------------------------------------------------------------------------------ kg

@@ -132,6 +132,8 @@ async def _play(task: Task, attacks: list[Attack], call_timeout_s: float) -> lis
                 stop.set()
                 await ticker
                 why = await _healthy(http, worker, task, max(lags, default=0.0))
+                if attack.after is not None:  # something of the session that outlived it (off the loop)
+                    why = "; ".join(w for w in (why, await asyncio.to_thread(attack.after, task)) if w)
                 if why:
                     result = AttackResult(result.attack, result.task, result.index, result.reward, result.status,
                                           False, f"{result.detail}; {why}".strip("; "))
