@@ -273,12 +273,15 @@ def tool_message(call_id: str, name: str, content: str) -> dict[str, Any]:
 
 
 _COMPILED: dict[str, Any] = {}
-"""Compiled validators by the schema's canonical JSON: checking a schema against its metaschema costs
-milliseconds, and a task whose samples bring their own tools (`HasOwnTools`) builds a ToolBox per session."""
+"""Compiled validators by the schema's JSON: checking a schema against its metaschema costs milliseconds, and
+a task whose samples bring their own tools (`HasOwnTools`) builds a ToolBox per session. The key keeps the
+schema's own key order: which of two errors a call gets (`best_match` ties) follows it, so two tasks with
+equal schemas in different orders must not share one validator (one task's messages would then depend on
+whether the other ran first in the worker)."""
 
 
 def _compiled(schema: dict[str, Any]) -> Any:
-    key = json.dumps(schema, sort_keys=True)
+    key = json.dumps(schema)
     validator = _COMPILED.get(key)
     if validator is None:
         cls = jsonschema.validators.validator_for(schema)

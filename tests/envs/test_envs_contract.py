@@ -213,3 +213,18 @@ def test_raising_task_ends_episode_as_env_error() -> None:
 def test_broken_schema_fails_at_toolbox_build() -> None:
     with pytest.raises(jsonschema.SchemaError):
         ToolBox([{"type": "function", "function": {"name": "x", "parameters": {"type": "nonsense"}}}])
+
+
+def test_equal_schemas_in_another_key_order_keep_their_own_messages() -> None:
+    """Validators are shared between tool boxes with the same schema; one that lists `additionalProperties`
+    first (as a YAML file's sorted keys may) must not change which error another task's calls get."""
+    def box(params: dict) -> ToolBox:
+        return ToolBox([{"type": "function", "function": {"name": "run", "parameters": params}}])
+
+    ours = {"type": "object", "properties": {"script": {"type": "string"}}, "required": ["script"],
+            "additionalProperties": False}
+    sorted_first = box(dict(sorted(ours.items())))  # the same schema, keys in another order, compiled first
+    call = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c0", "type": "function", "function": {"name": "run", "arguments": '{"cmd": "ls"}'}}]}
+    assert "Additional properties" in sorted_first.check(call)[1][0]["content"]
+    assert "'script' is a required property" in box(ours).check(call)[1][0]["content"]

@@ -33,7 +33,7 @@ def calls(*pairs: tuple[str, Any]) -> dict[str, Any]:
 
 def episode(task: OsTask, item: dict[str, Any]) -> Session:
     session = Session(task, "dev-0")
-    session.episode = FaithfulOsEpisode(parse_problem(item, None), task.sandbox, task.protocol, task.budget)  # type: ignore[arg-type]
+    session.episode = FaithfulOsEpisode(parse_problem(item, None), task.sandbox, task.prompts, task.budget)  # type: ignore[arg-type]
     return session
 
 
@@ -41,7 +41,7 @@ MATCH = {"description": "d", "evaluation": {"match": "42"}}
 
 
 def test_prompts_and_tools_come_from_the_checkout(task: OsTask) -> None:
-    assert task.protocol_name == "faithful" and task.sizes == {"train": 1, "test": 4, "dev": 26}
+    assert task.protocol == "faithful" and task.sizes == {"train": 1, "test": 4, "dev": 26}
     session = Session(task, "test-0")
     assert session.messages == [{"role": "system", "content": SYSTEM},
                                 {"role": "user", "content": "PROBLEM FROM THE CHECKOUT:\n\nx0"}]
@@ -108,4 +108,4 @@ def test_missing_checkout_files_say_what_is_missing(tmp_path: Path) -> None:
     checkout = agentbench_checkout(tmp_path)
     (checkout / "configs/tasks/os.yaml").unlink()
     with pytest.raises(FileNotFoundError, match=r"reads configs/tasks/os.yaml from the AgentBench checkout"):
-        ab.load_protocol(checkout)
+        ab.load_prompts(checkout)

@@ -1,6 +1,6 @@
 """AgentBench-FC's `os` protocol, read from the user's AgentBench checkout at run time.
 
-This project does not copy AgentBench's prompts or tool descriptions: `load_protocol` reads them from
+This project does not copy AgentBench's prompts or tool descriptions: `load_prompts` reads them from
 the checkout (the tools from `configs/tasks/os.yaml`, the system prompt and the user prompt's template
 from `src/server/tasks/os_interaction/task.py`, parsed with `ast`, never imported or executed).
 
@@ -37,7 +37,7 @@ TRUNCATED = "\n[truncated because the output is too long]"
 
 
 @dataclass(frozen=True)
-class Protocol:
+class OsPrompts:
     """What a faithful episode shows the model, as the checkout says."""
 
     tools: list[dict[str, Any]]
@@ -49,7 +49,7 @@ class Protocol:
         return self.user_template.replace("{description}", description)
 
 
-def load_protocol(checkout: Path) -> Protocol:
+def load_prompts(checkout: Path) -> OsPrompts:
     """Tools, system prompt and user prompt of AgentBench's os task, from `checkout`."""
     config_path, source_path = checkout / CONFIG, checkout / TASK_SOURCE
     for p in (config_path, source_path):
@@ -62,7 +62,7 @@ def load_protocol(checkout: Path) -> Protocol:
     except (KeyError, TypeError) as e:
         raise ValueError(f"{config_path}: no default.parameters.tools ({e})") from e
     system, user = _prompts(source_path.read_text(encoding="utf-8"))
-    return Protocol(tools=tools, system_prompt=system, user_template=user)
+    return OsPrompts(tools=tools, system_prompt=system, user_template=user)
 
 
 def _prompts(source: str) -> tuple[str, str]:

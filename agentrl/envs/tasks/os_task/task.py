@@ -333,14 +333,14 @@ class FaithfulOsEpisode(OsEpisode):
 
     call_policy = CallPolicy(first_call_only=True, lenient_arguments=True)
 
-    def __init__(self, problem: OsProblem, sandbox: SandboxConfig, protocol: ab.Protocol,
+    def __init__(self, problem: OsProblem, sandbox: SandboxConfig, prompts: ab.OsPrompts,
                  budget: SessionBudget | None = None, example_state: str = "end") -> None:
         super().__init__(problem, sandbox, budget, example_state)
-        self.protocol = protocol
+        self.prompts = prompts
 
     def initial_messages(self) -> list[dict[str, Any]]:
-        return [{"role": "system", "content": self.protocol.system_prompt},
-                {"role": "user", "content": self.protocol.user_prompt(self.problem.description)}]
+        return [{"role": "system", "content": self.prompts.system_prompt},
+                {"role": "user", "content": self.prompts.user_prompt(self.problem.description)}]
 
     def text_step(self, content: str) -> StepResult:
         """A message without a tool call: AgentBench's reminder; the round is used."""
@@ -428,8 +428,8 @@ class OsTask:
                  protocol: str | None = None, slots: int | None = None, example_state: str | None = None) -> None:
         if source not in ("ours", "agentbench"):
             raise ValueError(f"os: unknown source {source!r} (ours | agentbench)")
-        self.protocol_name = resolve_protocol(protocol, source == "agentbench", "os")
-        self.example_state = example_state or ("end" if self.protocol_name == "faithful" else "start")
+        self.protocol = resolve_protocol(protocol, source == "agentbench", "os")
+        self.example_state = example_state or ("end" if self.protocol == "faithful" else "start")
         if self.example_state not in EXAMPLE_STATES:
             raise ValueError(f"os: unknown example_state {self.example_state!r} ({' | '.join(EXAMPLE_STATES)})")
         root = Path(data_dir) if data_dir else data_root()
@@ -440,10 +440,10 @@ class OsTask:
         self.budget = SessionBudget(session_budget(self.sandbox))
         if slots is not None:
             self.check_slots(slots)
-        if (source == "agentbench" or self.protocol_name == "faithful") and checkout is None:
-            raise ValueError(f"os: source={source!r} with protocol={self.protocol_name!r} needs agentbench_dir "
+        if (source == "agentbench" or self.protocol == "faithful") and checkout is None:
+            raise ValueError(f"os: source={source!r} with protocol={self.protocol!r} needs agentbench_dir "
                              f"or AGENTRL_AGENTBENCH_DIR (an AgentBench checkout)")
-        self.protocol = ab.load_protocol(checkout) if self.protocol_name == "faithful" and checkout else None
+        self.prompts = ab.load_prompts(checkout) if self.protocol == "faithful" and checkout else None
         self.problems: dict[str, list[OsProblem]] = {}
         if source == "ours":
             for split, file in DEFAULT_FILES.items():
@@ -468,15 +468,15 @@ class OsTask:
         check_slots(self.sandbox, slots)
 
     def tools(self) -> list[dict[str, Any]]:
-        return copy.deepcopy(self.protocol.tools if self.protocol else TOOLS)
+        return copy.deepcopy(self.prompts.tools if self.prompts else TOOLS)
 
     def indices(self, split: str) -> list[str]:
         return split_indices(self.name, split, self.sizes)
 
     def start(self, index: str) -> OsEpisode:
         split, i = split_index(self.name, index, self.sizes)
-        if self.protocol is not None:
-            return FaithfulOsEpisode(self.problems[split][i], self.sandbox, self.protocol, self.budget,
+        if self.prompts is not None:
+            return FaithfulOsEpisode(self.problems[split][i], self.sandbox, self.prompts, self.budget,
                                      self.example_state)
         return OsEpisode(self.problems[split][i], self.sandbox, self.budget, self.example_state)
 
