@@ -11,7 +11,8 @@ from agentrl.rollout.collect import Retry
 
 @dataclass(frozen=True)
 class RolloutPlan:
-    """What every rollout rank plays (the rank's own share and bounds are its `RankPlan`)."""
+    """What every rollout rank plays (the rank's own share and bounds are its `RankPlan`). No field has a default
+    of its own: each comes from the config (`from_config`), whose defaults are the only ones."""
 
     tasks: tuple[str, ...]
     steps: int
@@ -24,11 +25,11 @@ class RolloutPlan:
     temperature: float
     top_p: float
     limits: EpisodeLimits
-    retry: Retry = Retry()
-    wait_timeout_s: float = 3600.0
-    seed: int = 0
-    poll_s: float = 0.05
-    eval_sampled: int = 0
+    retry: Retry
+    wait_timeout_s: float
+    seed: int
+    poll_s: float
+    eval_sampled: int
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> RolloutPlan:

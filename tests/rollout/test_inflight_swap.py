@@ -16,6 +16,7 @@ from agentrl.envs.inprocess import InProcessClient
 from agentrl.envs.tasks import get_task
 from agentrl.rollout import role
 from agentrl.rollout.agent_loop import EpisodeLimits
+from agentrl.rollout.collect import Retry
 from agentrl.rollout.engine import Generation, SamplingConfig
 from agentrl.rollout.env_latency import SlowClient
 from agentrl.rollout.plan import RolloutPlan
@@ -86,7 +87,8 @@ def _run(tmp_path: Path, tok, inflight: str) -> tuple[list, Engine]:
     client = SlowClient(InProcessClient({"lookup": get_task("lookup")}), 0.05, 0.0, seed=0)
     plan = RolloutPlan(tasks=("lookup",), steps=2, prompts_per_step=2, samples_per_prompt=2, expert_samples=0,
                      eval_split="test", eval_samples=0, concurrency=8, temperature=1.0, top_p=1.0,
-                     limits=EpisodeLimits(0, 512, 16))
+                     limits=EpisodeLimits(0, 512, 16), retry=Retry(), wait_timeout_s=60.0, seed=0, poll_s=0.05,
+                     eval_sampled=0)
     ap = role.RankPlan(rank=0, ranks=1, max_staleness=1, inflight=inflight)
     ch = Channel(engine, stop_after=8)
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from agentrl.rollout.agent_loop import EpisodeLimits
+from agentrl.rollout.collect import Retry
 from agentrl.rollout.plan import RolloutPlan
 from agentrl.rollout.role import RankPlan
 from agentrl.rollout.weight_sources import DirWeights
@@ -16,7 +17,8 @@ from agentrl.transport import weights
 def _plan(prompts: int, tasks: tuple[str, ...]) -> RolloutPlan:
     return RolloutPlan(tasks=tasks, steps=3, prompts_per_step=prompts, samples_per_prompt=4, expert_samples=0,
                 eval_split="test", eval_samples=1, concurrency=8, temperature=1.0, top_p=1.0,
-                limits=EpisodeLimits(0, 64, 8))
+                limits=EpisodeLimits(0, 64, 8), retry=Retry(), wait_timeout_s=60.0, seed=0, poll_s=0.05,
+                eval_sampled=0)
 
 
 @pytest.mark.parametrize(("prompts", "tasks", "ranks", "shares"), [
