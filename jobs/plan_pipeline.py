@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import asdict
 
@@ -28,8 +29,17 @@ def _curve(text: str) -> tuple[tuple[int, float], ...]:
     return tuple(sorted((int(a), float(b)) for a, b in (p.split(":") for p in text.split(","))))
 
 
+def _engine_curve(args: argparse.Namespace) -> tuple[tuple[int, float], ...]:
+    """--engine-curve as given, or the one --seq-tokens-per-s implies: each sequence decodes at most that fast,
+    so the engine's throughput grows with its batch until it reaches --engine-tokens-per-s."""
+    if args.engine_curve or not args.seq_tokens_per_s:
+        return _curve(args.engine_curve)
+    n_sat = max(math.ceil(args.engine_tokens_per_s / args.seq_tokens_per_s), 2)
+    return ((1, args.seq_tokens_per_s / args.engine_tokens_per_s), (n_sat, 1.0))
+
+
 def _calibrate(args: argparse.Namespace) -> dict:
-    c = calibrate(args.calibrate, swap_s=args.swap_s)
+    c = calibrate(args.calibrate, swap_s=args.swap_s, skip_first_window=args.skip_first_window)
     res = simulate(c["layout"], c["rates"], c["work"], args.seed)
     other = with_schedule(c["layout"], "async" if c["schedule"] == "sync" else "sync", max_staleness=1)
     seen = measured_throughput(args.calibrate)
@@ -41,10 +51,10 @@ def _calibrate(args: argparse.Namespace) -> dict:
 
 
 def _project(args: argparse.Namespace) -> dict:
-    cfg = load_config(args.preset)
+    cfg = load_config(args.preset, args.set)
     cr = ClusterRates(args.engine_tokens_per_s, args.trainer_tokens_per_s_per_gpu, args.env_median_s, args.env_sigma,
                       args.step_fixed_s, args.publish_s, args.swap_s if args.swap_s is not None else 2.0,
-                      _curve(args.engine_curve))
+                      _engine_curve(args))
     work = default_workload(cfg, args.turns, args.gen_tokens, args.obs_tokens, args.prompt_tokens)
     t_gpus, r_gpus = preset_gpus(cfg)
     seeds = tuple(range(args.seeds))
@@ -90,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine-tokens-per-s", type=float, default=2000.0, help="one engine's generated tokens/s")
     ap.add_argument("--engine-curve", default="",
                     help="relative engine throughput by requests in flight, e.g. 1:0.05,64:0.6,256:1 (default flat)")
+    ap.add_argument("--seq-tokens-per-s", type=float, default=0.0,
+                    help="one sequence's decode speed cap (makes the engine curve: n x this up to the engine's rate)")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="config overrides of the preset, e.g. 'envs.tasks=[webshop]' rollout.prompts_per_step=64")
     ap.add_argument("--trainer-tokens-per-s-per-gpu", type=float, default=3000.0,
                     help="trained tokens/s of one trainer GPU (forward+backward, all tokens of a trajectory)")
     ap.add_argument("--step-fixed-s", type=float, default=0.0, help="a trainer step's fixed cost, seconds")
@@ -106,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--granularity", type=int, default=8, help="split step, GPUs (a node)")
     ap.add_argument("--steps", type=int, default=6, help="modelled steps per projection")
     ap.add_argument("--seeds", type=int, default=1, help="env-latency draws per projection (median taken)")
+    ap.add_argument("--skip-first-window", action="store_true",
+                    help="calibration: fit the engine to the rank's busy rate from its first weight swap on")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true", help="print the whole result as JSON")
     args = ap.parse_args(argv)
@@ -114,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out, indent=2, default=str))
         return 0
     if args.check_bench:
-        out = check_bench(args.check_bench)
+        out = check_bench(args.check_bench, skip_first_window=args.skip_first_window)
         print(json.dumps(out, indent=2))
         worst = max(abs(out[s]["error"]["steady"]) for s in ("sync", "async"))
         print(f"worst steady-state error {worst:.1%} (goal: within 15%)")

@@ -10,9 +10,9 @@ What comes from where:
     trainer step    report/trainer.json: (rl_wall_s − idle_s) / tokens_trained seconds per token, a = 0 (one
                     run's batches are all one size, so a fixed cost and a per-token cost cannot be told apart)
     engine rate     fitted: the rate at which the model's rank makes as many tokens per busy second (a second
-                    with an episode running, env waits included) as the run's rank did after its first
-                    weight swap (tb: pipeline/rollout_tokens_per_s, pipeline/rollout_idle_frac at each swap;
-                    the first window holds the engine's warm-up and is left out)
+                    with an episode running, env waits included) as the run's rank did (report/rollout-<r>.json
+                    action_tokens / (wall_s − idle_s); or from its first weight swap on, tb:
+                    pipeline/rollout_tokens_per_s and pipeline/rollout_idle_frac at that swap)
     start-up        report/trainer.json fill_s minus the model's own fill time
     hand-off        (synchronous runs) the trainer's mean wait from step 2 on (tb: pipeline/trainer_wait_s)
                     minus the model's: publish, notice and weight load, all put into `swap_s`
@@ -61,14 +61,15 @@ def _mean_over_tasks(scalars: dict[str, Series], leaf: str) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def _busy_rate_after_first_swap(scalars: dict[str, Series], rollout: list[dict[str, Any]]) -> float:
-    """Action tokens per busy second of the rank, from its first weight swap on (rank 0's windows are the
-    rollout metrics at each swap; with several ranks the report's totals are shared out evenly)."""
+def busy_rate(scalars: dict[str, Series], rollout: list[dict[str, Any]], skip_first_window: bool = False) -> float:
+    """Action tokens per busy second of a rank (a second with an episode running), over the whole run
+    (report/rollout-<r>.json, the mean over ranks) or from its first weight swap on (`skip_first_window`: the
+    first window's tokens and idle time, from rank 0's tb metrics at that swap, are taken off)."""
     rate, frac = scalars.get("pipeline/rollout_tokens_per_s"), scalars.get("pipeline/rollout_idle_frac")
     tokens = sum(r["action_tokens"] for r in rollout) / len(rollout)
     wall = sum(r["wall_s"] for r in rollout) / len(rollout)
     idle = sum(r["idle_s"] for r in rollout) / len(rollout)
-    if rate is None or frac is None or len(rate.values) < 2:
+    if not skip_first_window or rate is None or frac is None or len(rate.values) < 2:
         return tokens / max(wall - idle, 1e-9)
     # the first window ends at the first log; its elapsed time, counted back from the last log at the end
     e0 = max(wall - (float(rate.wall[-1]) - float(rate.wall[0])), 1e-9)
@@ -76,7 +77,7 @@ def _busy_rate_after_first_swap(scalars: dict[str, Series], rollout: list[dict[s
     return max(tokens - tok0, 1.0) / max((wall - e0) - (idle - idle0), 1e-9)
 
 
-def read_run(run_dir: str | Path) -> tuple[RunConfig, Workload, Rates, Measured]:
+def read_run(run_dir: str | Path, skip_first_window: bool = False) -> tuple[RunConfig, Workload, Rates, Measured]:
     """The run's config, its episodes, the rates it measured directly (engine rate not yet fitted) and the
     targets of the fit."""
     run_dir = Path(run_dir)
@@ -97,20 +98,21 @@ def read_run(run_dir: str | Path) -> tuple[RunConfig, Workload, Rates, Measured]
                   env_median_s=cfg.rollout.env_latency_s, env_sigma=cfg.rollout.env_latency_sigma)
     wait = scalars.get("pipeline/trainer_wait_s")
     later = [float(v) for v in wait.values[1:]] if wait is not None and len(wait.values) > 1 else [0.0]
-    measured = Measured(_busy_rate_after_first_swap(scalars, rollout), sum(later) / len(later),
+    measured = Measured(busy_rate(scalars, rollout, skip_first_window), sum(later) / len(later),
                         float(trainer.get("fill_s", 0.0)), busy / max(trainer["steps_done"], 1),
                         trainer["idle_s"] / max(trainer["rl_wall_s"], 1e-9))
     return cfg, work, rates, measured
 
 
 def fit_engine_rate(layout: Layout, rates: Rates, work: Workload, target_busy_tokens_per_s: float,
-                    seed: int = 0) -> Rates:
+                    seeds: tuple[int, ...] = (0,)) -> Rates:
     """The engine rate whose modelled rank makes `target` tokens per busy second (bisection in log space:
     the busy rate grows with the engine's rate, less than in proportion, as env waits stay)."""
     lo, hi = target_busy_tokens_per_s * 0.5, target_busy_tokens_per_s * 64.0
 
     def busy(r: float) -> float:
-        return simulate(layout, replace(rates, engine_tokens_per_s=r), work, seed).rollout_busy_tokens_per_s
+        rr = replace(rates, engine_tokens_per_s=r)
+        return sum(simulate(layout, rr, work, s).rollout_busy_tokens_per_s for s in seeds) / len(seeds)
 
     if busy(hi) < target_busy_tokens_per_s:  # env waits alone exceed the rank's busy time: the fastest we try
         return replace(rates, engine_tokens_per_s=hi)
@@ -122,20 +124,23 @@ def fit_engine_rate(layout: Layout, rates: Rates, work: Workload, target_busy_to
     return replace(rates, engine_tokens_per_s=(lo * hi) ** 0.5)
 
 
-def calibrate(run_dir: str | Path, swap_s: float | None = None, seed: int = 0) -> dict[str, Any]:
+def calibrate(run_dir: str | Path, swap_s: float | None = None, seeds: tuple[int, ...] = (0, 1, 2, 3, 4),
+              skip_first_window: bool = False) -> dict[str, Any]:
     """Rates fitted to one run. `swap_s`: the hand-off (publish to weights loaded) to use; None: fitted from a
     synchronous run's trainer waits, 0 for an asynchronous one (its waits are the rollout's pace, not the
-    hand-off: pass the synchronous run's)."""
-    cfg, work, rates, m = read_run(run_dir)
+    hand-off: pass the synchronous run's). `skip_first_window`: fit the engine to the rank's busy rate from its
+    first weight swap on (leaves out an engine's warm-up, and a first window that ran on an idler machine)."""
+    cfg, work, rates, m = read_run(run_dir, skip_first_window)
     layout = layout_of(cfg)
-    rates = fit_engine_rate(layout, rates, work, m.rollout_busy_tokens_per_s, seed)
+    rates = fit_engine_rate(layout, rates, work, m.rollout_busy_tokens_per_s, seeds)
+
+    def mean(f: Any) -> float:
+        return sum(f(simulate(layout, rates, work, s)) for s in seeds) / len(seeds)
+
     if swap_s is None:
-        swap_s = 0.0
-        if cfg.cluster.schedule == "sync":
-            model_wait = _mean_wait(simulate(layout, rates, work, seed))
-            swap_s = max(m.trainer_wait_s - model_wait, 0.0)
+        swap_s = max(m.trainer_wait_s - mean(_mean_wait), 0.0) if cfg.cluster.schedule == "sync" else 0.0
     rates = replace(rates, swap_s=swap_s)
-    rates = replace(rates, start_s=max(m.fill_s - simulate(layout, rates, work, seed).fill_s, 0.0))
+    rates = replace(rates, start_s=max(m.fill_s - mean(lambda r: r.fill_s), 0.0))
     return {"layout": layout, "rates": rates, "work": work, "measured": m, "schedule": cfg.cluster.schedule}
 
 
@@ -164,15 +169,16 @@ def measured_throughput(run_dir: str | Path) -> tuple[float, float] | None:
     return steady, e2e
 
 
-def check_bench(root: str | Path, seeds: tuple[int, ...] = (0, 1, 2, 3, 4)) -> dict[str, Any]:
+def check_bench(root: str | Path, seeds: tuple[int, ...] = (0, 1, 2, 3, 4), skip_first_window: bool = False
+                ) -> dict[str, Any]:
     """The planner's prediction of `jobs.bench_pipeline`'s two runs (root/{sync,async}) against what the bench
     measured (root/pipeline.json). Each schedule is calibrated from its own run dir (the async run's trainer
     and engine have half the cores each, so their rates are its own); the hand-off time comes from the sync
     run, where it can be told apart from the rollout's pace."""
     root = Path(root)
     bench = json.loads((root / "pipeline.json").read_text())
-    sync = calibrate(root / "sync", seed=seeds[0])
-    asyn = calibrate(root / "async", swap_s=sync["rates"].swap_s, seed=seeds[0])
+    sync = calibrate(root / "sync", seeds=seeds, skip_first_window=skip_first_window)
+    asyn = calibrate(root / "async", swap_s=sync["rates"].swap_s, seeds=seeds, skip_first_window=skip_first_window)
     out: dict[str, Any] = {}
     for name, c in (("sync", sync), ("async", asyn)):
         runs = [simulate(c["layout"], c["rates"], c["work"], s) for s in seeds]

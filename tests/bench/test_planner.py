@@ -95,7 +95,7 @@ def test_fit_recovers_a_known_engine_rate() -> None:
     truth = Rates(engine_tokens_per_s=250.0, trainer_step_b_s=1e-3, env_median_s=0.3, env_sigma=0.99)
     lay = replace(SYNC, steps=8)
     target = simulate(lay, truth, WORK, seed=3).rollout_busy_tokens_per_s
-    fitted = fit_engine_rate(lay, replace(truth, engine_tokens_per_s=1.0), WORK, target, seed=3)
+    fitted = fit_engine_rate(lay, replace(truth, engine_tokens_per_s=1.0), WORK, target, seeds=(3,))
     assert fitted.engine_tokens_per_s == pytest.approx(250.0, rel=0.01)
 
 
