@@ -14,7 +14,8 @@ import argparse
 import json
 import math
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
+from pathlib import Path
 
 from agentrl.bench.planner import simulate, simulate_mean, with_schedule
 from agentrl.bench.planner_calibrate import calibrate, check_bench, measured_throughput
@@ -55,6 +56,8 @@ def _project(args: argparse.Namespace) -> dict:
     cr = ClusterRates(args.engine_tokens_per_s, args.trainer_tokens_per_s_per_gpu, args.env_median_s, args.env_sigma,
                       args.step_fixed_s, args.publish_s, args.swap_s if args.swap_s is not None else 2.0,
                       _engine_curve(args))
+    if args.env_samples:
+        cr = replace(cr, env_samples=tuple(float(x) for x in args.env_samples.read_text().split()))
     work = default_workload(cfg, args.turns, args.gen_tokens, args.obs_tokens, args.prompt_tokens)
     t_gpus, r_gpus = preset_gpus(cfg)
     seeds = tuple(range(args.seeds))
@@ -109,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step-fixed-s", type=float, default=0.0, help="a trainer step's fixed cost, seconds")
     ap.add_argument("--env-median-s", type=float, default=1.0, help="median env latency per env call")
     ap.add_argument("--env-sigma", type=float, default=0.99, help="its lognormal sigma (0.99: p99 = 10x median)")
+    ap.add_argument("--env-samples", type=Path, default=None,
+                    help="a file of measured env latencies (seconds, one per line), drawn from instead of the lognormal")
     ap.add_argument("--publish-s", type=float, default=2.0, help="step end to weights visible to the rollout")
     ap.add_argument("--swap-s", type=float, default=None,
                     help="engine pause to load weights (projection default 2; --calibrate: fitted on a sync run)")

@@ -419,10 +419,10 @@ class _Sim:
             for eid in self.group_eps.pop(g):
                 ep = self.eps[eid]
                 s = self.version - min(ep.versions, default=self.version)
-                self.stale.append(s)
-                if s > L.max_staleness:
+                if s > L.max_staleness:  # the queue's staleness filter: excluded, not in the step's statistics
                     self.dropped += 1
                 else:
+                    self.stale.append(s)
                     used += 1
         self.trained += used
         dt = self.R.step_s(round(used * self.W.episode_tokens))

@@ -11,7 +11,7 @@ here, gives the synchronous schedule the same engines).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agentrl.bench.planner import Layout, Rates, Workload, simulate_mean, with_schedule
@@ -30,18 +30,22 @@ class ClusterRates:
     publish_s: float = 2.0
     swap_s: float = 2.0
     engine_curve: tuple[tuple[int, float], ...] = ((1, 1.0),)
+    env_samples: tuple[float, ...] = ()
 
     def rates(self, trainer_gpus: int) -> Rates:
         return Rates(engine_tokens_per_s=self.engine_tokens_per_s, trainer_step_a_s=self.trainer_step_a_s,
                      trainer_step_b_s=1.0 / (self.trainer_tokens_per_s_per_gpu * trainer_gpus),
                      env_median_s=self.env_median_s, env_sigma=self.env_sigma, publish_s=self.publish_s,
-                     swap_s=self.swap_s, engine_curve=self.engine_curve)
+                     swap_s=self.swap_s, engine_curve=self.engine_curve, env_samples=self.env_samples)
 
 
 def preset_gpus(cfg: RunConfig) -> tuple[int, int]:
-    """(trainer GPUs, rollout GPUs) the preset asks for."""
+    """(trainer GPUs, rollout GPUs) the preset asks for; a CPU preset (gpus_per_node 0) counts one device per
+    trainer rank and one per rollout engine."""
     t, r = cfg.cluster.trainer, cfg.cluster.rollout
-    return t.nodes * t.gpus_per_node, r.nodes * r.gpus_per_node
+    trainer = t.nodes * t.gpus_per_node or t.nodes * t.ranks_per_node
+    rollout = r.nodes * r.gpus_per_node or r.ranks * (r.engines_per_rank + r.lagging_engines_per_rank)
+    return max(trainer, 1), max(rollout, 1)
 
 
 def layout_for(cfg: RunConfig, rollout_gpus: int, steps: int) -> Layout:
@@ -63,8 +67,10 @@ def project(cfg: RunConfig, cr: ClusterRates, work: Workload, trainer_gpus: int,
     rates = cr.rates(trainer_gpus)
     out: dict[str, Any] = {"trainer_gpus": trainer_gpus, "rollout_gpus": rollout_gpus, "ranks": base.ranks,
                            "engines": base.ranks * base.engines_per_rank}
-    for name in ("sync", "async"):
-        lay = with_schedule(base, name, max(base.max_staleness, 1), base.inflight if name == "async" else "drain")
+    for name in ("sync", "async"):  # async: the preset's own bound and in-flight policy, even on a sync preset
+        lay = with_schedule(base, name, max(cfg.algo.max_staleness, 1), cfg.transport.inflight)
+        if name == "async" and cfg.cluster.schedule == "sync":  # its batch as async's default: one step's groups
+            lay = replace(lay, min_groups=lay.step_groups, max_groups=lay.step_groups)
         out[name] = simulate_mean(lay, rates, work, seeds)
     out["async_over_sync"] = out["async"]["steady_traj_per_s"] / max(out["sync"]["steady_traj_per_s"], 1e-12)
     return out
