@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--env-median-s", type=float, default=1.0, help="median env latency per env call")
     ap.add_argument("--env-sigma", type=float, default=0.99, help="its lognormal sigma (0.99: p99 = 10x median)")
     ap.add_argument("--env-samples", type=Path, default=None,
-                    help="a file of measured env latencies (seconds, one per line), drawn from instead of the lognormal")
+                    help="a file of measured env latencies (seconds, one per line), drawn instead of the lognormal")
     ap.add_argument("--publish-s", type=float, default=2.0, help="step end to weights visible to the rollout")
     ap.add_argument("--swap-s", type=float, default=None,
                     help="engine pause to load weights (projection default 2; --calibrate: fitted on a sync run)")
