@@ -105,3 +105,48 @@ def test_env_latency_draws_have_the_configured_median() -> None:
     draws = sorted(r.env_draw(rng) for _ in range(4001))
     assert draws[2000] == pytest.approx(0.3, rel=0.08)
     assert Rates(engine_tokens_per_s=1.0, env_samples=(0.5,)).env_draw(rng) == 0.5
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    """A run directory as the roles leave it: config.yaml, report/trainer.json, report/rollout-0.json and tb
+    scalars, with numbers chosen by hand (80 trajectories of 3 turns, 2 of them calling no env)."""
+    import json
+
+    import yaml
+
+    from agentrl.config import load_config, to_dict
+    from agentrl.monitor.tensorboard import Monitor
+
+    run = tmp_path_factory.mktemp("run")
+    cfg = load_config("smoke", ["trainer.steps=5", "rollout.prompts_per_step=4", "rollout.concurrency=64",
+                                "rollout.env_latency_s=0.3", "rollout.max_turns=3"])
+    (run / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
+    (run / "report").mkdir()
+    (run / "report" / "trainer.json").write_text(json.dumps(
+        {"steps_done": 5, "rl_wall_s": 30.0, "idle_s": 10.0, "fill_s": 12.0, "tokens_trained": 25000,
+         "trajectories_trained": 80}))
+    (run / "report" / "rollout-0.json").write_text(json.dumps(
+        {"trajectories": 80.0, "action_tokens": 7200.0, "wall_s": 40.0, "idle_s": 16.0}))
+    mon = Monitor(run / "tb", "rollout-0")
+    for step in range(5):
+        mon.scalars({"rollout/lookup/turns": 3.0, "rollout/lookup/invalid_calls": 2.0,
+                     "pipeline/trainer_wait_s": 4.0}, step)
+    mon.close()
+    return run
+
+
+def test_calibration_reads_the_run_and_matches_its_rank(small_run) -> None:
+    from agentrl.bench.planner_calibrate import calibrate, read_run
+
+    cfg, work, rates, m = read_run(small_run)
+    assert (work.turns, work.gen_tokens, work.episode_tokens) == (3.0, 7200 / 80 / 3, 25000 / 80)
+    assert work.env_call_frac == pytest.approx(1 / 3)
+    assert rates.trainer_step_b_s == pytest.approx(20.0 / 25000)
+    assert (rates.env_median_s, m.rollout_busy_tokens_per_s, m.trainer_wait_s) == (0.3, 7200 / 24, 4.0)
+    c = calibrate(small_run, seeds=(0, 1))
+    assert c["layout"].max_staleness == 0 and c["layout"].min_groups == 4  # the smoke preset: sync
+    busy = [simulate(c["layout"], c["rates"], c["work"], s).rollout_busy_tokens_per_s for s in (0, 1)]
+    assert sum(busy) / 2 == pytest.approx(7200 / 24, rel=0.01)
+    fills = [simulate(c["layout"], c["rates"], c["work"], s).fill_s for s in (0, 1)]
+    assert sum(fills) / 2 == pytest.approx(12.0)  # start-up: the run's fill less the model's own
