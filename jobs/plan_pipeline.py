@@ -47,7 +47,8 @@ def _calibrate(args: argparse.Namespace) -> dict:
     return {"schedule": c["schedule"], "layout": asdict(c["layout"]), "rates": asdict(c["rates"]),
             "work": asdict(c["work"]), "measured": asdict(c["measured"]),
             "run_traj_per_s": None if seen is None else {"steady": round(seen[0], 3), "e2e": round(seen[1], 3)},
-            "model": res.summary(),
+            "model": res.summary(), "model_median_of_5_draws": simulate_mean(c["layout"], c["rates"], c["work"],
+                                                                             range(5)),
             "model_other_schedule_same_rates": simulate_mean(other, c["rates"], c["work"])}
 
 
