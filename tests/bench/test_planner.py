@@ -150,3 +150,22 @@ def test_calibration_reads_the_run_and_matches_its_rank(small_run) -> None:
     assert sum(busy) / 2 == pytest.approx(7200 / 24, rel=0.01)
     fills = [simulate(c["layout"], c["rates"], c["work"], s).fill_s for s in (0, 1)]
     assert sum(fills) / 2 == pytest.approx(12.0)  # start-up: the run's fill less the model's own
+
+
+def test_plan_pipeline_command_projects_a_preset() -> None:
+    """The entry point end to end, in its own process (tests do not import jobs/)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-m", "jobs.plan_pipeline", "--preset", "smoke", "--engine-tokens-per-s", "300",
+                          "--trainer-tokens-per-s-per-gpu", "1500", "--env-median-s", "0.1", "--turns", "3",
+                          "--gen-tokens", "29", "--totals", "3", "--granularity", "1", "--steps", "4", "--json"],
+                         cwd=root, capture_output=True, text=True, timeout=120, check=True).stdout
+    res = json.loads(out)
+    assert [r["trainer_gpus"] for r in res["sweeps"][0]["rows"]] == [1, 2]
+    split = res["preset_split"]
+    assert split["sync"]["staleness_max"] == 0 and split["async"]["staleness_mean"] > 0
+    assert split["async"]["steady_traj_per_s"] > split["sync"]["steady_traj_per_s"]
