@@ -40,8 +40,8 @@ ALLOWED: dict[str, set[str]] = {
     # evaluation plays episodes as the rollout does (engines, the model's format, the gateway) and starts env
     # services the way the local launcher does; it never imports the trainer
     "evaluation": {"rollout", "envs", "monitor", "launch", "transport", "types", "config", "auth", "fsio"},
-    # what the jobs/bench_*.py entry points measure
-    "bench": {"trainer", "types", "config", "fsio"},
+    # what the jobs/bench_*.py entry points measure; the planner reads a run's TensorBoard scalars (monitor)
+    "bench": {"trainer", "monitor", "types", "config", "fsio"},
 }
 # third-party modules a subpackage must never import
 FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {

@@ -1,0 +1,153 @@
+"""The pipeline planner (docs/planner.md): a discrete-event model of rollout ranks, engines, env calls and the
+trainer, calibrated from a run directory or fed with a cluster's rates. Pure Python, seconds on a laptop.
+
+    python -m jobs.plan_pipeline --calibrate runs/bench/sync                 # fitted rates, model vs the run
+    python -m jobs.plan_pipeline --check-bench runs/bench                    # both schedules vs bench_pipeline
+    python -m jobs.plan_pipeline --preset agentbench-qwen2.5-14b \\
+        --engine-tokens-per-s 2500 --trainer-tokens-per-s-per-gpu 4000 --env-median-s 1.0 --totals 16,32,64
+
+No Slurm and no GPU: run it anywhere the package imports (a login node will do).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from agentrl.bench.planner import simulate, simulate_mean, with_schedule
+from agentrl.bench.planner_calibrate import calibrate, check_bench, measured_throughput
+from agentrl.bench.planner_project import ClusterRates, best_split, default_workload, preset_gpus, project
+from agentrl.config import load_config
+
+
+def _curve(text: str) -> tuple[tuple[int, float], ...]:
+    """"1:1,16:4,64:6" -> ((1, 1.0), (16, 4.0), (64, 6.0))."""
+    if not text:
+        return ((1, 1.0),)
+    return tuple(sorted((int(a), float(b)) for a, b in (p.split(":") for p in text.split(","))))
+
+
+def _engine_curve(args: argparse.Namespace) -> tuple[tuple[int, float], ...]:
+    """--engine-curve as given, or the one --seq-tokens-per-s implies: each sequence decodes at most that fast,
+    so the engine's throughput grows with its batch until it reaches --engine-tokens-per-s."""
+    if args.engine_curve or not args.seq_tokens_per_s:
+        return _curve(args.engine_curve)
+    n_sat = max(math.ceil(args.engine_tokens_per_s / args.seq_tokens_per_s), 2)
+    return ((1, args.seq_tokens_per_s / args.engine_tokens_per_s), (n_sat, 1.0))
+
+
+def _calibrate(args: argparse.Namespace) -> dict:
+    c = calibrate(args.calibrate, swap_s=args.swap_s, skip_first_window=args.skip_first_window)
+    res = simulate(c["layout"], c["rates"], c["work"], args.seed)
+    other = with_schedule(c["layout"], "async" if c["schedule"] == "sync" else "sync", max_staleness=1)
+    seen = measured_throughput(args.calibrate)
+    return {"schedule": c["schedule"], "layout": asdict(c["layout"]), "rates": asdict(c["rates"]),
+            "work": asdict(c["work"]), "measured": asdict(c["measured"]),
+            "run_traj_per_s": None if seen is None else {"steady": round(seen[0], 3), "e2e": round(seen[1], 3)},
+            "model": res.summary(), "model_median_of_5_draws": simulate_mean(c["layout"], c["rates"], c["work"],
+                                                                             range(5)),
+            "model_other_schedule_same_rates": simulate_mean(other, c["rates"], c["work"])}
+
+
+def _project(args: argparse.Namespace) -> dict:
+    cfg = load_config(args.preset, args.set)
+    cr = ClusterRates(args.engine_tokens_per_s, args.trainer_tokens_per_s_per_gpu, args.env_median_s, args.env_sigma,
+                      args.step_fixed_s, args.publish_s, args.swap_s if args.swap_s is not None else 2.0,
+                      _engine_curve(args))
+    if args.env_samples:
+        cr = replace(cr, env_samples=tuple(float(x) for x in args.env_samples.read_text().split()))
+    work = default_workload(cfg, args.turns, args.gen_tokens, args.obs_tokens, args.prompt_tokens)
+    t_gpus, r_gpus = preset_gpus(cfg)
+    seeds = tuple(range(args.seeds))
+    out = {"preset": args.preset, "rates": asdict(cr), "work": asdict(work),
+           "preset_split": project(cfg, cr, work, t_gpus, r_gpus, args.steps, seeds), "sweeps": []}
+    for total in (int(x) for x in args.totals.split(",") if x):
+        sweep = best_split(cfg, cr, work, total, args.steps, args.granularity, seeds)
+        out["sweeps"].append(sweep)
+    return out
+
+
+def _print_projection(out: dict) -> None:
+    p = out["preset_split"]
+    print(f"{out['preset']}: {p['trainer_gpus']} trainer + {p['rollout_gpus']} rollout GPUs "
+          f"({p['ranks']} ranks, {p['engines']} engines)")
+    for name in ("sync", "async"):
+        s = p[name]
+        print(f"  {name:5s} {s['steady_traj_per_s']:8.2f} traj/s steady, {s['e2e_traj_per_s']:8.2f} end to end; "
+              f"trainer idle {s['trainer_idle_frac']:.2f}, rollout idle {s['rollout_idle_frac']:.2f}, "
+              f"staleness mean {s['staleness_mean']:.2f} max {s['staleness_max']}")
+    print(f"  async/sync {p['async_over_sync']:.2f}")
+    tok = out["work"]["turns"] * out["work"]["gen_tokens"]
+    for sw in out["sweeps"]:
+        print(f"{sw['total_gpus']} GPUs, trainer:rollout split")
+        for r in sw["rows"]:
+            print(f"  {r['trainer_gpus']:3d}:{r['rollout_gpus']:<3d} sync {r['sync']['steady_traj_per_s']:8.2f} "
+                  f"async {r['async']['steady_traj_per_s']:8.2f} traj/s "
+                  f"(async trainer idle {r['async']['trainer_idle_frac']:.2f}, "
+                  f"rollout idle {r['async']['rollout_idle_frac']:.2f})")
+        b = sw["best"]
+        print(f"  best sync {b['sync']['trainer_gpus']}:{b['sync']['rollout_gpus']} {b['sync']['traj_per_s']:.2f} "
+              f"traj/s ({b['sync']['traj_per_s'] * tok:,.0f} generated tokens/s); best async "
+              f"{b['async']['trainer_gpus']}:{b['async']['rollout_gpus']} {b['async']['traj_per_s']:.2f} traj/s "
+              f"({b['async']['traj_per_s'] * tok:,.0f} tokens/s); ratio {sw['best_async_over_best_sync']:.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--calibrate", help="a run directory: fit the rates to its metrics, model it")
+    mode.add_argument("--check-bench", help="jobs.bench_pipeline's root (runs/bench): predict both schedules")
+    mode.add_argument("--preset", help="project this preset's layout with the rates below")
+    ap.add_argument("--engine-tokens-per-s", type=float, default=2000.0, help="one engine's generated tokens/s")
+    ap.add_argument("--engine-curve", default="",
+                    help="relative engine throughput by requests in flight, e.g. 1:0.05,64:0.6,256:1 (default flat)")
+    ap.add_argument("--seq-tokens-per-s", type=float, default=0.0,
+                    help="one sequence's decode speed cap (makes the engine curve: n x this up to the engine's rate)")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="config overrides of the preset, e.g. 'envs.tasks=[webshop]' rollout.prompts_per_step=64")
+    ap.add_argument("--trainer-tokens-per-s-per-gpu", type=float, default=3000.0,
+                    help="trained tokens/s of one trainer GPU (forward+backward, all tokens of a trajectory)")
+    ap.add_argument("--step-fixed-s", type=float, default=0.0, help="a trainer step's fixed cost, seconds")
+    ap.add_argument("--env-median-s", type=float, default=1.0, help="median env latency per env call")
+    ap.add_argument("--env-sigma", type=float, default=0.99, help="its lognormal sigma (0.99: p99 = 10x median)")
+    ap.add_argument("--env-samples", type=Path, default=None,
+                    help="a file of measured env latencies (seconds, one per line), drawn instead of the lognormal")
+    ap.add_argument("--publish-s", type=float, default=2.0, help="step end to weights visible to the rollout")
+    ap.add_argument("--swap-s", type=float, default=None,
+                    help="engine pause to load weights (projection default 2; --calibrate: fitted on a sync run)")
+    ap.add_argument("--turns", type=float, default=None, help="mean turns per episode (default: half the cap)")
+    ap.add_argument("--gen-tokens", type=float, default=150.0, help="tokens generated per turn")
+    ap.add_argument("--obs-tokens", type=float, default=150.0, help="observation tokens per turn")
+    ap.add_argument("--prompt-tokens", type=float, default=1000.0, help="first prompt's tokens")
+    ap.add_argument("--totals", default="16,32,64", help="total GPUs to sweep the trainer:rollout split over")
+    ap.add_argument("--granularity", type=int, default=8, help="split step, GPUs (a node)")
+    ap.add_argument("--steps", type=int, default=6, help="modelled steps per projection")
+    ap.add_argument("--seeds", type=int, default=1, help="env-latency draws per projection (median taken)")
+    ap.add_argument("--skip-first-window", action="store_true",
+                    help="calibration: fit the engine to the rank's busy rate from its first weight swap on")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    args = ap.parse_args(argv)
+    if args.calibrate:
+        out = _calibrate(args)
+        print(json.dumps(out, indent=2, default=str))
+        return 0
+    if args.check_bench:
+        out = check_bench(args.check_bench, skip_first_window=args.skip_first_window)
+        print(json.dumps(out, indent=2))
+        worst = max(abs(out[s]["error"]["steady"]) for s in ("sync", "async"))
+        print(f"worst steady-state error {worst:.1%} (goal: within 15%)")
+        return 0
+    out = _project(args)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        _print_projection(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
