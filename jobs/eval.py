@@ -5,6 +5,7 @@
     python -m jobs.eval /models/qwen2.5-7b --tasks os,db --samples 100 --runs 4
     python -m jobs.eval --base-url http://127.0.0.1:8000/v1 --model policy --tasks lookup --inprocess
     python -m jobs.eval runs/demo@v30 --cross runs/demo@v10 --cross-prob 0.5 --runs 8   # pass@k curves
+    python -m jobs.eval expert --tasks bfcl --samples 20 --greedy      # the scripted expert: env + grader check
 Under Slurm (one node; jobs.eval starts the controller and env workers beside its engine):
     srun --ntasks=1 --cpus-per-task=16 --gpus-per-task=1 python -m jobs.eval runs/demo --progress lines
     python -m jobs.eval runs/demo --render-sbatch --slurm-partition gpu > eval.sbatch && sbatch eval.sbatch
@@ -41,7 +42,8 @@ from agentrl.rollout.collect import Retry
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("target", nargs="?", help="run dir (RUN@v<N> for a version), model dir, or URL#MODEL")
+    ap.add_argument("target", nargs="?", help="run dir (RUN@v<N> for a version), model dir, URL#MODEL, or 'expert' "
+                                              "(the tasks' scripted experts: the env's and grader's ceiling)")
     ap.add_argument("--version", type=int, help="the run's weights/v<N> (default: the newest)")
     ap.add_argument("--base-url", help="an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
     ap.add_argument("--model", help="the endpoint's model name")
@@ -123,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("name a run dir, a model directory, or --base-url URL --model NAME")
         target = resolve(spec, args.version, args.model, args.api_key_env, args.label)
         other = resolve(args.cross, None, None, args.api_key_env) if args.cross else None
+        if other is not None and (target.expert or other.expert):
+            raise ValueError("--cross samples two policies' turns; the scripted expert is not one")
         preset = args.preset or (str(target.run_dir / "config.yaml") if target.run_dir else None)
         try:
             base = load_config(preset)
@@ -135,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         name = slug(target.run_dir.name if target.run_dir else target.label)
         out = (args.out or Path(base.run_root) / f"{name}-eval").resolve()
         cfg = eval_config(base, out.name, str(out.parent), tasks, args.protocol, task_options(args.task_option),
-                          args.workers)
+                          args.workers, expert=target.expert)
     except (ValueError, FileNotFoundError, ConfigError) as e:
         print(f"jobs.eval: {e}", file=sys.stderr)
         return 2
