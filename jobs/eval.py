@@ -9,6 +9,7 @@
 Under Slurm (one node; jobs.eval starts the controller and env workers beside its engine):
     srun --ntasks=1 --cpus-per-task=16 --gpus-per-task=1 python -m jobs.eval runs/demo --progress lines
     python -m jobs.eval runs/demo --render-sbatch --slurm-partition gpu > eval.sbatch && sbatch eval.sbatch
+    python -m jobs.launch --eval runs/demo --slurm-partition gpu        # the same job, submitted
 
 Results go to runs/<name>-eval/ (or --out): <stem>.jsonl (one line per episode; the same command run again
 skips what is scored: stop it whenever), <stem>.{txt,json,csv,md} (the md in AgentBench-FC's layout beside
@@ -86,6 +87,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     job.add_argument("--slurm-cpus", type=int, default=16)
     job.add_argument("--slurm-mem", default="")
     job.add_argument("--slurm-job-name", default="agentrl-eval")
+    job.add_argument("--slurm-python", default="python", help="the interpreter on the node, e.g. a venv's")
+    job.add_argument("--slurm-setup", action="append", default=[], metavar="LINE",
+                     help="a shell line before it (repeatable), e.g. 'module load cuda/12.4'")
     return ap.parse_args(argv)
 
 
@@ -108,13 +112,19 @@ def _stop(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def job_script(argv: list[str]) -> tuple[EvalJob, str]:
+    """The one-node sbatch job of the evaluation `argv` describes (its --slurm-* options) and its script."""
+    args = parse_args(argv)
+    job = EvalJob(args.slurm_job_name, args.slurm_partition, args.slurm_account, args.slurm_qos, args.slurm_time,
+                  args.slurm_gpus, args.slurm_cpus, args.slurm_mem, args.slurm_python, tuple(args.slurm_setup))
+    return job, render(job, eval_argv(argv))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     if args.render_sbatch:
-        job = EvalJob(args.slurm_job_name, args.slurm_partition, args.slurm_account, args.slurm_qos, args.slurm_time,
-                      args.slurm_gpus, args.slurm_cpus, args.slurm_mem)
-        print(render(job, eval_argv(argv)), end="")
+        print(job_script(argv)[1], end="")
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "openai", "vllm"):

@@ -16,7 +16,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-
 EXPERT = "expert"
 
 
