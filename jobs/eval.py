@@ -34,7 +34,7 @@ import yaml
 from agentrl.config import ConfigError, load_config
 from agentrl.evaluation.evaluate import Settings, evaluate, evaluate_cross
 from agentrl.evaluation.runner import EvalPlan
-from agentrl.evaluation.sbatch import EvalJob, eval_argv, render
+from agentrl.evaluation.sbatch import add_slurm_arguments, eval_argv, job_of, render
 from agentrl.evaluation.services import env_client, eval_config
 from agentrl.evaluation.targets import Target, resolve
 from agentrl.rollout.agent_loop import EpisodeLimits
@@ -77,19 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fresh", action="store_true", help="replace this command's earlier results")
     ap.add_argument("--bootstrap", type=int, default=0, help="bootstrap resamples for a second interval (0: off)")
     ap.add_argument("--progress", choices=("auto", "bars", "lines"), default="auto")
-    job = ap.add_argument_group("Slurm", "--render-sbatch prints a one-node sbatch script of this evaluation")
-    job.add_argument("--render-sbatch", action="store_true")
-    job.add_argument("--slurm-partition", default="")
-    job.add_argument("--slurm-account", default="")
-    job.add_argument("--slurm-qos", default="")
-    job.add_argument("--slurm-time", default="04:00:00")
-    job.add_argument("--slurm-gpus", type=int, default=1)
-    job.add_argument("--slurm-cpus", type=int, default=16)
-    job.add_argument("--slurm-mem", default="")
-    job.add_argument("--slurm-job-name", default="agentrl-eval")
-    job.add_argument("--slurm-python", default="python", help="the interpreter on the node, e.g. a venv's")
-    job.add_argument("--slurm-setup", action="append", default=[], metavar="LINE",
-                     help="a shell line before it (repeatable), e.g. 'module load cuda/12.4'")
+    add_slurm_arguments(ap)
     return ap.parse_args(argv)
 
 
@@ -112,19 +100,11 @@ def _stop(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def job_script(argv: list[str]) -> tuple[EvalJob, str]:
-    """The one-node sbatch job of the evaluation `argv` describes (its --slurm-* options) and its script."""
-    args = parse_args(argv)
-    job = EvalJob(args.slurm_job_name, args.slurm_partition, args.slurm_account, args.slurm_qos, args.slurm_time,
-                  args.slurm_gpus, args.slurm_cpus, args.slurm_mem, args.slurm_python, tuple(args.slurm_setup))
-    return job, render(job, eval_argv(argv))
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     if args.render_sbatch:
-        print(job_script(argv)[1], end="")
+        print(render(job_of(argv), eval_argv(argv)), end="")
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "openai", "vllm"):

@@ -34,18 +34,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def launch_eval(argv: list[str]) -> int:
-    """`--eval ARGS`: jobs.eval's job, printed (--render-sbatch), run here (--local) or submitted."""
-    from agentrl.evaluation.sbatch import submit
-    from jobs.eval import job_script
-    from jobs.eval import main as eval_main
+    """`--eval ARGS`: jobs.eval's job, printed (--render-sbatch), run here (--local: jobs.eval itself) or submitted."""
+    from agentrl.evaluation.sbatch import eval_argv, job_of, render, submit
 
-    local = "--local" in argv
-    argv = [a for a in argv if a != "--local"]
-    if local or "--render-sbatch" in argv:
-        return eval_main(argv)
-    job, script = job_script(argv)
+    if "--local" in argv or "--render-sbatch" in argv:
+        os.execv(sys.executable, [sys.executable, "-m", "jobs.eval", *[a for a in argv if a != "--local"]])
+    job = job_of(argv)
     try:
-        job_id, path = submit(script, Path("runs/eval-jobs"), job.job_name)
+        job_id, path = submit(render(job, eval_argv(argv)), Path("runs/eval-jobs"), job.job_name)
     except (RuntimeError, FileNotFoundError) as e:
         print(f"jobs.launch --eval: {e}", file=sys.stderr)
         return 1

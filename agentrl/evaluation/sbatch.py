@@ -11,6 +11,7 @@ from `agentrl.launch.sbatch` (the training job's renderer), whose hetjob machine
 """
 from __future__ import annotations
 
+import argparse
 import shlex
 import subprocess
 import time
@@ -40,6 +41,33 @@ SLURM_OPTIONS: dict[str, bool] = {"--render-sbatch": False, "--slurm-partition":
                                   "--slurm-qos": True, "--slurm-time": True, "--slurm-gpus": True,
                                   "--slurm-cpus": True, "--slurm-mem": True, "--slurm-job-name": True,
                                   "--slurm-python": True, "--slurm-setup": True}
+
+
+def add_slurm_arguments(ap: argparse.ArgumentParser) -> None:
+    """jobs.eval's --slurm-* options (`SLURM_OPTIONS`), into its parser or into `job_of`'s."""
+    job = ap.add_argument_group("Slurm", "--render-sbatch prints a one-node sbatch script of this evaluation "
+                                         "(python -m jobs.launch --eval ... submits it)")
+    job.add_argument("--render-sbatch", action="store_true")
+    job.add_argument("--slurm-partition", default="")
+    job.add_argument("--slurm-account", default="")
+    job.add_argument("--slurm-qos", default="")
+    job.add_argument("--slurm-time", default="04:00:00")
+    job.add_argument("--slurm-gpus", type=int, default=1)
+    job.add_argument("--slurm-cpus", type=int, default=16)
+    job.add_argument("--slurm-mem", default="")
+    job.add_argument("--slurm-job-name", default="agentrl-eval")
+    job.add_argument("--slurm-python", default="python", help="the interpreter on the node, e.g. a venv's")
+    job.add_argument("--slurm-setup", action="append", default=[], metavar="LINE",
+                     help="a shell line before it (repeatable), e.g. 'module load cuda/12.4'")
+
+
+def job_of(argv: Sequence[str]) -> EvalJob:
+    """The job that jobs.eval's arguments `argv` ask for (their --slurm-* options; the others are left alone)."""
+    ap = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    add_slurm_arguments(ap)
+    a, _ = ap.parse_known_args(list(argv))
+    return EvalJob(a.slurm_job_name, a.slurm_partition, a.slurm_account, a.slurm_qos, a.slurm_time, a.slurm_gpus,
+                   a.slurm_cpus, a.slurm_mem, a.slurm_python, tuple(a.slurm_setup))
 
 
 def eval_argv(argv: Sequence[str]) -> list[str]:
