@@ -336,6 +336,6 @@ async def _final_report(client: Any, engine: Any, fmt: ChatFormat, plan: Rollout
                         "sampled_eval_episodes": int(after["eval_sampled/episodes"])})
     summary["per_task"] = per_task_summary(task_before, task_after, sampled_before, sampled_after)
     write_json_atomic(report / "summary.json", summary, indent=2)
-    if summary["eval_episodes"] == 0:
+    if summary["eval_episodes"] == summary["env_errors"]:  # none, or every one an env error
         raise RuntimeError("the final evaluation scored no episode: the env workers failed")
     return summary
