@@ -1,6 +1,8 @@
-"""The in-run evaluation's numbers: success over every episode, env errors (after the retries) counted as
-failures and reported beside it, as `jobs.eval` scores them; the scripted expert plays, one index always
-fails in the env."""
+"""The rollout rank's held-out evaluation and warm-start collection, with the scripted expert playing.
+
+The in-run evaluation's numbers: success over every episode, env errors (after the retries) counted as
+failures and reported beside it, as `jobs.eval` scores them (one index always fails in the env). The
+expert's demonstrations: a progress line, the shard written."""
 from __future__ import annotations
 
 import asyncio
@@ -59,3 +61,17 @@ def test_env_errors_stay_in_the_denominator(lookup_format, tmp_path: Path) -> No
     assert mon.values["eval/success"] == m["eval/success"]
     written = json.loads((tmp_path / "eval-v5.json").read_text())
     assert written["eval/success"] == pytest.approx(0.75) and written["per_task"]["lookup"]["episodes"] == 4
+
+
+def test_expert_demonstrations_show_progress(lookup_format, tmp_path: Path, capsys) -> None:
+    from agentrl.rollout.role import expert_demos
+    from agentrl.transport.shards import ShardReader
+
+    client = InProcessClient({"lookup": get_task("lookup")})
+    plan = RolloutPlan(tasks=("lookup",), steps=1, prompts_per_step=1, samples_per_prompt=1, expert_samples=3,
+                       eval_split="test", eval_samples=0, concurrency=2, temperature=1.0, top_p=1.0,
+                       limits=EpisodeLimits(4, 512, 48))
+    asyncio.run(expert_demos(tmp_path, client, lookup_format, plan, Recorder()))
+    out = capsys.readouterr().out.splitlines()  # not a terminal: plain lines, the last at the end
+    assert out[-1].startswith("expert demonstrations: 3/3 (100%) | last lookup |")
+    assert ShardReader(tmp_path / "shards" / "expert-0").available()
