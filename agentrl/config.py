@@ -343,9 +343,12 @@ class TransportConfig:
 @dataclass(frozen=True)
 class MonitorConfig:
     tensorboard: bool = True
+    controller_stats_s: float = 30.0
+    """Seconds between the controller's own `env/*` statistics in TensorBoard (0: none)."""
 
     def validate(self, p: str) -> None:
-        pass
+        if self.controller_stats_s < 0:
+            raise ConfigError(f"{p}.controller_stats_s must be >= 0")
 
 
 _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{2}){0,2}$")

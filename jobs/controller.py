@@ -8,7 +8,9 @@ Through submitit, the launcher calls `main(["--run-dir", run_dir])`.
 
 Reads RUN_DIR/config.yaml, serves on controller.host:controller.port (port 0 picks a free one), then
 publishes `controller_url` in RUN_DIR/rendezvous.json for the workers and the rollout to find. Every
-route requires the run's secret ($AGENTRL_SECRET, else RUN_DIR/secret, made here if absent).
+route requires the run's secret ($AGENTRL_SECRET, else RUN_DIR/secret, made here if absent). Every
+monitor.controller_stats_s seconds it logs its own statistics (sessions, errors by class, p50/p99
+latency: `agentrl.controller.stats`) to RUN_DIR/tb.
 """
 from __future__ import annotations
 
@@ -22,8 +24,11 @@ from pathlib import Path
 from agentrl.auth import run_secret
 from agentrl.config import load_config
 from agentrl.controller.server import start_controller
+from agentrl.controller.stats import log_periodically
 from agentrl.envs.serving import event_loop_factory, raise_fd_limit
+from agentrl.envs.tasks import task_name
 from agentrl.launch import rendezvous
+from agentrl.monitor.tensorboard import make_monitor
 
 log = logging.getLogger("agentrl.jobs.controller")
 
@@ -40,8 +45,17 @@ async def serve(run_dir: Path) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    period = cfg.monitor.controller_stats_s
+    # TensorBoard's own writer, not torch's: the controller never imports torch (seconds of a stalled loop)
+    monitor = make_monitor(run_dir, "controller", cfg.monitor.tensorboard and period > 0, torch=False)
+    stats = asyncio.create_task(log_periodically(running.controller.status_dict, monitor, period,
+                                                 tuple(task_name(t) for t in cfg.envs.tasks))) if period else None
     await stop.wait()
     log.info("controller stopping")
+    if stats is not None:
+        stats.cancel()
+        await asyncio.gather(stats, return_exceptions=True)
+    monitor.close()
     await running.stop()
 
 

@@ -5,9 +5,11 @@
     python -m jobs.eval /models/qwen2.5-7b --tasks os,db --samples 100 --runs 4
     python -m jobs.eval --base-url http://127.0.0.1:8000/v1 --model policy --tasks lookup --inprocess
     python -m jobs.eval runs/demo@v30 --cross runs/demo@v10 --cross-prob 0.5 --runs 8   # pass@k curves
+    python -m jobs.eval expert --tasks bfcl --samples 20 --greedy      # the scripted expert: env + grader check
 Under Slurm (one node; jobs.eval starts the controller and env workers beside its engine):
     srun --ntasks=1 --cpus-per-task=16 --gpus-per-task=1 python -m jobs.eval runs/demo --progress lines
     python -m jobs.eval runs/demo --render-sbatch --slurm-partition gpu > eval.sbatch && sbatch eval.sbatch
+    python -m jobs.launch --eval runs/demo --slurm-partition gpu        # the same job, submitted
 
 Results go to runs/<name>-eval/ (or --out): <stem>.jsonl (one line per episode; the same command run again
 skips what is scored: stop it whenever), <stem>.{txt,json,csv,md} (the md in AgentBench-FC's layout beside
@@ -32,7 +34,7 @@ import yaml
 from agentrl.config import ConfigError, load_config
 from agentrl.evaluation.evaluate import Settings, evaluate, evaluate_cross
 from agentrl.evaluation.runner import EvalPlan
-from agentrl.evaluation.sbatch import EvalJob, eval_argv, render
+from agentrl.evaluation.sbatch import add_slurm_arguments, eval_argv, job_of, render
 from agentrl.evaluation.services import env_client, eval_config
 from agentrl.evaluation.targets import Target, resolve
 from agentrl.rollout.agent_loop import EpisodeLimits
@@ -41,7 +43,8 @@ from agentrl.rollout.collect import Retry
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("target", nargs="?", help="run dir (RUN@v<N> for a version), model dir, or URL#MODEL")
+    ap.add_argument("target", nargs="?", help="run dir (RUN@v<N> for a version), model dir, URL#MODEL, or 'expert' "
+                                              "(the tasks' scripted experts: the env's and grader's ceiling)")
     ap.add_argument("--version", type=int, help="the run's weights/v<N> (default: the newest)")
     ap.add_argument("--base-url", help="an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
     ap.add_argument("--model", help="the endpoint's model name")
@@ -74,16 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fresh", action="store_true", help="replace this command's earlier results")
     ap.add_argument("--bootstrap", type=int, default=0, help="bootstrap resamples for a second interval (0: off)")
     ap.add_argument("--progress", choices=("auto", "bars", "lines"), default="auto")
-    job = ap.add_argument_group("Slurm", "--render-sbatch prints a one-node sbatch script of this evaluation")
-    job.add_argument("--render-sbatch", action="store_true")
-    job.add_argument("--slurm-partition", default="")
-    job.add_argument("--slurm-account", default="")
-    job.add_argument("--slurm-qos", default="")
-    job.add_argument("--slurm-time", default="04:00:00")
-    job.add_argument("--slurm-gpus", type=int, default=1)
-    job.add_argument("--slurm-cpus", type=int, default=16)
-    job.add_argument("--slurm-mem", default="")
-    job.add_argument("--slurm-job-name", default="agentrl-eval")
+    add_slurm_arguments(ap)
     return ap.parse_args(argv)
 
 
@@ -110,9 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     if args.render_sbatch:
-        job = EvalJob(args.slurm_job_name, args.slurm_partition, args.slurm_account, args.slurm_qos, args.slurm_time,
-                      args.slurm_gpus, args.slurm_cpus, args.slurm_mem)
-        print(render(job, eval_argv(argv)), end="")
+        print(render(job_of(argv), eval_argv(argv)), end="")
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "openai", "vllm"):
@@ -123,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("name a run dir, a model directory, or --base-url URL --model NAME")
         target = resolve(spec, args.version, args.model, args.api_key_env, args.label)
         other = resolve(args.cross, None, None, args.api_key_env) if args.cross else None
+        if other is not None and (target.expert or other.expert):
+            raise ValueError("--cross samples two policies' turns; the scripted expert is not one")
         preset = args.preset or (str(target.run_dir / "config.yaml") if target.run_dir else None)
         try:
             base = load_config(preset)
@@ -135,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         name = slug(target.run_dir.name if target.run_dir else target.label)
         out = (args.out or Path(base.run_root) / f"{name}-eval").resolve()
         cfg = eval_config(base, out.name, str(out.parent), tasks, args.protocol, task_options(args.task_option),
-                          args.workers)
+                          args.workers, expert=target.expert)
     except (ValueError, FileNotFoundError, ConfigError) as e:
         print(f"jobs.eval: {e}", file=sys.stderr)
         return 2

@@ -5,6 +5,14 @@
     python -m jobs.launch --preset agentbench-qwen2.5-7b cluster.launcher=slurm cluster.hetjob=false
     python -m jobs.launch --preset agentbench-qwen2.5-7b --render-sbatch > my.sbatch   # to submit by hand
 
+An evaluation (`--eval` first, then jobs.eval's own arguments; its --slurm-* options shape the job):
+    python -m jobs.launch --eval runs/demo --tasks os,db --slurm-partition gpu      # sbatch'd, one node
+    python -m jobs.launch --eval runs/demo --tasks os,db --render-sbatch           # the script, not submitted
+    python -m jobs.launch --eval runs/demo --tasks os,db --local                   # here: jobs.eval itself
+The job is `agentrl.evaluation.sbatch.render`'s: one task whose jobs.eval starts the controller, the env
+workers and its engine on the node, requeued at will (it resumes from its results file); the script
+submitted is kept in runs/eval-jobs/.
+
 Under Slurm (the rendered scripts call it first, in the job): `--prepare-run RUN_DIR` writes
 RUN_DIR/config.yaml unless a requeued job left one; `--clear-pipeline RUN_DIR` drops the asynchronous
 pipeline's keys from RUN_DIR/rendezvous.json before the script starts its dead MPI world again.
@@ -25,11 +33,31 @@ from agentrl.launch import sbatch
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def launch_eval(argv: list[str]) -> int:
+    """`--eval ARGS`: jobs.eval's job, printed (--render-sbatch), run here (--local: jobs.eval itself) or submitted."""
+    from agentrl.evaluation.sbatch import eval_argv, job_of, render, submit
+
+    if "--local" in argv or "--render-sbatch" in argv:
+        os.execv(sys.executable, [sys.executable, "-m", "jobs.eval", *[a for a in argv if a != "--local"]])
+    job = job_of(argv)
+    try:
+        job_id, path = submit(render(job, eval_argv(argv)), Path("runs/eval-jobs"), job.job_name)
+    except (RuntimeError, FileNotFoundError) as e:
+        print(f"jobs.launch --eval: {e}", file=sys.stderr)
+        return 1
+    print(f"submitted Slurm job {job_id} ({path}); its log: {job.job_name}-{job_id}.out", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--eval"]:
+        return launch_eval(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="demo", help="a preset name (agentrl/presets) or a YAML path")
     ap.add_argument("--name", help="run name (default: the preset's)")
     ap.add_argument("--render-sbatch", action="store_true", help="print the sbatch script and exit")
+    ap.add_argument("--eval", action="store_true", help="(first) launch an evaluation: jobs.eval's arguments follow")
     ap.add_argument("--prepare-run", type=Path, metavar="RUN_DIR", help="(in a job) write RUN_DIR/config.yaml once")
     ap.add_argument("--clear-pipeline", type=Path, metavar="RUN_DIR",
                     help="(in a job) drop the pipeline's keys from RUN_DIR/rendezvous.json before it restarts")

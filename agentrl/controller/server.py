@@ -401,8 +401,12 @@ class Controller:
         return web.json_response({"missing": self.registry.touch(ids, time.monotonic())})
 
     async def status(self, request: web.Request) -> web.Response:
+        return web.json_response(self.status_dict())
+
+    def status_dict(self) -> dict[str, Any]:
+        """What GET /status answers (also what `stats.log_periodically` logs to TensorBoard)."""
         reg, now = self.registry, time.monotonic()
-        return web.json_response({
+        return {
             "workers": [{**w.to_wire(), "heartbeat_age_s": round(now - w.last_heartbeat, 3)}
                         for w in sorted(reg.workers.values(), key=lambda w: w.worker_id)],
             "sessions": reg.sessions_per_task(), "active_sessions": len(reg.sessions),
@@ -410,7 +414,7 @@ class Controller:
             "latency_ms_by_route": {r.lstrip("/"): s.summary() for r, s in self.route_latency.items() if s.samples},
             "overhead_ms": self.overhead.summary(),
             "errors": sum(self.errors_by_class().values()), "errors_by_class": self.errors_by_class(),
-            **self.counters, "ended_sessions": len(reg.tombstones)})
+            **self.counters, "ended_sessions": len(reg.tombstones)}
 
     def errors_by_class(self) -> dict[str, int]:
         """Each failure once: sessions ended as env_error by cause, failed starts, our own bugs."""

@@ -21,7 +21,7 @@ from typing import Any
 
 from agentrl.evaluation import cross
 from agentrl.evaluation.endpoint import ChatEndpoint
-from agentrl.evaluation.players import EndpointPlayer, LocalPlayer
+from agentrl.evaluation.players import EndpointPlayer, ExpertPlayer, LocalPlayer
 from agentrl.evaluation.runner import EvalPlan, plan_keys, progress_for, score
 from agentrl.evaluation.targets import Target
 from agentrl.monitor.eval_results import ResultsFile, aggregate, read_results
@@ -98,7 +98,11 @@ async def chat_policy(target: Target, settings: Settings, concurrency: int) -> A
 
 @contextlib.asynccontextmanager
 async def player_of(client: Any, target: Target, settings: Settings, concurrency: int) -> AsyncIterator[Any]:
-    """The player of one target: local models through the token-level agent loop, endpoints at the message level."""
+    """The player of one target: local models through the token-level agent loop, endpoints (and the scripted
+    expert) at the message level."""
+    if target.expert:
+        yield ExpertPlayer(client, settings.limits, settings.retry)
+        return
     if target.is_endpoint:
         async with chat_policy(target, settings, concurrency) as ep:
             yield EndpointPlayer(client, ep, settings.temperature, settings.top_p, settings.limits, settings.retry)

@@ -9,11 +9,12 @@ the model's `ChatFormat`, the rollout's retries of env errors. An endpoint episo
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from typing import Any
 
 from agentrl.envs.api import EnvError
-from agentrl.evaluation.endpoint import play_endpoint_episode
+from agentrl.evaluation.endpoint import Reply, play_endpoint_episode
 from agentrl.evaluation.played import Played
 from agentrl.rollout.agent_loop import EpisodeLimits
 from agentrl.rollout.chat import ChatFormat
@@ -51,6 +52,40 @@ class EndpointPlayer:
         return await play_retrying(lambda: play_endpoint_episode(
             self.client, self.endpoint, task, index, self.temperature, self.top_p, self.limits), self.retry,
             f"{task}/{index}")
+
+
+_session: contextvars.ContextVar[str] = contextvars.ContextVar("expert_session")
+
+
+class ExpertPlayer:
+    """Each task's scripted expert, played through the message-level loop: its replies are what the gateway's
+    expert route answers for the episode's session (the route must be on: `services.eval_config(expert=True)`).
+
+    It scores the env and its grader with no model in the way (BFCL: its ground truth replayed, graded by
+    bfcl-eval's checker), at the endings, retries and tables of any other target. The loop sees the client
+    and the policy separately; the session the expert must answer for is the one this episode's
+    `start_sample` opened, kept in a context variable (each episode runs in its own asyncio task).
+    """
+
+    def __init__(self, client: Any, limits: EpisodeLimits, retry: Retry) -> None:
+        self.client, self.limits, self.retry = client, limits, retry
+
+    def __getattr__(self, name: str) -> Any:  # interact, cancel, ...: the wrapped client's
+        return getattr(self.client, name)
+
+    async def start_sample(self, task: str, index: str) -> Any:
+        start = await self.client.start_sample(task, index)
+        _session.set(start.session_id)
+        return start
+
+    async def reply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], max_tokens: int,
+                    temperature: float, top_p: float) -> Reply:
+        message = await self.client.expert(_session.get())
+        return Reply(message, "tool_calls" if message.get("tool_calls") else "stop", 0, 0)
+
+    async def play(self, task: str, index: str, group: str) -> Played:
+        return await play_retrying(lambda: play_endpoint_episode(self, self, task, index, 0.0, 1.0, self.limits),
+                                   self.retry, f"{task}/{index}")
 
 
 async def play_retrying(play: Any, retry: Retry, what: str) -> Played:

@@ -3,7 +3,7 @@ them, logs in OUT/logs/), or the tasks in this process (`--inprocess`, for tasks
 
 The evaluation's own run dir (runs/<name>-eval, or --out) holds the config the roles read: the envs
 section of the evaluated run's config (its task options: data directories, backends), with the tasks and
-the protocol of the evaluation, and the expert route off (an evaluation never plays the expert).
+the protocol of the evaluation, and the expert route off (on only when the target is the scripted expert).
 """
 from __future__ import annotations
 
@@ -30,9 +30,11 @@ def takes_protocol(spec: str) -> bool:
 
 
 def eval_config(base: RunConfig, name: str, run_root: str, tasks: Sequence[str], protocol: str,
-                task_options: Mapping[str, Mapping[str, Any]] = {}, workers: int | None = None) -> RunConfig:
+                task_options: Mapping[str, Mapping[str, Any]] = {}, workers: int | None = None,
+                expert: bool = False) -> RunConfig:
     """`base` with the evaluation's tasks, each AgentBench task's `protocol` set, extra `task_options`
-    merged over the run's own, and the expert route disabled."""
+    merged over the run's own, and the expert route disabled (enabled when the scripted expert is the target:
+    `expert`)."""
     opts: dict[str, dict[str, Any]] = {}
     for t in tasks:
         o = {**base.envs.task_options.get(t, {}), **task_options.get(t, {})}
@@ -40,7 +42,7 @@ def eval_config(base: RunConfig, name: str, run_root: str, tasks: Sequence[str],
             o["protocol"] = protocol
         if o:
             opts[t] = o
-    envs = replace(base.envs, tasks=tuple(tasks), task_options=opts, expert_route="disabled",
+    envs = replace(base.envs, tasks=tuple(tasks), task_options=opts, expert_route="enabled" if expert else "disabled",
                    workers=workers or base.envs.workers)
     cfg = replace(base, name=name, run_root=run_root, envs=envs)
     cfg.validate()

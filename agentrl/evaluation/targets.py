@@ -5,6 +5,8 @@
     runs/demo@v12        that run's weights/v12 (`--version 12` says the same for the main target)
     /models/qwen-7b      any model directory (config.json, tokenizer, chat template)
     http://host:8000/v1#policy   an endpoint and the model name it serves (`--base-url URL --model NAME`)
+    expert               each task's scripted expert (no model: the ceiling of the env and its grader,
+                         e.g. BFCL's ground truth replayed and scored by bfcl-eval's checker)
 
 Standard library only: resolving a target must not import torch or vLLM.
 """
@@ -13,6 +15,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+EXPERT = "expert"
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,8 @@ class Target:
     model: str | None = None
     """The endpoint's model name."""
     api_key_env: str = "OPENAI_API_KEY"
+    expert: bool = False
+    """The tasks' scripted experts play (through the gateway's expert route, turned on for this evaluation)."""
 
     @property
     def is_endpoint(self) -> bool:
@@ -35,6 +41,8 @@ class Target:
         return os.environ.get(self.api_key_env, "") or "none"
 
     def describe(self) -> str:
+        if self.expert:
+            return "the tasks' scripted experts"
         if self.is_endpoint:
             return f"endpoint {self.base_url} (model {self.model})"
         if self.run_dir is not None:
@@ -57,6 +65,10 @@ def is_run_dir(path: Path) -> bool:
 def resolve(spec: str, version: int | None = None, model: str | None = None, api_key_env: str = "OPENAI_API_KEY",
             label: str | None = None) -> Target:
     """The target `spec` names (module docstring). Raises FileNotFoundError / ValueError saying what is missing."""
+    if spec == EXPERT:
+        if version is not None:
+            raise ValueError("--version applies to a run dir, not to the scripted expert")
+        return Target(label or "scripted expert", expert=True)
     if spec.startswith(("http://", "https://")):
         url, _, name = spec.partition("#")
         name = name or model

@@ -1,5 +1,6 @@
-"""Held-out evaluation, summarized per task: success (greedy and sampled), its standard error, and the
-mix of statuses the episodes ended with, so that a success of 0.000 explains itself.
+"""Held-out evaluation, summarized per task: success (greedy and sampled) over every episode, its standard
+error, the env errors among them, and the mix of statuses the episodes ended with, so that a success of
+0.000 explains itself.
 
 Plain Python over `Trajectory` lists; the rollout role writes these into report/ and the summary line.
 """
@@ -14,20 +15,23 @@ from agentrl.types import Status, Trajectory
 
 
 def task_eval(trajs: list[Trajectory]) -> dict[str, dict[str, Any]]:
-    """Per task: `success` (mean of metrics["success"] over episodes the infrastructure did not end: the key
-    every summary uses), `episodes` (those scored), `stderr` (binomial standard error of success), `status`
-    (counts of every ending, env errors included), `metrics` (the mean of every float the task reported)."""
+    """Per task: `success` (mean of metrics["success"] over every episode, an env error counting as a failure,
+    as `jobs.eval` scores: the key every summary uses), `episodes` (all of them), `stderr` (binomial standard
+    error of success), `env_errors` and `env_error_rate` (episodes the infrastructure ended: env_error,
+    cancelled), `status` (counts of every ending), `metrics` (the mean of every float the task reported, over
+    the episodes the env finished: an env error reports none)."""
     by_task: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajs:
         by_task[t.task].append(t)
     out: dict[str, dict[str, Any]] = {}
     for task, ts in sorted(by_task.items()):
-        scored = [t for t in ts if not t.status.is_infra]  # env failures say nothing about the policy
-        n = len(scored)
-        p = sum(t.metrics.get("success", 0.0) for t in scored) / n if n else 0.0
+        finished = [t for t in ts if not t.status.is_infra]
+        n = len(ts)
+        p = sum(t.metrics.get("success", 0.0) for t in ts) / n if n else 0.0
         out[task] = {"success": p, "episodes": n, "stderr": math.sqrt(p * (1 - p) / n) if n else 0.0,
+                     "env_errors": n - len(finished), "env_error_rate": (n - len(finished)) / n if n else 0.0,
                      "status": dict(sorted(Counter(t.status.value for t in ts).items())),
-                     "metrics": task_metric_means(scored)}
+                     "metrics": task_metric_means(finished)}
     return out
 
 
@@ -39,7 +43,7 @@ def per_task_summary(before: dict[str, dict[str, Any]], after: dict[str, dict[st
     for task in sorted(set(before) | set(after)):
         b, a = before.get(task, {}), after.get(task, {})
         row: dict[str, Any] = {"success_before_rl": b.get("success", 0.0), "success_after_rl": a.get("success", 0.0),
-                               "episodes": a.get("episodes", 0),
+                               "episodes": a.get("episodes", 0), "env_errors": a.get("env_errors", 0),
                                "status": {"before_rl": b.get("status", {}), "after_rl": a.get("status", {})}}
         if sampled_before is not None and sampled_after is not None:
             sb, sa = sampled_before.get(task, {}), sampled_after.get(task, {})

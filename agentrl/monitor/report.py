@@ -82,8 +82,8 @@ def best_checkpoint(run: RunData) -> tuple[str, int, float] | None:
 def final_numbers(run: RunData) -> list[str]:
     """Per task: held-out success at the first and last evaluation, sampled and greedy (the last with its
     95% Wilson interval and episode count), the last rollout success logged, and how the last
-    evaluation's episodes ended (env errors included: the in-run success leaves them out of its
-    denominator, so they are shown here)."""
+    evaluation's episodes ended (env errors included: the in-run success counts them as failures, as
+    jobs.eval does, and their count here says how much of a low number is the infrastructure's)."""
     lines = ["| task | greedy first → last [95% Wilson] | sampled first → last [95% Wilson] | last rollout success | "
              "last evaluation ended |", "|---|---|---|---|---|"]
     for task in run.tasks():

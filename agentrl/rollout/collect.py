@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,10 +44,12 @@ class Retry:
 
 async def collect(client: Any, engine: Engine, fmt: ChatFormat, requests: list[tuple[str, str, str]],
                   sampling: SamplingConfig, limits: EpisodeLimits, concurrency: int,
-                  max_retries: int | Retry) -> tuple[list[Trajectory], int]:
+                  max_retries: int | Retry, on_done: Callable[[Trajectory], None] | None = None,
+                  ) -> tuple[list[Trajectory], int]:
     """Run one episode per (task, index, group_id), at most `concurrency` at once.
 
     Returns the trajectories (env_error ones included after the retries) and the number of retries.
+    `on_done` sees each trajectory as its episode ends (after its retries): a progress bar's hook.
     """
     retry = max_retries if isinstance(max_retries, Retry) else Retry(max_retries=max_retries)
     sem = asyncio.Semaphore(concurrency)
@@ -84,5 +87,11 @@ async def collect(client: Any, engine: Engine, fmt: ChatFormat, requests: list[t
                               metrics={"env_error": 1.0, "success": 0.0})
         return traj
 
-    trajs = await asyncio.gather(*(one(*r) for r in requests))
+    async def counted(task: str, index: str, group: str) -> Trajectory:
+        traj = await one(task, index, group)
+        if on_done is not None:
+            on_done(traj)
+        return traj
+
+    trajs = await asyncio.gather(*(counted(*r) for r in requests))
     return list(trajs), retries

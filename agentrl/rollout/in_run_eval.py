@@ -25,7 +25,9 @@ async def evaluate(client: Any, engine: Engine, fmt: ChatFormat, plan: RolloutPl
     index `eval_sampled` times at the rollout temperature, i.e. the stochastic policy RL optimizes.
 
     Returns the metrics (also logged and written to report/<eval|eval_sampled>-v<version>.json) and the
-    per-task evaluation (`eval_summary.task_eval`: success, episodes, stderr, status counts)."""
+    per-task evaluation (`eval_summary.task_eval`: success, episodes, stderr, env errors, status counts).
+    Success is over every episode, an env error (after the rollout's retries) counting as a failure, as in
+    `jobs.eval`; `<name>/env_errors` and `<name>/env_error_rate` say how many there were."""
     name, repeat = ("eval_sampled", plan.eval_sampled) if sampled else ("eval", 1)
     reqs = []
     for task in plan.tasks:
@@ -36,10 +38,13 @@ async def evaluate(client: Any, engine: Engine, fmt: ChatFormat, plan: RolloutPl
     t0 = time.perf_counter()
     trajs, _ = await collect(client, engine, fmt, reqs, sampling, plan.limits, plan.concurrency, plan.retry)
     m = rollout_metrics(trajs, prefix=name)
-    scored = [t for t in trajs if not t.status.is_infra]  # env failures say nothing about the policy
-    m[f"{name}/success"] = sum(t.metrics.get("success", 0.0) for t in scored) / max(len(scored), 1)
-    m[f"{name}/episodes"] = float(len(scored))
-    m[f"{name}/env_errors"] = float(len(trajs) - len(scored))
+    # as jobs.eval scores: `collect` has retried env errors; those left are failures in the success rate
+    # (never left out of its denominator) and are reported beside it as their own count and rate
+    env_errors = sum(1 for t in trajs if t.status.is_infra)
+    m[f"{name}/success"] = sum(t.metrics.get("success", 0.0) for t in trajs) / max(len(trajs), 1)
+    m[f"{name}/episodes"] = float(len(trajs))
+    m[f"{name}/env_errors"] = float(env_errors)
+    m[f"{name}/env_error_rate"] = env_errors / max(len(trajs), 1)
     m[f"{name}/seconds"] = time.perf_counter() - t0
     per_task = task_eval(trajs)
     monitor.scalars(m, version)
@@ -47,7 +52,8 @@ async def evaluate(client: Any, engine: Engine, fmt: ChatFormat, plan: RolloutPl
     report_dir.mkdir(parents=True, exist_ok=True)
     (report_dir / f"{name}-v{version}.json").write_text(
         json.dumps({"version": version, **m, "per_task": per_task}, indent=2))
-    log.info("%s v%d: success %.3f over %d held-out episodes (%s)", name, version, m[f"{name}/success"], len(trajs),
+    log.info("%s v%d: success %.3f over %d held-out episodes, %d env errors (%s)", name, version,
+             m[f"{name}/success"], len(trajs), env_errors,
              "; ".join(f"{k} {v['success']:.3f}" for k, v in per_task.items()))
     return m, per_task
 

@@ -35,6 +35,7 @@ from typing import Any
 from agentrl.config import RunConfig
 from agentrl.fsio import write_json_atomic
 from agentrl.monitor.eval_summary import per_task_summary
+from agentrl.monitor.progress import StepProgress
 from agentrl.monitor.rollout_stats import rollout_metrics
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.collect import collect
@@ -97,8 +98,12 @@ async def expert_demos(run_dir: Path, client: Any, fmt: ChatFormat, plan: Rollou
     for task in plan.tasks:
         train = await client.indices(task, "train")
         reqs += [(task, i, f"expert-{task}-{i}") for i in rng.sample(train, min(plan.expert_samples, len(train)))]
-    trajs, _ = await collect(client, ExpertEngine(client), fmt, reqs, sampling, plan.limits,
-                                  plan.concurrency, plan.retry)
+    bar = StepProgress(len(reqs), "expert demonstrations")
+    try:
+        trajs, _ = await collect(client, ExpertEngine(client), fmt, reqs, sampling, plan.limits,
+                                 plan.concurrency, plan.retry, on_done=lambda t: bar.update(1, last=t.task))
+    finally:
+        bar.close()
     ShardWriter(run_dir / "shards" / "expert-0").write(trajs)
     monitor.scalars(rollout_metrics(trajs, prefix="expert"), 0)
     log.info("expert: %d demonstrations", len(trajs))
@@ -336,6 +341,6 @@ async def _final_report(client: Any, engine: Any, fmt: ChatFormat, plan: Rollout
                         "sampled_eval_episodes": int(after["eval_sampled/episodes"])})
     summary["per_task"] = per_task_summary(task_before, task_after, sampled_before, sampled_after)
     write_json_atomic(report / "summary.json", summary, indent=2)
-    if summary["eval_episodes"] == 0:
+    if summary["eval_episodes"] == summary["env_errors"]:  # none, or every one an env error
         raise RuntimeError("the final evaluation scored no episode: the env workers failed")
     return summary

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from agentrl.config import TrainerConfig
+from agentrl.monitor.progress import StepProgress
 from agentrl.trainer.batch import collate
 from agentrl.trainer.imitation import reproduced_share
 from agentrl.trainer.parallel import Parallel
@@ -76,11 +77,15 @@ class WarmStart:
     def run(self, monitor) -> dict[str, float]:
         """The warm start; returns the last step's statistics plus `sft_steps_done`."""
         t, stats = self.t, {}
+        # rank 0's bar (a terminal) or a line every 30 s (a Slurm log); it may stop early, at sft_target
+        bar = StepProgress(t.sft_steps, "warm start") if self.par.is_main else None
         for i in range(t.sft_steps):
             if self.held and i % t.sft_check_every == 0 and self._imitates(monitor, i):
                 break
             stats = self.step()
             monitor.scalars({f"sft/{k}": v for k, v in stats.items()}, i)
+            if bar is not None:
+                bar.update(1, loss=stats["sft_loss"], token_acc=stats["sft_token_acc"])
             if i % 50 == 0 or i == t.sft_steps - 1:
                 log.info("sft step %d/%d loss %.4f token_acc %.3f", i + 1, t.sft_steps, stats["sft_loss"],
                          stats["sft_token_acc"])
@@ -88,6 +93,8 @@ class WarmStart:
             if self.held and not self._imitates(monitor, t.sft_steps):
                 log.warning("warm start: %d steps (the cap) without reaching sft_target %.2f on every task",
                             t.sft_steps, t.sft_target)
+        if bar is not None:
+            bar.close()
         log.info("warm start done after %d steps", self.done)
         return {**stats, "sft_steps_done": float(self.done)}
 

@@ -1,4 +1,5 @@
-"""Per-task evaluation summaries: success over scored episodes, status mix, gain and its standard error."""
+"""Per-task evaluation summaries: success over every episode (env errors as failures, as jobs.eval scores), the
+env errors beside it, status mix, gain and its standard error."""
 from __future__ import annotations
 
 import math
@@ -14,16 +15,28 @@ def traj(task: str, success: float, status: Status = Status.COMPLETED) -> Trajec
                       metrics={"success": success})
 
 
-def test_task_eval_scores_only_what_the_policy_did() -> None:
+def test_task_eval_counts_env_errors_as_failures_and_reports_them() -> None:
     trajs = ([traj("a", 1.0)] * 3 + [traj("a", 0.0, Status.TURN_LIMIT)] + [traj("a", 0.0, Status.ENV_ERROR)] * 2
              + [traj("b", 0.0, Status.INVALID_ACTION)])
     ev = task_eval(trajs)
-    assert ev["a"]["success"] == 0.75 and ev["a"]["episodes"] == 4  # env errors are not the policy's failures
-    assert ev["a"]["stderr"] == pytest.approx(math.sqrt(0.75 * 0.25 / 4))
+    assert ev["a"]["success"] == 0.5 and ev["a"]["episodes"] == 6  # 3 of 6: the two env errors are failures
+    assert (ev["a"]["env_errors"], ev["a"]["env_error_rate"]) == (2, pytest.approx(2 / 6))
+    assert ev["a"]["stderr"] == pytest.approx(math.sqrt(0.5 * 0.5 / 6))
     assert ev["a"]["status"] == {"completed": 3, "env_error": 2, "turn_limit": 1}
-    assert ev["a"]["metrics"] == {"success": 0.75}
-    assert ev["b"] == {"success": 0.0, "episodes": 1, "stderr": 0.0, "status": {"invalid_action": 1},
-                       "metrics": {"success": 0.0}}
+    assert ev["a"]["metrics"] == {"success": 0.75}  # the task's own metrics: over the episodes it finished
+    assert ev["b"] == {"success": 0.0, "episodes": 1, "stderr": 0.0, "env_errors": 0, "env_error_rate": 0.0,
+                       "status": {"invalid_action": 1}, "metrics": {"success": 0.0}}
+
+
+def test_the_same_success_as_jobs_eval() -> None:
+    from agentrl.evaluation.played import Played
+    from agentrl.monitor.eval_results import aggregate
+
+    trajs = [traj("a", 1.0)] * 3 + [traj("a", 0.0, Status.TURN_LIMIT)] + [traj("a", 0.0, Status.ENV_ERROR)] * 2
+    eps = [Played.of_trajectory(t).scored("a", "test", f"test-{i}", 0) for i, t in enumerate(trajs)]
+    r = aggregate(eps, ks=(1,))[("a", "test")]
+    ev = task_eval(trajs)["a"]
+    assert ev["success"] == pytest.approx(r.success.mean) and ev["env_error_rate"] == pytest.approx(r.env_error_rate)
 
 
 def test_every_float_a_task_reports_is_averaged_per_task() -> None:
@@ -38,9 +51,10 @@ def test_every_float_a_task_reports_is_averaged_per_task() -> None:
     assert task_eval([a, b])["a"]["metrics"] == {"read_note": 0.5, "steps_left": 3.0, "success": 0.5}
 
 
-def test_a_task_whose_every_episode_failed_in_the_env_scores_no_episode() -> None:
+def test_a_task_whose_every_episode_failed_in_the_env_scores_zero_over_all() -> None:
     ev = task_eval([traj("a", 0.0, Status.ENV_ERROR)] * 3)
-    assert ev["a"]["episodes"] == 0 and ev["a"]["success"] == 0.0 and ev["a"]["status"] == {"env_error": 3}
+    assert (ev["a"]["episodes"], ev["a"]["env_errors"], ev["a"]["success"]) == (3, 3, 0.0)
+    assert ev["a"]["status"] == {"env_error": 3} and ev["a"]["metrics"] == {}
 
 
 def test_per_task_summary_gain_and_its_stderr() -> None:
@@ -52,7 +66,7 @@ def test_per_task_summary_gain_and_its_stderr() -> None:
     assert row["sampled_gain"] == pytest.approx(0.5)
     se = math.sqrt(0.25 * 0.75 / 4)
     assert row["sampled_gain_stderr"] == pytest.approx(math.hypot(se, se))
-    assert row["status"]["after_rl"] == {"completed": 4}
+    assert row["status"]["after_rl"] == {"completed": 4} and row["env_errors"] == 0
     no_sampled = per_task_summary(before, after, None, None)["a"]
     assert "sampled_success_after_rl" not in no_sampled
 

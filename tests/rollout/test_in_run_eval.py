@@ -1,0 +1,77 @@
+"""The rollout rank's held-out evaluation and warm-start collection, with the scripted expert playing.
+
+The in-run evaluation's numbers: success over every episode, env errors (after the retries) counted as
+failures and reported beside it, as `jobs.eval` scores them (one index always fails in the env). The
+expert's demonstrations: a progress line, the shard written."""
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from agentrl.envs.api import EnvError
+from agentrl.envs.inprocess import InProcessClient
+from agentrl.envs.tasks import get_task
+from agentrl.rollout.agent_loop import EpisodeLimits
+from agentrl.rollout.collect import Retry
+from agentrl.rollout.engine import ExpertEngine
+from agentrl.rollout.in_run_eval import evaluate
+from agentrl.rollout.plan import RolloutPlan
+
+
+class Broken(InProcessClient):
+    """test-3 never starts (an env error on every attempt); the rest play as usual."""
+
+    def __init__(self) -> None:
+        super().__init__({"lookup": get_task("lookup")})
+        self.starts: dict[str, int] = {}
+
+    async def start_sample(self, task, index):
+        self.starts[index] = self.starts.get(index, 0) + 1
+        if index == "test-3":
+            raise EnvError("env_error", "worker went away")
+        return await super().start_sample(task, index)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.values: dict[str, float] = {}
+
+    def scalars(self, values, step) -> None:
+        self.values.update(values)
+
+    def text(self, tag, value, step=0) -> None:
+        pass
+
+
+def test_env_errors_stay_in_the_denominator(lookup_format, tmp_path: Path) -> None:
+    client = Broken()
+    plan = RolloutPlan(tasks=("lookup",), steps=1, prompts_per_step=1, samples_per_prompt=1, expert_samples=0,
+                       eval_split="test", eval_samples=4, concurrency=2, temperature=1.0, top_p=1.0,
+                       limits=EpisodeLimits(4, 512, 48), retry=Retry(max_retries=1, backoff_s=0.001))
+    mon = Recorder()
+    m, per_task = asyncio.run(evaluate(client, ExpertEngine(client), lookup_format, plan, 5, tmp_path, mon))
+    assert client.starts["test-3"] == 2  # tried, retried once, then reported
+    assert m["eval/episodes"] == 4 and m["eval/env_errors"] == 1 and m["eval/env_error_rate"] == 0.25
+    assert m["eval/success"] == pytest.approx(3 / 4)  # the expert solves the other three
+    assert per_task["lookup"]["success"] == pytest.approx(3 / 4) and per_task["lookup"]["env_errors"] == 1
+    assert per_task["lookup"]["status"] == {"completed": 3, "env_error": 1}
+    assert mon.values["eval/success"] == m["eval/success"]
+    written = json.loads((tmp_path / "eval-v5.json").read_text())
+    assert written["eval/success"] == pytest.approx(0.75) and written["per_task"]["lookup"]["episodes"] == 4
+
+
+def test_expert_demonstrations_show_progress(lookup_format, tmp_path: Path, capsys) -> None:
+    from agentrl.rollout.role import expert_demos
+    from agentrl.transport.shards import ShardReader
+
+    client = InProcessClient({"lookup": get_task("lookup")})
+    plan = RolloutPlan(tasks=("lookup",), steps=1, prompts_per_step=1, samples_per_prompt=1, expert_samples=3,
+                       eval_split="test", eval_samples=0, concurrency=2, temperature=1.0, top_p=1.0,
+                       limits=EpisodeLimits(4, 512, 48))
+    asyncio.run(expert_demos(tmp_path, client, lookup_format, plan, Recorder()))
+    out = capsys.readouterr().out.splitlines()  # not a terminal: plain lines, the last at the end
+    assert out[-1].startswith("expert demonstrations: 3/3 (100%) | last lookup |")
+    assert ShardReader(tmp_path / "shards" / "expert-0").available()
