@@ -11,11 +11,17 @@
 2. Raw: a fresh `vllm.LLM` generates for exactly those recorded prompts, with the same sampling
    parameters, in one `generate` call (all requests known up front: no turn waits for the one before it).
 
-`agent_loop_over_raw` = ours' generated tokens/s ÷ raw's, each the best of three timed passes. Below 1 by
-what the loop costs: turns that wait for their previous turn (less batching), Python work per turn, the
-engine thread's hand-offs; above 1 where a later turn reuses its earlier turns' cached prefix, which the
-raw side (all turns at once) cannot. Prints the numbers and writes them to `--out` (default
-runs/bench/agent_loop.json).
+Each side runs in a process of its own (a warm-up pass, then one timed pass), `--repeats` times interleaved:
+ours, raw, ours, raw, ... (`agentrl.bench.repeat`); raw repeat i replays the requests ours recorded in repeat i.
+Both sides' processes get the same CPUs (`--cpus`, this process's affinity, inherited), the same
+OMP_NUM_THREADS (one per CPU) and the same vLLM OpenMP binding (`--vllm-bind`, VLLM_CPU_OMP_THREADS_BIND,
+`nobind` by default: the engines stay on the affinity mask).
+
+`agent_loop_over_raw` = ours' generated tokens/s ÷ raw's within each repeat; the report gives its median and
+min-max over the repeats, and each side's. Below 1 by what the loop costs: turns that wait for their previous
+turn (less batching), Python work per turn, the engine thread's hand-offs; above 1 where a later turn reuses
+its earlier turns' cached prefix, which the raw side (all turns at once) cannot. Prints a table and writes the
+numbers, with a `machine` record, to `--out` (default runs/bench/agent_loop.json).
 """
 from __future__ import annotations
 
@@ -30,10 +36,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agentrl.bench import repeat
 from agentrl.config import load_config
 
-REPEATS = 3  # each side's best of three timed passes: the machine may be shared, and a burst of other work
-# slows whichever side it lands on
 
 class Recording:
     """An engine that remembers every request it served (prompt, budget) and the tokens it generated."""
@@ -70,20 +75,14 @@ async def ours(model_dir: Path, cfg: Any, episodes: int, concurrency: int) -> tu
             train = await client.indices(name, "train")
             reqs += [(name, train[i % len(train)], f"bench-{name}-{i}") for i in range(episodes // len(tasks))]
         await collect(client, engine, fmt, reqs[:concurrency], sampling, plan.limits, concurrency, 0)  # warm-up
-        best: tuple[float, Recording, float, int] | None = None
-        for _ in range(REPEATS):
-            rec = Recording(engine)
-            t0 = time.perf_counter()
-            trajs, _ = await collect(client, rec, fmt, reqs, sampling, plan.limits, concurrency, 0)
-            dt = time.perf_counter() - t0
-            if best is None or rec.generated / dt > best[0]:
-                best = (rec.generated / dt, rec, dt, sum(t.num_turns for t in trajs))
+        rec = Recording(engine)
+        t0 = time.perf_counter()
+        trajs, _ = await collect(client, rec, fmt, reqs, sampling, plan.limits, concurrency, 0)
+        dt = time.perf_counter() - t0
     finally:
         engine.close()
-    assert best is not None
-    rate, rec, dt, turns = best
-    return {"tokens_per_s": rate, "seconds": dt, "episodes": float(len(reqs)), "turns": float(turns),
-            "generated_tokens": float(rec.generated)}, rec
+    return {"tokens_per_s": rec.generated / dt, "seconds": dt, "episodes": float(len(reqs)),
+            "turns": float(sum(t.num_turns for t in trajs)), "generated_tokens": float(rec.generated)}, rec
 
 
 def raw(model_dir: Path, cfg: Any, calls: list[tuple[list[int], int]], concurrency: int) -> dict[str, float]:
@@ -107,13 +106,9 @@ def raw(model_dir: Path, cfg: Any, calls: list[tuple[list[int], int]], concurren
 
     def generate() -> None:
         llm.generate(prompts[:concurrency], [params(b) for _, b in calls[:concurrency]], use_tqdm=False)  # warm-up
-        for _ in range(REPEATS):
-            t0 = time.perf_counter()
-            outs = llm.generate(prompts, [params(b) for _, b in calls], use_tqdm=False)
-            dt = time.perf_counter() - t0
-            n = sum(len(o.outputs[0].token_ids) for o in outs)
-            if not result or n / dt > result["n"] / result["dt"]:
-                result.update(dt=dt, n=n)
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, [params(b) for _, b in calls], use_tqdm=False)
+        result.update(dt=time.perf_counter() - t0, n=sum(len(o.outputs[0].token_ids) for o in outs))
 
     # From a thread of its own, as `VLLMEngine` steps its engine: vLLM's CPU backend pins the OpenMP threads
     # of the thread that built the engine, and stepping from that (main) thread ran 15x slower here beside
@@ -126,34 +121,45 @@ def raw(model_dir: Path, cfg: Any, calls: list[tuple[list[int], int]], concurren
 
 
 def measure(model_dir: Path, preset: str, overrides: list[str], episodes: int, concurrency: int,
-            work: Path) -> dict[str, Any]:
+            work: Path, repeats: int = repeat.MIN_REPEATS, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Each side in its own process: two vLLM engines in one process bind their threads to the same cores
-    (seen here: the second ran 10x slower than alone)."""
+    (seen here: the second ran 10x slower than alone). Sides interleaved, `repeats` times; `env`: what every
+    side's process gets on top of this one's environment (threads, vLLM binding)."""
     cfg = load_config(preset, overrides)
     work.mkdir(parents=True, exist_ok=True)
     common = [sys.executable, "-m", "jobs.bench_agent_loop", "--model", str(model_dir), "--preset", preset,
               "--episodes", str(episodes), "--concurrency", str(concurrency), "--work", str(work)]
-    for phase in ("ours", "raw"):
-        subprocess.run([*common, "--phase", phase, *overrides], check=True, stdout=subprocess.DEVNULL,
-                       stderr=open(work / f"{phase}.log", "w"))
-    mine = json.loads((work / "ours.json").read_text())
-    theirs = json.loads((work / "raw.json").read_text())
-    return {"agent_loop_over_raw": round(mine["tokens_per_s"] / theirs["tokens_per_s"], 3),
-            "ours": {k: round(v, 3) for k, v in mine.items()}, "raw_vllm": {k: round(v, 3) for k, v in theirs.items()},
+
+    def side(phase: str) -> Any:
+        def run(i: int) -> dict[str, float]:
+            with open(work / f"{phase}-{i}.log", "w") as log:
+                subprocess.run([*common, "--phase", phase, "--repeat-index", str(i), *overrides], check=True,
+                               stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, **(env or {})})
+            return json.loads((work / f"{phase}-{i}.json").read_text())
+        return run
+
+    samples = repeat.interleave({"ours": side("ours"), "raw_vllm": side("raw")}, repeats,
+                                echo=lambda line: print(line, file=sys.stderr, flush=True))
+    spread = repeat.summarize(samples, [repeat.Ratio("agent_loop_over_raw", "ours", "tokens_per_s", "raw_vllm",
+                                                     "tokens_per_s")])
+    return {"agent_loop_over_raw": round(spread["ratios"]["agent_loop_over_raw"]["median"], 3),
+            **{name: {k: round(v["median"], 3) for k, v in figs.items()} for name, figs in spread["sides"].items()},
+            "repeats": spread,
             "setup": {"episodes": episodes, "concurrency": concurrency, "tasks": list(cfg.envs.tasks),
-                      "cpus": os.cpu_count()}}
+                      "repeats": repeats, "cpus": os.cpu_count()}}
 
 
 def _phase(args: argparse.Namespace) -> None:
     cfg = load_config(args.preset, args.overrides)
-    calls_file = args.work / "calls.json"
+    i = args.repeat_index
+    calls_file = args.work / f"calls-{i}.json"
     if args.phase == "ours":
         mine, rec = asyncio.run(ours(args.model, cfg, args.episodes, args.concurrency))
         calls_file.write_text(json.dumps(rec.calls))
-        (args.work / "ours.json").write_text(json.dumps(mine))
+        (args.work / f"ours-{i}.json").write_text(json.dumps(mine))
     else:
         recorded = [(p, b) for p, b in json.loads(calls_file.read_text())]
-        (args.work / "raw.json").write_text(json.dumps(raw(args.model, cfg, recorded, args.concurrency)))
+        (args.work / f"raw-{i}.json").write_text(json.dumps(raw(args.model, cfg, recorded, args.concurrency)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,16 +171,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("runs/bench/agent_loop.json"))
     ap.add_argument("--work", type=Path, default=Path("runs/bench/agent_loop"), help="each phase's files")
     ap.add_argument("--phase", choices=("ours", "raw"), help=argparse.SUPPRESS)  # one side, in its own process
+    ap.add_argument("--repeat-index", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, default=None, help="sets `seed=` (the config's seed otherwise)")
+    repeat.add_args(ap)
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
+    if args.seed is not None:
+        args.overrides = [*args.overrides, f"seed={args.seed}"]
     if args.phase:
         _phase(args)
         return 0
-    result = measure(args.model, args.preset, args.overrides, args.episodes, args.concurrency, args.work)
+    load_before = os.getloadavg()
+    cpus = repeat.parse_cpus(args.cpus)
+    env = repeat.pin(cpus, None, args.vllm_bind)
+    result = measure(args.model, args.preset, args.overrides, args.episodes, args.concurrency, args.work,
+                     args.repeats, env)
+    result["machine"] = repeat.machine(load_config(args.preset, args.overrides).seed, cpus, env, load_before)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=2))
-    print(f"written to {args.out}")
+    print(repeat.table(result["repeats"]))
+    print(f"agent loop / raw vLLM {result['agent_loop_over_raw']} (median of {args.repeats} pairs); "
+          f"written to {args.out}")
     return 0
 
 

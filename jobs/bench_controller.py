@@ -29,6 +29,13 @@ callers, and a connection pool per path of `--connections` sockets. The child pr
 if this process dies (PR_SET_PDEATHSIG), and SIGTERM then SIGKILL when it ends.
 On a 2-core machine the client, the controller and the workers compete for the same cores: read the
 per-process CPU time per interaction beside the latencies.
+
+Repeats (`agentrl.bench.repeat`): steps 1-6 run `--repeats` times (at least 3), each time with fresh processes,
+all on `--cpus` (this process's affinity, inherited by the roles). Under `repeats` the report gives, per path,
+the median and min-max over the repeats of the rate phase's p50/p99 and the saturate phase's interactions/s,
+and of the per-repeat ratios controller/direct (and the added latency, controller minus direct). The detailed
+breakdown beside it is the repeat whose p99 ratio is the median one; `errors` and the sessions goal count every
+repeat. `machine` says where it ran (CPU model, affinity, load average before and after, versions, command).
 """
 from __future__ import annotations
 
@@ -52,6 +59,7 @@ import aiohttp
 import numpy as np
 
 from agentrl.auth import auth_header, run_secret
+from agentrl.bench import repeat
 from agentrl.config import config_from_dict, dump_config
 from agentrl.envs.api import EnvError
 from agentrl.envs.client import GatewayClient
@@ -432,11 +440,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--duration", type=float, default=10.0, help="seconds per load phase and path")
     ap.add_argument("--slice", type=float, default=1.0, help="seconds a path runs before the other takes over")
     ap.add_argument("--payload-bytes", type=int, default=64, help="echoed text per interaction")
-    ap.add_argument("--timeout", type=float, default=900.0, help="bound on the whole run, seconds")
+    ap.add_argument("--timeout", type=float, default=900.0, help="bound on each repeat, seconds")
     ap.add_argument("--no-uvloop", action="store_true", help="asyncio's own event loop in every process")
     ap.add_argument("--run-dir", type=Path, default=None, help="config and process logs (default: a temp dir)")
     ap.add_argument("--profile-controller", default=None, help="write the controller's cProfile stats here")
     ap.add_argument("--out", type=Path, default=None, help="write the JSON report here")
+    repeat.add_args(ap)
     args = ap.parse_args(argv)
     if not (1 <= args.sessions <= MAX_SESSIONS and 1 <= args.workers <= MAX_WORKERS
             and 1 <= args.concurrency <= MAX_CALLERS and 1 <= args.open_concurrency <= MAX_CALLERS
@@ -448,16 +457,48 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def repeat_figures(report: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """One repeat's figures per path (and the added latency, controller minus direct), for the spread."""
+    figs = {p: {"p50_ms": report[p]["rate"]["latency_ms"]["p50"], "p99_ms": report[p]["rate"]["latency_ms"]["p99"],
+                "saturate_per_s": report[p]["saturate"]["interactions_per_s"]} for p in ("controller", "direct")}
+    figs["added"] = {k: figs["controller"][k] - figs["direct"][k] for k in ("p50_ms", "p99_ms")}
+    return figs
+
+
+RATIOS = [repeat.Ratio("p50", "controller", "p50_ms", "direct", "p50_ms"),
+          repeat.Ratio("p99", "controller", "p99_ms", "direct", "p99_ms"),
+          repeat.Ratio("saturate_throughput", "controller", "saturate_per_s", "direct", "saturate_per_s")]
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    load_before = os.getloadavg()
+    cpus = repeat.parse_cpus(args.cpus)
+    env = repeat.pin(cpus, None, args.vllm_bind)
+    os.environ.update(env)  # the roles' environment (`Processes`) starts from this process's
     fd_limit = raise_fd_limit()
-    with tempfile.TemporaryDirectory(prefix="bench-controller-") as tmp:
-        run_dir = args.run_dir or Path(tmp)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        loop = asyncio.new_event_loop if args.no_uvloop else event_loop_factory()
-        with asyncio.Runner(loop_factory=loop) as runner:
-            report = runner.run(asyncio.wait_for(bench(args, run_dir), args.timeout))
-    out = summarize(args, report, fd_limit)
+    reports: list[dict[str, Any]] = []
+    samples: dict[str, list[dict[str, float]]] = {"controller": [], "direct": [], "added": []}
+    for i in range(args.repeats):  # each repeat alternates the two paths itself, slice by slice
+        with tempfile.TemporaryDirectory(prefix="bench-controller-") as tmp:
+            run_dir = args.run_dir / f"repeat-{i}" if args.run_dir else Path(tmp)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            loop = asyncio.new_event_loop if args.no_uvloop else event_loop_factory()
+            with asyncio.Runner(loop_factory=loop) as runner:
+                reports.append(runner.run(asyncio.wait_for(bench(args, run_dir), args.timeout)))
+        for side, figs in repeat_figures(reports[-1]).items():
+            samples[side].append(figs)
+        print(f"repeat {i + 1}/{args.repeats}: " + ", ".join(
+            f"{p} p99 {samples[p][-1]['p99_ms']:.2f} ms" for p in ("controller", "direct")), flush=True)
+    spread = repeat.summarize(samples, RATIOS)
+    pairs = spread["ratios"]["p99"]["pairs"]
+    shown = sorted(range(len(pairs)), key=lambda k: pairs[k])[len(pairs) // 2]
+    out = summarize(args, reports[shown], fd_limit)
+    errors = sum(r["controller"]["errors"] + r["direct"]["errors"] for r in reports)
+    out["errors"] = errors
+    out["goal"]["sessions_held_no_errors"] = errors == 0 and min(r["sessions_held"] for r in reports) >= args.sessions
+    out["repeats"] = {**spread, "shown": shown}
+    out["machine"] = {**out["machine"], **repeat.machine(None, cpus, env, load_before)}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(out, indent=2))
@@ -465,6 +506,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                           "latency_ms_at_rate", "added_latency_ms", "ratio",
                                           "controller_overhead_ms", "cpu_us_per_call", "goal", "goal_note")},
                      indent=2))
+    print(f"(the figures above are repeat {shown + 1} of {args.repeats}, the median p99 ratio; over all repeats:)")
+    print(repeat.table(spread))
     return out
 
 

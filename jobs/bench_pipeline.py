@@ -2,22 +2,30 @@
 trajectories and machine, through the real roles (controller, env worker, vLLM, trainer, MPI), with env
 latency that has a long tail (lognormal, p99 ≈ 10× the median: `rollout.env_latency_s`).
 
-    python -m jobs.bench_pipeline --quick      # ~4 minutes on 2 cores
+    python -m jobs.bench_pipeline --quick      # ~15 minutes on 2 cores (3 repeats of each schedule)
     python -m jobs.bench_pipeline              # longer runs, steadier numbers
-    python -m jobs.bench_pipeline --latency 0.5 --sigma 0.99 --staleness 1 --ranks 1
+    python -m jobs.bench_pipeline --latency 0.5 --sigma 0.99 --staleness 1 --ranks 1 --repeats 5 --cpus 0-3
 
-Each schedule runs `python -m jobs.train` (the same entry point a user runs) in runs/bench/<schedule>/.
+Each schedule runs `python -m jobs.train` (the same entry point a user runs) in runs/bench/<schedule>/, `--repeats`
+times (at least 3), interleaved: sync, async, sync, async, ... (`agentrl.bench.repeat`). The synchronous schedule
+is the same pipeline as the asynchronous one with its numbers fixed (`RunConfig.pipeline`: max_staleness 0, one
+step's groups per step, one rollout rank), so the comparison is of the two settings through the same roles.
 The bench watches report/trainer.json and notes when each step finishes. Throughput is measured in the
 steady state: trajectories trained in steps 2..N over the time from the end of step 1 to the end of step N,
 so that the engines' start-up and the pipeline's fill (the same for both) do not dilute it; the end-to-end
 figure (from weights v0 to the last step) is written too. `rollout_over_raw_vllm` is the agent loop's
-own cost (`jobs.bench_agent_loop` on the async run's model: our loop's generated tokens/s over vLLM
-`generate` on exactly the requests our loop made, envs in process, each side in its own process).
+own cost (`jobs.bench_agent_loop` on the last async run's model, with the same repeats: our loop's generated
+tokens/s over vLLM `generate` on exactly the requests our loop made, envs in process, each side in its own
+process).
 
 The async run splits the cores between trainer and engine (`--threads`, default half each): on a small
 machine a trainer and an engine that both start a thread per core oversubscribe it while they run at
-once; the sync run's phases take turns, so each gets every core. Results: printed, and written to
-runs/bench/pipeline.json.
+once; the sync run's phases take turns, so each gets every core. Both schedules run on the same `--cpus`
+(this process's affinity, which every role inherits) with the same vLLM OpenMP binding (`--vllm-bind`).
+
+Results: a table of the median and min-max over the repeats of each schedule's figures and of the per-repeat
+ratio async/sync (each repeat's two runs ran next to each other), the `machine` record (CPU model, affinity,
+load average before and after, versions, command, seed), printed and written to runs/bench/pipeline.json.
 """
 from __future__ import annotations
 
@@ -25,12 +33,14 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from agentrl.bench import repeat
 from agentrl.bench.pipeline import throughput
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,16 +55,18 @@ def overrides(quick: bool, latency: float, sigma: float, steps: int = 0, prompts
             f"rollout.env_latency_sigma={sigma}"]
 
 
-def run_schedule(root: Path, name: str, extra: list[str], timeout_s: float = 900.0) -> dict[str, Any]:
-    """`jobs.train` for one schedule; returns the step completion times and the run's reports."""
+def run_schedule(root: Path, name: str, extra: list[str], timeout_s: float = 900.0, log_name: str = "",
+                 env: dict[str, str] | None = None) -> dict[str, Any]:
+    """`jobs.train` for one schedule (in root/name, which it replaces); returns the step completion times and the
+    run's reports. `env`: added to the run's environment (the pinned threads and binding)."""
     run_dir = root / name
     shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [sys.executable, "-m", "jobs.train", "--preset", "smoke", "--name", name, "--fresh", f"run_root={root}",
            *extra]
-    log = open(root / f"{name}.out", "w")
+    log = open(root / f"{log_name or name}.out", "w")
     t_launch = time.time()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"})
     step_t: dict[int, float] = {}
     t_v0: float | None = None
     report = run_dir / "report" / "trainer.json"
@@ -78,7 +90,7 @@ def run_schedule(root: Path, name: str, extra: list[str], timeout_s: float = 900
             proc.wait(30)
         log.close()
     if proc.returncode != 0:
-        raise RuntimeError(f"{name} failed (rc {proc.returncode}); see {root / (name + '.out')}")
+        raise RuntimeError(f"{name} failed (rc {proc.returncode}); see {log.name}")
     trainer = json.loads(report.read_text())
     rollout = [json.loads(p.read_text()) for p in sorted((run_dir / "report").glob("rollout-*.json"))]
     return {"run_dir": run_dir, "step_t": step_t, "t_v0": t_v0, "trainer": trainer, "rollout": rollout,
@@ -87,7 +99,7 @@ def run_schedule(root: Path, name: str, extra: list[str], timeout_s: float = 900
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small runs (about 4 minutes on 2 cores)")
+    ap.add_argument("--quick", action="store_true", help="small runs (about 4 minutes per repeat on 2 cores)")
     ap.add_argument("--latency", type=float, default=0.3, help="median env latency per env call, seconds")
     ap.add_argument("--sigma", type=float, default=0.99, help="lognormal sigma (0.99: p99 = 10x median)")
     ap.add_argument("--staleness", type=int, default=1, help="algo.max_staleness of the async run")
@@ -103,7 +115,11 @@ def main(argv: list[str] | None = None) -> int:
                          "more; 256 at 64 at once measured 0.72 where 1024 measured 0.96)")
     ap.add_argument("--seed", type=int, default=0, help="run seed (model, env latency draws, sampling)")
     ap.add_argument("--root", type=Path, default=Path("runs/bench"))
+    repeat.add_args(ap)
     args = ap.parse_args(argv)
+    load_before = os.getloadavg()
+    cpus = repeat.parse_cpus(args.cpus)
+    env = repeat.pin(cpus, None, args.vllm_bind)
     root = args.root.resolve()
     root.mkdir(parents=True, exist_ok=True)
     common = overrides(args.quick, args.latency, args.sigma, args.steps, args.prompts) + [f"seed={args.seed}"]
@@ -113,53 +129,74 @@ def main(argv: list[str] | None = None) -> int:
     per_step = cfg.rollout.prompts_per_step * len(cfg.envs.tasks) * cfg.rollout.samples_per_prompt
 
     print(f"bench: {cfg.trainer.steps} steps x {per_step} trajectories, env latency lognormal median "
-          f"{args.latency}s sigma {args.sigma}", flush=True)
-    cores = os.cpu_count() or 2
+          f"{args.latency}s sigma {args.sigma}, {args.repeats} repeats of each schedule on CPUs {cpus}", flush=True)
+    cores = len(cpus)
     t_train, t_engine = (int(x) for x in args.threads.split(":")) if args.threads else (max(cores // 2, 1),
                                                                                          max(cores - cores // 2, 1))
-    sync = run_schedule(root, "sync", common + ["cluster.schedule=sync", f"trainer.threads={cores}",
-                                                f"cluster.engine_threads={cores}"])
-    print(f"sync done in {sync['wall_s']:.0f}s", flush=True)
-    asyn = run_schedule(root, "async", common + ["cluster.schedule=async", f"cluster.rollout.ranks={args.ranks}",
-                                                 f"algo.max_staleness={args.staleness}", f"trainer.threads={t_train}",
-                                                 f"cluster.engine_threads={t_engine}"])
-    print(f"async done in {asyn['wall_s']:.0f}s", flush=True)
-    sync_tps, sync_e2e = throughput(sync["step_t"], sync["t_v0"], per_step)
-    async_tps, async_e2e = throughput(asyn["step_t"], asyn["t_v0"], per_step)
-    tr = asyn["trainer"]
-    consumed = max(tr["queue"].get("consumed", 0), 1)
-    busy = max(tr["rl_wall_s"], 1e-9)
-    rollout_tok_s = sum(r["action_tokens"] / max(r["wall_s"], 1e-9) for r in asyn["rollout"])
-    loop_out = root / "agent_loop.json"  # jobs.bench_agent_loop, as its own entry point
-    subprocess.run([sys.executable, "-m", "jobs.bench_agent_loop", "--model", str(asyn["run_dir"] / "model"),
+    schedules = {
+        "sync": common + ["cluster.schedule=sync", f"trainer.threads={cores}", f"cluster.engine_threads={cores}"],
+        "async": common + ["cluster.schedule=async", f"cluster.rollout.ranks={args.ranks}",
+                           f"algo.max_staleness={args.staleness}", f"trainer.threads={t_train}",
+                           f"cluster.engine_threads={t_engine}"],
+    }
+
+    def side(name: str) -> Any:
+        def run(i: int) -> dict[str, float]:
+            r = run_schedule(root, name, schedules[name], log_name=f"{name}-{i}", env=env)
+            tps, e2e = throughput(r["step_t"], r["t_v0"], per_step)
+            figs = {"traj_per_s": tps, "e2e_traj_per_s": e2e, "wall_s": r["wall_s"]}
+            if name == "async":
+                tr = r["trainer"]
+                figs.update(trainer_idle_frac=tr["idle_s"] / max(tr["rl_wall_s"], 1e-9),
+                            staleness_mean=tr["staleness_sum"] / max(tr["queue"].get("consumed", 0), 1),
+                            staleness_max=float(tr["staleness_max"]),
+                            rollout_tokens_per_s=sum(x["action_tokens"] / max(x["wall_s"], 1e-9) for x in r["rollout"]),
+                            rollout_idle_frac=statistics.mean(x["rollout_idle_frac"] for x in r["rollout"]))
+            return figs
+        return run
+
+    samples = repeat.interleave({"sync": side("sync"), "async": side("async")}, args.repeats,
+                                echo=lambda line: print(line, flush=True))
+    spread = repeat.summarize(samples, [
+        repeat.Ratio("async_over_sync", "async", "traj_per_s", "sync", "traj_per_s"),
+        repeat.Ratio("async_over_sync_e2e", "async", "e2e_traj_per_s", "sync", "e2e_traj_per_s")])
+    loop_out = root / "agent_loop.json"  # jobs.bench_agent_loop, as its own entry point, on the last async model
+    subprocess.run([sys.executable, "-m", "jobs.bench_agent_loop", "--model", str(root / "async" / "model"),
                     "--preset", "smoke", "--episodes", str(args.loop_episodes), "--concurrency",
                     str(cfg.rollout.concurrency), "--work", str(root / "agent_loop"), "--out", str(loop_out),
+                    "--repeats", str(args.repeats), "--cpus", ",".join(map(str, cpus)), "--vllm-bind", args.vllm_bind,
                     *common], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     loop = json.loads(loop_out.read_text())
-    print(f"agent loop vs raw vLLM: {loop['agent_loop_over_raw']}", flush=True)
-    result = {
-        "sync_traj_per_s": round(sync_tps, 3), "async_traj_per_s": round(async_tps, 3),
-        "async_over_sync": round(async_tps / sync_tps, 3),
-        "trainer_idle_frac": round(tr["idle_s"] / busy, 3),
-        "staleness_mean": round(tr["staleness_sum"] / consumed, 3), "staleness_max": int(tr["staleness_max"]),
+    print(f"agent loop vs raw vLLM: {loop['agent_loop_over_raw']} (median of {args.repeats})", flush=True)
+    med = {side: {k: v["median"] for k, v in figs.items()} for side, figs in spread["sides"].items()}
+    ratios = spread["ratios"]
+    result = {  # medians over the repeats; the spread of each is under "repeats"
+        "sync_traj_per_s": round(med["sync"]["traj_per_s"], 3),
+        "async_traj_per_s": round(med["async"]["traj_per_s"], 3),
+        "async_over_sync": round(ratios["async_over_sync"]["median"], 3),
+        "trainer_idle_frac": round(med["async"]["trainer_idle_frac"], 3),
+        "staleness_mean": round(med["async"]["staleness_mean"], 3),
+        "staleness_max": int(spread["sides"]["async"]["staleness_max"]["max"]),
         "rollout_over_raw_vllm": loop["agent_loop_over_raw"],
-        "end_to_end": {"sync_traj_per_s": round(sync_e2e, 3), "async_traj_per_s": round(async_e2e, 3),
-                       "async_over_sync": round(async_e2e / sync_e2e, 3)},
-        "agent_loop": loop, "async_rollout_tokens_per_s": round(rollout_tok_s, 1),
-        "rollout_idle_frac": [round(r["rollout_idle_frac"], 3) for r in asyn["rollout"]],
+        "end_to_end": {"sync_traj_per_s": round(med["sync"]["e2e_traj_per_s"], 3),
+                       "async_traj_per_s": round(med["async"]["e2e_traj_per_s"], 3),
+                       "async_over_sync": round(ratios["async_over_sync_e2e"]["median"], 3)},
+        "agent_loop": loop, "async_rollout_tokens_per_s": round(med["async"]["rollout_tokens_per_s"], 1),
+        "rollout_idle_frac": round(med["async"]["rollout_idle_frac"], 3),
+        "repeats": spread,
         "setup": {"steps": cfg.trainer.steps, "trajectories_per_step": per_step, "quick": args.quick,
-                  "seed": args.seed, "loop_episodes": args.loop_episodes,
+                  "seed": args.seed, "loop_episodes": args.loop_episodes, "repeats": args.repeats,
                   "env_latency_median_s": args.latency, "env_latency_sigma": args.sigma,
                   "async_max_staleness": args.staleness, "async_rollout_ranks": args.ranks,
                   "async_threads": {"trainer": t_train, "engine": t_engine}, "sync_threads": cores,
-                  "cpus": os.cpu_count(), "sync_wall_s": round(sync["wall_s"], 1),
-                  "async_wall_s": round(asyn["wall_s"], 1)},
+                  "cpus": cpus},
+        "machine": repeat.machine(args.seed, cpus, env, load_before),
     }
     (root / "pipeline.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=2))
+    print(repeat.table(spread))
+    print(f"agent loop / raw vLLM {loop['agent_loop_over_raw']} (median; spread in {loop_out})")
     print(f"written to {root / 'pipeline.json'}")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,8 +2,10 @@
 packed micro-batches of the same model, in the same process (`jobs.bench_trainer` is the command line and
 says what each side does).
 
-The two steps alternate after warm-up, so that load from other processes falls on both alike; the median
-step time of each gives the ratio, and the ratio of the fastest steps is reported beside it.
+After warm-up the two sides alternate through `agentrl.bench.repeat` (ours, bare, ours, bare, ...: `repeats`
+rounds of `steps` timed steps each), so that load from other processes falls on both alike; each round's
+tokens/s is that side's median step's, the ratio is taken within each round, and the report gives the median and
+min-max over the rounds, with the ratio of the fastest steps beside it.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from agentrl.bench.repeat import Ratio, interleave, summarize
 from agentrl.trainer.batch import MicroBatch, collate, layout, padding_fraction, plan_micro_batches
 from agentrl.trainer.parallel import Parallel
 from agentrl.trainer.step import RLHyper, advantages, rl_step
@@ -41,7 +44,9 @@ class StepBench:
     kl_coef: float = 0.0
     """> 0 adds the frozen reference's forward pass to ours (the bare step has none)."""
     steps: int = 5
-    """Timed steps of each."""
+    """Timed steps of each side per repeat."""
+    repeats: int = 3
+    """Rounds of `steps` steps per side, interleaved (ours, bare, ours, bare, ...)."""
     warmup: int = 1
     device: str = "cpu"
     mixed_precision: str = "fp32"
@@ -131,14 +136,23 @@ def compare_steps(s: StepBench) -> dict[str, Any]:
     for _ in range(s.warmup):
         ours()
         bare()
-    t_ours, t_bare = [], []
-    for _ in range(s.steps):  # alternate: drifting load from other processes hits both
-        t_ours.append(timed(ours))
-        t_bare.append(timed(bare))
-    ours_tps, bare_tps = tokens / statistics.median(t_ours), tokens / statistics.median(t_bare)
+    steps_s: dict[str, list[float]] = {"ours": [], "bare": []}
+
+    def side(name: str, fn: Callable[[], None]) -> Callable[[int], dict[str, float]]:
+        def one_round(_: int) -> dict[str, float]:
+            t = [timed(fn) for _ in range(s.steps)]
+            steps_s[name] += t
+            return {"tokens_per_s": tokens / statistics.median(t), "best_step_s": min(t)}
+        return one_round
+
+    summary = summarize(interleave({"ours": side("ours", ours), "bare": side("bare", bare)}, s.repeats),
+                        [Ratio("ours_over_bare", "ours", "tokens_per_s", "bare", "tokens_per_s")])
+    t_ours, t_bare = steps_s["ours"], steps_s["bare"]
+    ratio = summary["ratios"]["ours_over_bare"]["median"]
     return {
-        "ours_tokens_per_s": ours_tps, "bare_tokens_per_s": bare_tps, "ratio": ours_tps / bare_tps,
-        "overhead": 1.0 - ours_tps / bare_tps,
+        "ours_tokens_per_s": summary["sides"]["ours"]["tokens_per_s"]["median"],
+        "bare_tokens_per_s": summary["sides"]["bare"]["tokens_per_s"]["median"], "ratio": ratio,
+        "overhead": 1.0 - ratio, "repeats": summary,
         # on a shared machine the fastest step is the least disturbed one: its ratio is the steadier figure
         "ratio_best_step": min(t_bare) / min(t_ours), "ours_step_s": t_ours, "bare_step_s": t_bare,
         "tokens_per_step": tokens, "action_tokens_per_step": batch.num_action_tokens,

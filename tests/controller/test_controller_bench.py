@@ -15,8 +15,8 @@ def test_tiny_benchmark_report(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "jobs.bench_controller", "--sessions", "50", "--workers", "1",
                     "--duration", "0.6", "--slice", "0.3", "--rate", "100", "--concurrency", "8",
                     "--open-concurrency", "16", "--connections", "16", "--timeout", "90",
-                    "--run-dir", str(tmp_path / "run"), "--out", str(out)],
-                   cwd=REPO, check=True, timeout=120, capture_output=True)
+                    "--repeats", "3", "--run-dir", str(tmp_path / "run"), "--out", str(out)],
+                   cwd=REPO, check=True, timeout=240, capture_output=True)
     r = json.loads(out.read_text())
     assert (r["sessions"], r["sessions_held"], r["sessions_held_direct"], r["errors"]) == (50, 50, 50, 0), r
     assert r["sessions_left"] == {"controller": 0, "workers": 0}
@@ -31,3 +31,11 @@ def test_tiny_benchmark_report(tmp_path: Path) -> None:
     assert set(r["goal"]) == {"sessions_held_no_errors", "added_p99_under_2ms"} and r["goal"]["sessions_held_no_errors"]
     assert r["goal"]["added_p99_under_2ms"] in (True, False, None) and "goal_note" in r
     assert set(r["cpu_us_per_call"]) == {"controller", "workers", "client"}
+    # three fresh repeats, each path's figures and the per-repeat ratios with their spread, and where it ran
+    rep = r["repeats"]
+    assert [len(rep["samples"][p]) for p in ("controller", "direct", "added")] == [3, 3, 3]
+    p99 = rep["ratios"]["p99"]
+    assert p99["min"] <= p99["median"] <= p99["max"] and len(p99["pairs"]) == 3
+    shown = rep["samples"]["controller"][rep["shown"]]["p99_ms"]
+    assert shown == r["latency_ms_at_rate"]["controller"]["p99"]
+    assert r["machine"]["cpu_count"] >= 1 and len(r["machine"]["load_avg_before"]) == 3 and r["machine"]["command"]
