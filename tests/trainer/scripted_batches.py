@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from agentrl.config import RunConfig, load_config
+from agentrl.models import tiny
 from agentrl.trainer.batch import collate
 from agentrl.trainer.model_load import load_model
 from agentrl.trainer.select import shaped_rewards
@@ -18,6 +19,13 @@ from agentrl.trainer.step import RLHyper, rl_step
 from agentrl.types import Status, Trajectory, TrajectoryBuilder
 
 STEPS = 4
+
+
+def scripted_model(out: Path) -> Path:
+    """The small model the scripted batches' token ids fit (vocabulary 300)."""
+    corpus = [f"call lookup {i} then answer {i * 7}" for i in range(50)]
+    tok = tiny.train_tokenizer(corpus, 300, ["<|end|>", "<|pad|>"], "{{ messages }}", "<|end|>", "<|pad|>")
+    return tiny.save(tiny.build_model(tok, 32, 2, 2, 64, 256, seed=3), tok, out)
 
 
 def step_batch(step: int, n_groups: int = 2, vocab: int = 250) -> list[Trajectory]:

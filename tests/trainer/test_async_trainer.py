@@ -13,11 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from scripted_batches import STEPS, by_hand, settings_of, step_batch
+from scripted_batches import STEPS, by_hand, scripted_model, settings_of, step_batch
 
 from agentrl.config import dump_config, load_config
 from agentrl.launch.local import mpiexec
-from agentrl.models import tiny
 from agentrl.trainer.model_load import load_model
 from agentrl.transport import weights
 from agentrl.transport.shards import write_shard
@@ -28,10 +27,7 @@ HERE = Path(__file__).resolve().parent
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    corpus = [f"call lookup {i} then answer {i * 7}" for i in range(50)]
-    tok = tiny.train_tokenizer(corpus, 300, ["<|end|>", "<|pad|>"], "{{ messages }}", "<|end|>", "<|pad|>")
-    model = tiny.build_model(tok, 32, 2, 2, 64, 256, seed=3)
-    return tiny.save(model, tok, tmp_path_factory.mktemp("model"))
+    return scripted_model(tmp_path_factory.mktemp("model"))
 
 
 def _run_world(run_dir: Path, model_dir: Path, extra: list[str], broadcast: bool = False, trainer_ranks: int = 1,

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from scripted_batches import STEPS, by_hand, one_thread, settings_of, step_batch
+from scripted_batches import STEPS, by_hand, one_thread, scripted_model, settings_of, step_batch
 
 from agentrl.config import dump_config, load_config
-from agentrl.models import tiny
 from agentrl.monitor.tensorboard import NullMonitor
 from agentrl.trainer import role
 from agentrl.transport import weights
@@ -22,10 +21,7 @@ from agentrl.transport.shards import ShardWriter, shard_dir
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    corpus = [f"call lookup {i} then answer {i * 7}" for i in range(50)]
-    tok = tiny.train_tokenizer(corpus, 300, ["<|end|>", "<|pad|>"], "{{ messages }}", "<|end|>", "<|pad|>")
-    model = tiny.build_model(tok, 32, 2, 2, 64, 256, seed=3)
-    return tiny.save(model, tok, tmp_path_factory.mktemp("model"))
+    return scripted_model(tmp_path_factory.mktemp("model"))
 
 
 def _scripted_rollout(world: MemoryWorld, run_dir: Path, errors: list[BaseException], extra: bool) -> None:
