@@ -40,7 +40,7 @@ def test_sigterm_to_the_launcher_stops_every_role(tmp_path: Path) -> None:
     try:
         deadline = time.monotonic() + 300
         # RL steps under way (weights beyond v0; older versions are pruned, so any of them will do)
-        while not (run / "logs" / "rollout.log").exists() or not any(
+        while not (run / "logs" / "pipeline.log").exists() or not any(
                 p.name != "v0" for p in (run / "weights").glob("v*")):
             assert proc.poll() is None and time.monotonic() < deadline, "the run did not get going"
             time.sleep(0.5)
