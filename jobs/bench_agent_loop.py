@@ -1,27 +1,38 @@
-"""The agent loop's own cost: our rollout path vs vLLM's `generate`, same model, same requests.
+"""The agent loop's own cost: our rollout path vs raw vLLM, same model, same requests.
 
     python -m jobs.bench_agent_loop --model runs/bench/async/model      # a model built by any run
-    python -m jobs.bench_agent_loop --model M --episodes 512 --concurrency 64
+    python -m jobs.bench_agent_loop --model M --episodes 64 --concurrency 16 --profile
+
+Three sides, each in a process of its own (a warm-up pass, then one timed pass), `--repeats` times interleaved
+(ours, replay, raw, ours, ... : `agentrl.bench.repeat`); replay and raw of repeat i replay what ours recorded in i.
 
 1. Ours: `rollout.collect.collect` plays `--episodes` episodes of the config's tasks (multi-turn, tool calls parsed,
    observations rendered and tokenized, trajectories built) through our `VLLMEngine` (its engine thread,
    asyncio futures, per-request log-probs), at `--concurrency` episodes at once. The envs run in this
    process (`InProcessClient`: no HTTP, no latency), so what is measured is the loop, not the envs.
-   Every generation request is recorded: prompt ids, token budget.
-2. Raw: a fresh `vllm.LLM` generates for exactly those recorded prompts, with the same sampling
-   parameters, in one `generate` call (all requests known up front: no turn waits for the one before it).
+   Every generation request is recorded per episode (`loop_replay.Recording`): prompt ids, budget, tokens made.
+2. Replay, the same structure on raw vLLM (`loop_replay.replay_turns` on `LLM.llm_engine`): each episode's turns
+   in order, turn k+1 added as soon as the step that finished turn k returns, `--concurrency` episodes at once,
+   each turn generating exactly as many tokens as ours did (eos ignored), with `VLLMEngine`'s own sampling
+   parameters. What separates it from ours is our code per turn: rendering and tokenizing, parsing, the env,
+   the trajectory, the hand-offs between the event loop and the engine thread.
+3. Raw, all at once: a fresh `vllm.LLM` generates for all the recorded prompts in one `generate` call, with the
+   same sampling settings and vLLM's defaults else (no turn waits for the one before it): an upper bound that
+   no multi-turn loop reaches, since a turn's prompt holds the previous turn's tokens.
 
-Each side runs in a process of its own (a warm-up pass, then one timed pass), `--repeats` times interleaved:
-ours, raw, ours, raw, ... (`agentrl.bench.repeat`); raw repeat i replays the requests ours recorded in repeat i.
 Both sides' processes get the same CPUs (`--cpus`, this process's affinity, inherited), the same
 OMP_NUM_THREADS (one per CPU) and the same vLLM OpenMP binding (`--vllm-bind`, VLLM_CPU_OMP_THREADS_BIND,
 `nobind` by default: the engines stay on the affinity mask).
 
-`agent_loop_over_raw` = ours' generated tokens/s ÷ raw's within each repeat; the report gives its median and
-min-max over the repeats, and each side's. Below 1 by what the loop costs: turns that wait for their previous
-turn (less batching), Python work per turn, the engine thread's hand-offs; above 1 where a later turn reuses
-its earlier turns' cached prefix, which the raw side (all turns at once) cannot. Prints a table and writes the
-numbers, with a `machine` record, to `--out` (default runs/bench/agent_loop.json).
+`agent_loop_over_replay` = ours' generated tokens/s / the replay's within each repeat (the same tokens: the ratio
+of their times), what our per-turn work costs; `agent_loop_over_raw` = ours / all-at-once, which also pays for the
+turn structure (fewer sequences per step while turns wait for their previous turn); above 1 where a later turn
+reuses its earlier turns' cached prefix, which the all-at-once side cannot. The report gives each ratio's median
+and min-max over the repeats, each side's figures, and ours' time per turn by stage (`turn_ms_*`, from the
+trajectories' `timings`: `agent_loop.STAGES`), the share of the wall time the event loop's thread was busy with
+our own work (`loop_busy_frac`) and the engine hand-offs per request (`handoff_*_ms`). `--profile` adds one
+cProfile'd pass of ours (repeat 1) and its costliest functions. Prints a table and writes the numbers, with a
+`machine` record, to `--out` (default runs/bench/agent_loop.json).
 """
 from __future__ import annotations
 
@@ -41,8 +52,8 @@ from agentrl.bench.loop_replay import Recording, profile_top, replay_turns, stag
 from agentrl.config import load_config
 
 
-async def ours(model_dir: Path, cfg: Any, episodes: int, concurrency: int,
-               profile: bool = False) -> tuple[dict[str, float], Recording, dict[str, Any] | None]:
+async def ours(model_dir: Path, cfg: Any, episodes: int, concurrency: int, profile: bool = False,
+               linger_ms: float = 0.0) -> tuple[dict[str, float], Recording, dict[str, Any] | None]:
     from agentrl.envs.inprocess import InProcessClient
     from agentrl.envs.tasks import get_task, task_name
     from agentrl.rollout.agent_loop import STAGES
@@ -55,7 +66,8 @@ async def ours(model_dir: Path, cfg: Any, episodes: int, concurrency: int,
     fmt = chat_format(cfg, model_dir)
     tasks = {task_name(t): get_task(t, **cfg.envs.task_options.get(t, {})) for t in cfg.envs.tasks}
     client = InProcessClient(tasks)
-    engine = VLLMEngine(str(model_dir), plan.limits.max_model_len, max_num_seqs=concurrency, seed=cfg.seed)
+    engine = VLLMEngine(str(model_dir), plan.limits.max_model_len, max_num_seqs=concurrency, seed=cfg.seed,
+                        linger_s=linger_ms / 1e3)
     prof_out = None
     try:
         sampling = SamplingConfig(plan.limits.max_new_tokens, plan.temperature, plan.top_p, fmt.stop_ids)
@@ -168,14 +180,15 @@ def replay(model_dir: Path, cfg: Any, episodes: list[list[tuple[list[int], int, 
 
 def measure(model_dir: Path, preset: str, overrides: list[str], episodes: int, concurrency: int,
             work: Path, repeats: int = repeat.MIN_REPEATS, env: dict[str, str] | None = None,
-            profile: bool = False) -> dict[str, Any]:
+            profile: bool = False, linger_ms: float = 0.0) -> dict[str, Any]:
     """Each side in its own process: two vLLM engines in one process bind their threads to the same cores
     (seen here: the second ran 10x slower than alone). Sides interleaved, `repeats` times; `env`: what every
     side's process gets on top of this one's environment (threads, vLLM binding)."""
     cfg = load_config(preset, overrides)
     work.mkdir(parents=True, exist_ok=True)
     common = [sys.executable, "-m", "jobs.bench_agent_loop", "--model", str(model_dir), "--preset", preset,
-              "--episodes", str(episodes), "--concurrency", str(concurrency), "--work", str(work)]
+              "--episodes", str(episodes), "--concurrency", str(concurrency), "--work", str(work),
+              "--linger-ms", str(linger_ms)]
 
     def side(phase: str) -> Any:
         def run(i: int) -> dict[str, float]:
@@ -196,7 +209,7 @@ def measure(model_dir: Path, preset: str, overrides: list[str], episodes: int, c
            **{name: {k: round(v["median"], 4) for k, v in figs.items()} for name, figs in spread["sides"].items()},
            "repeats": spread,
            "setup": {"episodes": episodes, "concurrency": concurrency, "tasks": list(cfg.envs.tasks),
-                     "repeats": repeats, "cpus": os.cpu_count()}}
+                     "repeats": repeats, "cpus": os.cpu_count(), "linger_ms": linger_ms}}
     if profile:
         out["profile"] = json.loads((work / "profile-0.json").read_text())
     return out
@@ -207,7 +220,8 @@ def _phase(args: argparse.Namespace) -> None:
     i = args.repeat_index
     calls_file = args.work / f"calls-{i}.json"
     if args.phase == "ours":
-        mine, rec, prof = asyncio.run(ours(args.model, cfg, args.episodes, args.concurrency, args.profile))
+        mine, rec, prof = asyncio.run(ours(args.model, cfg, args.episodes, args.concurrency, args.profile,
+                                           args.linger_ms))
         calls_file.write_text(json.dumps({"episodes": list(rec.episodes.values())}))
         (args.work / f"ours-{i}.json").write_text(json.dumps(mine))
         if prof is not None:
@@ -235,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true",
                     help="after ours' timed pass of repeat 1, one more pass under cProfile: the per-turn stages and "
                          "the event loop's costliest functions go into the JSON under `profile`")
+    ap.add_argument("--linger-ms", type=float, default=0.0,
+                    help="`VLLMEngine(linger_s=)` of ours: how long its engine thread waits for the next turns "
+                         "after a step that finished requests")
     repeat.add_args(ap)
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
@@ -247,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     cpus = repeat.parse_cpus(args.cpus)
     env = repeat.pin(cpus, None, args.vllm_bind)
     result = measure(args.model, args.preset, args.overrides, args.episodes, args.concurrency, args.work,
-                     args.repeats, env, args.profile)
+                     args.repeats, env, args.profile, args.linger_ms)
     result["machine"] = repeat.machine(load_config(args.preset, args.overrides).seed, cpus, env, load_before)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))

@@ -111,10 +111,13 @@ class VLLMEngine:
     def __init__(self, model_dir: str, max_model_len: int, max_num_seqs: int = 256, kv_cache_gib: int = 1,
                  seed: int = 0, engine_id: int = 0, version: int = 0, dtype: str = "float32",
                  enforce_eager: bool = True, tensor_parallel_size: int = 1,
-                 gpu_memory_utilization: float | None = None, kv_cache_memory_bytes: int | None = None) -> None:
+                 gpu_memory_utilization: float | None = None, kv_cache_memory_bytes: int | None = None,
+                 linger_s: float = 0.0) -> None:
         """The defaults are the CPU engine's (float32, eager, `kv_cache_gib` of KV cache). On GPUs,
         `gpu_memory_utilization` is this engine's share of each of its GPUs and `kv_cache_memory_bytes`, when
-        given, sizes its KV cache instead of that share's remainder (None: vLLM's own defaults)."""
+        given, sizes its KV cache instead of that share's remainder (None: vLLM's own defaults). `linger_s`:
+        after a step that finished requests, how long the engine thread may wait for the agent loops' next
+        requests before its next step (`_linger`; 0: step at once)."""
         # In-process engine: the weight-swap callable below is then not pickled, and start-up is 2x faster.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
@@ -135,6 +138,7 @@ class VLLMEngine:
         self._engine = self._llm.llm_engine
         self.engine_id = engine_id
         self.version = version
+        self.linger_s = linger_s
         self._ids = itertools.count()
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._pending: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], int]] = {}
@@ -195,18 +199,8 @@ class VLLMEngine:
             except queue.Empty:
                 item = None
             while item is not None:
-                kind, payload = item
-                if kind == "stop":
+                if not self._take(item):
                     return
-                if kind == "load":
-                    self._swaps.append(payload)
-                elif kind == "abort":
-                    if self._pending.pop(payload, None) is not None:
-                        self._engine.abort_request([payload])
-                elif self._swaps:
-                    self._waiting.append(payload)
-                else:
-                    self._add(payload)
                 try:
                     item = self._inbox.get_nowait()
                 except queue.Empty:
@@ -220,9 +214,47 @@ class VLLMEngine:
             if self._engine.has_unfinished_requests():
                 with _VLLM_LOCK:
                     outs = self._engine.step()
+                finished = 0
                 for out in outs:
                     if out.finished:
                         self._finish(out)
+                        finished += 1
+                if finished and self.linger_s > 0 and not self._linger(finished):
+                    return
+
+    def _take(self, item: tuple[str, Any]) -> bool:
+        """Act on one inbox item; False: stop."""
+        kind, payload = item
+        if kind == "stop":
+            return False
+        if kind == "load":
+            self._swaps.append(payload)
+        elif kind == "abort":
+            if self._pending.pop(payload, None) is not None:
+                self._engine.abort_request([payload])
+        elif self._swaps:
+            self._waiting.append(payload)
+        else:
+            self._add(payload)
+        return True
+
+    def _linger(self, finished: int) -> bool:
+        """After a step that finished `finished` requests, wait up to `linger_s` for as many new ones (their
+        episodes' next turns) so that they join the very next step instead of the one after; False: stop."""
+        deadline = time.perf_counter() + self.linger_s
+        arrived = 0
+        while arrived < finished:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                break
+            try:
+                item = self._inbox.get(timeout=left)
+            except queue.Empty:
+                break
+            if not self._take(item):
+                return False
+            arrived += item[0] == "generate"
+        return True
 
     def _add(self, payload: Any) -> None:
         req_id, prompt, s, loop, fut = payload
