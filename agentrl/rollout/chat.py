@@ -77,7 +77,8 @@ class ChatFormat:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self._backend = _plain_backend(self.tokenizer)
+        self._backend = _plain_backend(self.tokenizer, ("encode", "_encode_plus"))
+        self._decoder = _plain_backend(self.tokenizer, ("decode", "_decode"))
 
     @classmethod
     def load(cls, model_dir: str | Path, tool_parser: str = "auto", stop_tokens: tuple[str, ...] = (),
@@ -124,6 +125,10 @@ class ChatFormat:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
+        """`tokenizer.decode(ids, skip_special_tokens=False)`; from the backend, as transformers calls it, when
+        its class keeps transformers' decoding and does not clean up spaces afterwards (that would change text)."""
+        if self._decoder is not None and isinstance(ids, list) and not self.tokenizer.clean_up_tokenization_spaces:
+            return self._decoder.decode(ids, skip_special_tokens=False)
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
@@ -161,18 +166,17 @@ class ChatFormat:
         return [{"role": "tool", "content": self.parser.format_errors(errors)}]
 
 
-def _plain_backend(tokenizer: Any) -> Any:
-    """The `tokenizers.Tokenizer` behind `tokenizer` when transformers' `encode` is a plain call of it: a fast
-    tokenizer (`TokenizersBackend`) whose class keeps transformers' own `encode` and `_encode_plus`; else None
-    (a slow tokenizer, or a class that adds its own handling: `ChatFormat.encode` then calls transformers)."""
+def _plain_backend(tokenizer: Any, methods: tuple[str, ...]) -> Any:
+    """The `tokenizers.Tokenizer` behind `tokenizer` when transformers' `methods` are a plain call of it: a fast
+    tokenizer (`TokenizersBackend`) whose class keeps transformers' own `methods`; else None (a slow tokenizer,
+    or a class that adds handling of its own: `ChatFormat` then calls transformers)."""
     try:
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
     except ImportError:
         return None
-    cls = type(tokenizer)
     if not isinstance(tokenizer, TokenizersBackend):
         return None
-    if cls.encode is not TokenizersBackend.encode or cls._encode_plus is not TokenizersBackend._encode_plus:
+    if any(getattr(type(tokenizer), m) is not getattr(TokenizersBackend, m) for m in methods):
         return None
     return getattr(tokenizer, "_tokenizer", None)
 
