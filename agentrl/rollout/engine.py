@@ -116,8 +116,9 @@ class VLLMEngine:
         """The defaults are the CPU engine's (float32, eager, `kv_cache_gib` of KV cache). On GPUs,
         `gpu_memory_utilization` is this engine's share of each of its GPUs and `kv_cache_memory_bytes`, when
         given, sizes its KV cache instead of that share's remainder (None: vLLM's own defaults). `linger_s`:
-        after a step that finished requests, how long the engine thread may wait for the agent loops' next
-        requests before its next step (`_linger`; 0: step at once)."""
+        after a step that finished requests, at most how long the engine thread waits for their agent loops to
+        react (ask for their next turn, or start waiting on the env) before its next step (`_linger`; 0: step at
+        once, the default: not yet measured in the pipeline, whose envs answer after their own latency)."""
         # In-process engine: the weight-swap callable below is then not pickled, and start-up is 2x faster.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
@@ -139,6 +140,7 @@ class VLLMEngine:
         self.engine_id = engine_id
         self.version = version
         self.linger_s = linger_s
+        self._marks = 0
         self._ids = itertools.count()
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._pending: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], int]] = {}
@@ -214,12 +216,8 @@ class VLLMEngine:
             if self._engine.has_unfinished_requests():
                 with _VLLM_LOCK:
                     outs = self._engine.step()
-                finished = 0
-                for out in outs:
-                    if out.finished:
-                        self._finish(out)
-                        finished += 1
-                if finished and self.linger_s > 0 and not self._linger(finished):
+                loops = {self._finish(out) for out in outs if out.finished} - {None}
+                if loops and self.linger_s > 0 and not self._linger(loops):
                     return
 
     def _take(self, item: tuple[str, Any]) -> bool:
@@ -227,7 +225,9 @@ class VLLMEngine:
         kind, payload = item
         if kind == "stop":
             return False
-        if kind == "load":
+        if kind == "mark":  # a `_linger` round's marker that came after its wait ended
+            pass
+        elif kind == "load":
             self._swaps.append(payload)
         elif kind == "abort":
             if self._pending.pop(payload, None) is not None:
@@ -238,12 +238,21 @@ class VLLMEngine:
             self._add(payload)
         return True
 
-    def _linger(self, finished: int) -> bool:
-        """After a step that finished `finished` requests, wait up to `linger_s` for as many new ones (their
-        episodes' next turns) so that they join the very next step instead of the one after; False: stop."""
-        deadline = time.perf_counter() + self.linger_s
-        arrived = 0
-        while arrived < finished:
+    def _linger(self, loops: set[Any]) -> bool:
+        """After a step that finished requests, let their agent loops react before the next step, so that a next
+        turn asked for at once joins that step instead of the one after: each event loop in `loops` gets a
+        marker that it puts into the inbox after one round of its ready callbacks (the woken episodes ran up to
+        their next await: a new request, or an env call that takes its time), and the engine thread takes the
+        inbox's items until every marker is back or `linger_s` passed. False: stop."""
+        self._marks += 1
+        mark = ("mark", self._marks)
+        for loop in loops:
+            try:  # two hops: the first runs before the woken episodes' steps, the one it queues after them
+                loop.call_soon_threadsafe(lambda lp=loop: lp.call_soon(self._inbox.put, mark))
+            except RuntimeError:  # that event loop is closed
+                return True
+        deadline, back = time.perf_counter() + self.linger_s, 0
+        while back < len(loops):
             left = deadline - time.perf_counter()
             if left <= 0:
                 break
@@ -251,9 +260,10 @@ class VLLMEngine:
                 item = self._inbox.get(timeout=left)
             except queue.Empty:
                 break
-            if not self._take(item):
+            if item == mark:
+                back += 1
+            elif not self._take(item):
                 return False
-            arrived += item[0] == "generate"
         return True
 
     def _add(self, payload: Any) -> None:
@@ -265,16 +275,18 @@ class VLLMEngine:
             return
         self._pending[req_id] = (loop, fut, self.version, time.perf_counter())
 
-    def _finish(self, out: Any) -> None:
+    def _finish(self, out: Any) -> Any:
+        """Hand a finished request's generation to its caller; returns the caller's event loop (None: aborted)."""
         entry = self._pending.pop(out.request_id, None)
         if entry is None:  # aborted meanwhile
-            return
+            return None
         loop, fut, version, added = entry
         c = out.outputs[0]
         ids = list(c.token_ids)
         gen = Generation(ids, sampled_logprobs(ids, c.logprobs), "stop" if c.finish_reason == "stop" else "length",
                          version, self.engine_id)
         loop.call_soon_threadsafe(_set_result, fut, (gen, added, time.perf_counter()))
+        return loop
 
     def _swap(self, payload: Any) -> None:
         weights, version, loop, fut = payload

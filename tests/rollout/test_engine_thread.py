@@ -119,3 +119,22 @@ def test_sampled_logprobs_read_flat_and_per_position_dicts() -> None:
     dicts = [{7: SimpleNamespace(logprob=-0.5)}, {8: SimpleNamespace(logprob=-1.0), 3: SimpleNamespace(logprob=0.0)},
              {9: SimpleNamespace(logprob=-2.0)}]
     assert sampled_logprobs(ids, dicts) == [-0.5, -1.0, -2.0]
+
+
+def test_lingering_ends_when_the_loop_waits_on_something_else(fake_vllm: None) -> None:
+    """An episode that goes to a slow env after its turn does not hold the engine for `linger_s`: the engine
+    steps on as soon as the event loop has run the woken episode up to its next await."""
+    engine = VLLMEngine("/m", 64, linger_s=30.0)
+    engine._engine.step_s = 0.002
+    try:
+        async def episode() -> None:
+            for _ in range(3):
+                await engine.generate([1], SamplingConfig(2, 1.0))
+                await asyncio.sleep(0.05)  # the env
+
+        t0 = time.perf_counter()
+        asyncio.run(episode())
+        took = time.perf_counter() - t0
+    finally:
+        engine.close()
+    assert took < 5.0, took  # 3 lingers of 30 s each otherwise
