@@ -31,8 +31,8 @@ reuses its earlier turns' cached prefix, which the all-at-once side cannot. The 
 and min-max over the repeats, each side's figures, and ours' time per turn by stage (`turn_ms_*`, from the
 trajectories' `timings`: `agent_loop.STAGES`), the share of the wall time the event loop's thread was busy with
 our own work (`loop_busy_frac`) and the engine hand-offs per request (`handoff_*_ms`). `--profile` adds one
-cProfile'd pass of ours (repeat 1) and its costliest functions. Prints a table and writes the numbers, with a
-`machine` record, to `--out` (default runs/bench/agent_loop.json).
+cProfile'd pass of ours (repeat 1) and its costliest functions; `--linger-ms` sets ours' `VLLMEngine(linger_s=)`.
+Prints a table and writes the numbers, with a `machine` record, to `--out` (default runs/bench/agent_loop.json).
 """
 from __future__ import annotations
 
