@@ -28,6 +28,30 @@ class EpisodeLimits:
     max_new_tokens: int
 
 
+STAGES = ("env_s", "generate_s", "parse_s", "render_s", "build_s", "check_s")
+"""Where an episode's time goes, recorded in `Trajectory.timings` beside `total_s`: env calls (start, interact,
+cancel), generation (from asking the engine to having its tokens, hand-offs included), reading tool calls
+(decode + parser), the chat template (prompt and observation deltas, rendered and tokenized), the trajectory's
+arrays, and the end-of-episode template check."""
+
+
+class _Stages:
+    """Charges the time since the previous lap to a stage, so every moment of an episode lands in one stage."""
+
+    def __init__(self) -> None:
+        self.t0 = self.t = time.perf_counter()
+        self.timings = dict.fromkeys(STAGES, 0.0)
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.timings[stage] += now - self.t
+        self.t = now
+
+    def done(self) -> dict[str, float]:
+        self.timings["total_s"] = time.perf_counter() - self.t0
+        return self.timings
+
+
 # A task that does not say its round limit (an old server) gets this many turns before the cap.
 DEFAULT_TASK_TURNS = 20
 
@@ -44,13 +68,13 @@ async def run_episode(client: Any, engine: Engine, fmt: ChatFormat, task: str, i
                       sampling: SamplingConfig, limits: EpisodeLimits) -> Trajectory:
     """Play one episode; raises EnvError only if the session could not be started (and `TemplateMismatch`
     when `rollout.template_check` is strict and the episode's tokens differ from the template's)."""
-    t_start = time.perf_counter()
-    timings = {"generate_s": 0.0, "env_s": 0.0}
+    clock = _Stages()
     start = await client.start_sample(task, index)
-    timings["env_s"] += time.perf_counter() - t_start
+    clock.lap("env_s")
     sid = start.session_id
     b = TrajectoryBuilder()
     talk = Transcript(fmt, start.messages, start.tools, max_prompt=limits.max_model_len)
+    clock.lap("render_s")
     b.add_context(talk.prompt)  # an over-long prompt ends at once as context_limit
     max_turns, capped = turn_budget(start.max_turns, limits.max_turns)
     # Reaching max_turns below: the task's own limit ends the episode as turn_limit (turns with unreadable
@@ -64,15 +88,17 @@ async def run_episode(client: Any, engine: Engine, fmt: ChatFormat, task: str, i
             if budget < 2:
                 status = Status.CONTEXT_LIMIT
                 break
-            t0 = time.perf_counter()
+            clock.lap("build_s")
             s = SamplingConfig(min(limits.max_new_tokens, budget - 1), sampling.temperature, sampling.top_p,
                                sampling.stop_token_ids, sampling.seed)
             gen = await engine.generate(b.tokens, s, session_id=sid, tools=start.tools, fmt=fmt)
-            timings["generate_s"] += time.perf_counter() - t0
+            clock.lap("generate_s")
             b.add_action(gen.token_ids, gen.logprobs, gen.version, gen.engine_id)
             talk.sampled(gen.token_ids)
             turns += 1
+            clock.lap("build_s")
             parsed = fmt.parse(gen.token_ids, start.tools, call_id_prefix=f"call_{turns}")
+            clock.lap("parse_s")
             if gen.finish_reason == "length":
                 if len(b) + 1 >= limits.max_model_len:
                     status = Status.CONTEXT_LIMIT
@@ -85,30 +111,38 @@ async def run_episode(client: Any, engine: Engine, fmt: ChatFormat, task: str, i
                 invalid += 1
                 observation = fmt.error_observation(parsed.errors)
             else:
-                t0 = time.perf_counter()
-                res = await client.interact(sid, parsed.to_message())
-                timings["env_s"] += time.perf_counter() - t0
+                message = parsed.to_message()
+                clock.lap("parse_s")
+                res = await client.interact(sid, message)
+                clock.lap("env_s")
                 if res.done:
                     done, reward, status, metrics = True, float(res.reward), Status(res.status), dict(res.metrics)
                     break
                 observation = res.messages
+            clock.lap("parse_s")  # the error observation, when there is one
             obs_ids = talk.observation_ids(observation)
+            clock.lap("render_s")
             if len(b) + len(obs_ids) >= limits.max_model_len:  # no room left for the next turn
                 status = Status.CONTEXT_LIMIT
                 break
-            b.add_context(obs_ids)
             talk.observed(observation, obs_ids)
+            b.add_context(obs_ids)
     except EnvError:  # the worker died, the session expired or the gateway failed: infrastructure
         status, metrics = Status.ENV_ERROR, {"env_error": 1.0}  # not `done`: cancel below frees the slot
     finally:
+        clock.lap("build_s")
         if not done:
             try:
                 await client.cancel(sid)
             except EnvError:
                 pass
+            clock.lap("env_s")
     metrics.setdefault("success", 0.0)
     metrics["invalid_calls"] = float(invalid)
     metrics["template_mismatch"] = float(talk.verify(task))
-    timings["total_s"] = time.perf_counter() - t_start
-    return b.build(traj_id=new_id(), task=task, index=index, group_id=group_id, reward=reward,
-                   status=status, num_turns=turns, timings=timings, metrics=metrics)
+    clock.lap("check_s")
+    traj = b.build(traj_id=new_id(), task=task, index=index, group_id=group_id, reward=reward,
+                   status=status, num_turns=turns, timings=clock.timings, metrics=metrics)
+    clock.lap("build_s")
+    traj.timings = clock.done()  # the total includes building the trajectory
+    return traj

@@ -76,6 +76,10 @@ class ChatFormat:
     check_mode: str = "warn"
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self._backend = _plain_backend(self.tokenizer, ("encode", "_encode_plus"))
+        self._decoder = _plain_backend(self.tokenizer, ("decode", "_decode"))
+
     @classmethod
     def load(cls, model_dir: str | Path, tool_parser: str = "auto", stop_tokens: tuple[str, ...] = (),
              check_mode: str = "warn", template_kwargs: dict[str, Any] | None = None) -> ChatFormat:
@@ -110,9 +114,21 @@ class ChatFormat:
                                                   **self.template_kwargs)
 
     def encode(self, text: str) -> list[int]:
+        """`tokenizer.encode(text, add_special_tokens=False)`. For a fast tokenizer whose encoding transformers
+        does not change, straight from its Rust backend, as transformers itself calls it (the same ids) but
+        without its Python around the call (padding/truncation strategies, batch conversions: most of the cost
+        of the short texts each turn encodes); while no padding or truncation is set on the backend."""
+        b = self._backend
+        if (b is not None and b.truncation is None and b.padding is None
+                and b.encode_special_tokens == self.tokenizer.split_special_tokens):
+            return b.encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
+        """`tokenizer.decode(ids, skip_special_tokens=False)`; from the backend, as transformers calls it, when
+        its class keeps transformers' decoding and does not clean up spaces afterwards (that would change text)."""
+        if self._decoder is not None and isinstance(ids, list) and not self.tokenizer.clean_up_tokenization_spaces:
+            return self._decoder.decode(ids, skip_special_tokens=False)
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
@@ -150,6 +166,21 @@ class ChatFormat:
         return [{"role": "tool", "content": self.parser.format_errors(errors)}]
 
 
+def _plain_backend(tokenizer: Any, methods: tuple[str, ...]) -> Any:
+    """The `tokenizers.Tokenizer` behind `tokenizer` when transformers' `methods` are a plain call of it: a fast
+    tokenizer (`TokenizersBackend`) whose class keeps transformers' own `methods`; else None (a slow tokenizer,
+    or a class that adds handling of its own: `ChatFormat` then calls transformers)."""
+    try:
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:
+        return None
+    if not isinstance(tokenizer, TokenizersBackend):
+        return None
+    if any(getattr(type(tokenizer), m) is not getattr(TokenizersBackend, m) for m in methods):
+        return None
+    return getattr(tokenizer, "_tokenizer", None)
+
+
 def _canonical_arguments(msg: dict[str, Any]) -> dict[str, Any]:
     """Tool-call arguments as objects, as transformers' chat templates expect them (the OpenAI wire format
     carries a JSON string; templates such as GLM's iterate the arguments' items)."""
@@ -171,22 +202,34 @@ class Transcript:
                  max_prompt: int | None = None) -> None:
         self.fmt, self.tools = fmt, tools
         self.messages = list(messages)
-        prompt = fmt.prompt_ids(self.messages, tools)
+        text = fmt.render(self.messages, tools, add_generation_prompt=True)
+        prompt = fmt.encode(text)
         self.prompt = prompt[:max_prompt] if max_prompt is not None else prompt
         self.segments: list[tuple[str, list[int]]] = [("context", list(self.prompt))]
+        # What each context segment was encoded from (its text, and for a delta the sampled turn it followed):
+        # `check` encodes a piece of the whole render again only where that text differs.
+        self._sources: list[tuple[str, list[int] | None] | None] = [(text, None)]
+        self._delta: tuple[list[int], str, list[int]] | None = None  # the last observation_ids: ids, text, turn
 
     def sampled(self, ids: list[int]) -> None:
         self.segments.append(("sampled", list(ids)))
+        self._sources.append(None)
         self.messages.append({"role": "assistant", "content": SAMPLED})
 
     def observation_ids(self, messages: list[dict[str, Any]]) -> list[int]:
         """The template's delta for env `messages` after the last sampled turn (not yet added)."""
         text = self.fmt.render(self.messages + list(messages), self.tools, add_generation_prompt=True)
-        return self._after_turn(self.fmt.encode(text[text.rindex(SAMPLED) + len(SAMPLED):]))
+        tail = text[text.rindex(SAMPLED) + len(SAMPLED):]
+        turn = self.segments[-1][1]
+        ids = self._after_turn(self.fmt.encode(tail), turn)
+        self._delta = (ids, tail, turn)
+        return ids
 
     def observed(self, messages: list[dict[str, Any]], ids: list[int]) -> None:
         self.messages += list(messages)
         self.segments.append(("context", list(ids)))
+        d, self._delta = self._delta, None
+        self._sources.append((d[1], d[2]) if d is not None and d[0] is ids else None)
 
     def _after_turn(self, tail: list[int], turn: list[int] | None = None) -> list[int]:
         last = turn if turn is not None else self.segments[-1][1]
@@ -201,14 +244,17 @@ class Transcript:
         if len(pieces) != len(turns) + 1:
             return [f"the whole render holds {len(pieces) - 1} sampled turns, the episode {len(turns)}"]
         problems = []
-        want0 = self.fmt.encode(pieces[0])
-        if want0[:len(self.prompt)] != self.prompt:
-            problems.append(_diff("prompt", self.prompt, want0, self.fmt))
-        contexts = iter(self.segments[1:])
+        # A piece equal to the text a segment was encoded from encodes to that segment again: skip it.
+        if self._sources[0] is None or pieces[0] != self._sources[0][0]:
+            want0 = self.fmt.encode(pieces[0])
+            if want0[:len(self.prompt)] != self.prompt:
+                problems.append(_diff("prompt", self.prompt, want0, self.fmt))
         turn_i = 0
-        for kind, ids in contexts:
+        for (kind, ids), source in zip(self.segments[1:], self._sources[1:]):
             if kind == "sampled":
                 turn_i += 1
+                continue
+            if source is not None and source[0] == pieces[turn_i] and source[1] == turns[turn_i - 1]:
                 continue
             want = self._after_turn(self.fmt.encode(pieces[turn_i]), turns[turn_i - 1])
             if ids != want:

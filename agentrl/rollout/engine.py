@@ -18,6 +18,7 @@ import itertools
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -45,6 +46,55 @@ class Generation:
     engine_id: int  # the engine that sampled it (set by that engine: a router in front stays race-free)
 
 
+@dataclass
+class Handoff:
+    """Time requests spend crossing between the agent loops' event loop and the engine thread (not generating).
+
+    `to_engine_s`: from `generate` being called to the request entering vLLM (the engine thread picks up new
+    requests between two steps, so this includes waiting for the step in progress). `to_loop_s`: from vLLM
+    finishing a request to its agent loop running again (the event loop's wake-up and whatever it was doing).
+    """
+
+    requests: int = 0
+    to_engine_s: float = 0.0
+    to_loop_s: float = 0.0
+
+    def count(self, to_engine_s: float, to_loop_s: float) -> None:
+        self.requests += 1
+        self.to_engine_s += to_engine_s
+        self.to_loop_s += to_loop_s
+
+
+def vllm_sampling_params(s: SamplingConfig, **extra: Any) -> Any:
+    """vLLM's parameters for one request of ours (`extra`: more `SamplingParams` fields, e.g. for a benchmark).
+
+    Beside the sampling settings, three choices cut the engine thread's Python work per step without changing
+    a sampled token or log-prob: `FINAL_ONLY` (one output when the request ends, instead of a cumulative copy
+    of its tokens and log-probs built at every step: we read only the finished one), no detokenization (the
+    agent loop decodes the ids once, in `ChatFormat.parse`; vLLM would otherwise decode every new token and
+    every log-prob's token as it goes) and flat log-probs (a few flat lists instead of one dict per token).
+    """
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(max_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, logprobs=0,
+                          stop_token_ids=list(s.stop_token_ids), seed=s.seed, skip_special_tokens=False,
+                          detokenize=False, flat_logprobs=True, output_kind=RequestOutputKind.FINAL_ONLY,
+                          **extra)
+
+
+def sampled_logprobs(ids: list[int], logprobs: Any) -> list[float]:
+    """The log-prob of each sampled token from vLLM's per-position log-probs (asked with `logprobs=0`, so each
+    position holds the sampled token alone): flat (`FlatLogprobs`, one entry per position) or one dict per
+    position, as vLLM returns them."""
+    flat = getattr(logprobs, "start_indices", None)
+    if flat is not None:
+        if logprobs.token_ids == ids:  # one entry per position, each the sampled token's
+            return list(logprobs.logprobs)
+        return [logprobs.logprobs[i] for i in flat]  # the sampled token comes first at each position
+    return [lp[t].logprob for t, lp in zip(ids, logprobs)]
+
+
 class Engine(Protocol):
     engine_id: int
     version: int
@@ -61,10 +111,14 @@ class VLLMEngine:
     def __init__(self, model_dir: str, max_model_len: int, max_num_seqs: int = 256, kv_cache_gib: int = 1,
                  seed: int = 0, engine_id: int = 0, version: int = 0, dtype: str = "float32",
                  enforce_eager: bool = True, tensor_parallel_size: int = 1,
-                 gpu_memory_utilization: float | None = None, kv_cache_memory_bytes: int | None = None) -> None:
+                 gpu_memory_utilization: float | None = None, kv_cache_memory_bytes: int | None = None,
+                 linger_s: float = 0.0) -> None:
         """The defaults are the CPU engine's (float32, eager, `kv_cache_gib` of KV cache). On GPUs,
         `gpu_memory_utilization` is this engine's share of each of its GPUs and `kv_cache_memory_bytes`, when
-        given, sizes its KV cache instead of that share's remainder (None: vLLM's own defaults)."""
+        given, sizes its KV cache instead of that share's remainder (None: vLLM's own defaults). `linger_s`:
+        after a step that finished requests, at most how long the engine thread waits for their agent loops to
+        react (ask for their next turn, or start waiting on the env) before its next step (`_linger`; 0: step at
+        once, the default: not yet measured in the pipeline, whose envs answer after their own latency)."""
         # In-process engine: the weight-swap callable below is then not pickled, and start-up is 2x faster.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
@@ -85,20 +139,26 @@ class VLLMEngine:
         self._engine = self._llm.llm_engine
         self.engine_id = engine_id
         self.version = version
+        self.linger_s = linger_s
+        self._marks = 0
         self._ids = itertools.count()
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._pending: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], int]] = {}
         self._waiting: list[tuple[str, Any]] = []  # requests held back while a swap waits for the drain
         self._swaps: collections.deque[Any] = collections.deque()
         self._error: BaseException | None = None
+        self.handoff = Handoff()
         self._thread = threading.Thread(target=self._run, name=f"vllm-engine-{engine_id}", daemon=True)
         self._thread.start()
 
     # ---------------------------------------------------------------- asyncio side
     async def generate(self, prompt_ids: list[int], sampling: SamplingConfig, **context: Any) -> Generation:
+        t0 = time.perf_counter()
         fut = self._submit("generate", lambda loop, fut: (f"req-{next(self._ids)}", list(prompt_ids), sampling,
                                                           loop, fut))
-        return await fut
+        gen, added, finished = await fut
+        self.handoff.count(added - t0, time.perf_counter() - finished)
+        return gen
 
     async def load_weights(self, weights: Callable[[], Any], version: int) -> None:
         """Swap in new weights once no request is in flight. `weights()` yields (name, tensor) pairs.
@@ -141,18 +201,8 @@ class VLLMEngine:
             except queue.Empty:
                 item = None
             while item is not None:
-                kind, payload = item
-                if kind == "stop":
+                if not self._take(item):
                     return
-                if kind == "load":
-                    self._swaps.append(payload)
-                elif kind == "abort":
-                    if self._pending.pop(payload, None) is not None:
-                        self._engine.abort_request([payload])
-                elif self._swaps:
-                    self._waiting.append(payload)
-                else:
-                    self._add(payload)
                 try:
                     item = self._inbox.get_nowait()
                 except queue.Empty:
@@ -166,34 +216,77 @@ class VLLMEngine:
             if self._engine.has_unfinished_requests():
                 with _VLLM_LOCK:
                     outs = self._engine.step()
-                for out in outs:
-                    if out.finished:
-                        self._finish(out)
+                loops = {self._finish(out) for out in outs if out.finished} - {None}
+                if loops and self.linger_s > 0 and not self._linger(loops):
+                    return
+
+    def _take(self, item: tuple[str, Any]) -> bool:
+        """Act on one inbox item; False: stop."""
+        kind, payload = item
+        if kind == "stop":
+            return False
+        if kind == "mark":  # a `_linger` round's marker that came after its wait ended
+            pass
+        elif kind == "load":
+            self._swaps.append(payload)
+        elif kind == "abort":
+            if self._pending.pop(payload, None) is not None:
+                self._engine.abort_request([payload])
+        elif self._swaps:
+            self._waiting.append(payload)
+        else:
+            self._add(payload)
+        return True
+
+    def _linger(self, loops: set[Any]) -> bool:
+        """After a step that finished requests, let their agent loops react before the next step, so that a next
+        turn asked for at once joins that step instead of the one after: each event loop in `loops` gets a
+        marker that it puts into the inbox after one round of its ready callbacks (the woken episodes ran up to
+        their next await: a new request, or an env call that takes its time), and the engine thread takes the
+        inbox's items until every marker is back or `linger_s` passed. False: stop."""
+        self._marks += 1
+        mark = ("mark", self._marks)
+        for loop in loops:
+            try:  # two hops: the first runs before the woken episodes' steps, the one it queues after them
+                loop.call_soon_threadsafe(lambda lp=loop: lp.call_soon(self._inbox.put, mark))
+            except RuntimeError:  # that event loop is closed
+                return True
+        deadline, back = time.perf_counter() + self.linger_s, 0
+        while back < len(loops):
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                break
+            try:
+                item = self._inbox.get(timeout=left)
+            except queue.Empty:
+                break
+            if item == mark:
+                back += 1
+            elif not self._take(item):
+                return False
+        return True
 
     def _add(self, payload: Any) -> None:
-        from vllm import SamplingParams
-
         req_id, prompt, s, loop, fut = payload
         try:
-            params = SamplingParams(max_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
-                                    logprobs=0, stop_token_ids=list(s.stop_token_ids), seed=s.seed,
-                                    skip_special_tokens=False)
-            self._engine.add_request(req_id, {"prompt_token_ids": prompt}, params)
+            self._engine.add_request(req_id, {"prompt_token_ids": prompt}, vllm_sampling_params(s))
         except Exception as e:  # a bad request (e.g. a prompt over max_model_len) fails alone
             loop.call_soon_threadsafe(_set_exception, fut, e)
             return
-        self._pending[req_id] = (loop, fut, self.version)
+        self._pending[req_id] = (loop, fut, self.version, time.perf_counter())
 
-    def _finish(self, out: Any) -> None:
+    def _finish(self, out: Any) -> Any:
+        """Hand a finished request's generation to its caller; returns the caller's event loop (None: aborted)."""
         entry = self._pending.pop(out.request_id, None)
         if entry is None:  # aborted meanwhile
-            return
-        loop, fut, version = entry
+            return None
+        loop, fut, version, added = entry
         c = out.outputs[0]
         ids = list(c.token_ids)
-        lps = [lp[t].logprob for t, lp in zip(ids, c.logprobs)]
-        gen = Generation(ids, lps, "stop" if c.finish_reason == "stop" else "length", version, self.engine_id)
-        loop.call_soon_threadsafe(_set_result, fut, gen)
+        gen = Generation(ids, sampled_logprobs(ids, c.logprobs), "stop" if c.finish_reason == "stop" else "length",
+                         version, self.engine_id)
+        loop.call_soon_threadsafe(_set_result, fut, (gen, added, time.perf_counter()))
+        return loop
 
     def _swap(self, payload: Any) -> None:
         weights, version, loop, fut = payload
@@ -210,7 +303,7 @@ class VLLMEngine:
 
     def _fail_all(self, e: BaseException) -> None:
         """Hand `e` to every waiter first (aborting can itself fail when the engine is broken)."""
-        waiters = [(loop, fut) for loop, fut, _ in self._pending.values()]
+        waiters = [(entry[0], entry[1]) for entry in self._pending.values()]
         waiters += [(p[3], p[4]) for p in self._waiting] + [(p[2], p[3]) for p in self._swaps]
         while True:
             try:

@@ -186,3 +186,23 @@ def test_the_tiny_models_format_is_unchanged(lookup_format) -> None:
     assert fmt.decode(delta) == "\n<|im_start|>tool\ncode=41<|im_end|>\n<|im_start|>assistant\n"
     p = fmt.parse(ids, TOOLS)
     assert p.errors == [] and json.loads(p.tool_calls[0]["function"]["arguments"]) == {"name": "bako"}
+
+
+TEXTS = ["", "plain words, and: punctuation!", "  leading  and trailing  ", "ünïcødé ✓ 数字 41",
+         '<tool_call>\n{"name": "lookup", "arguments": {"name": "bako"}}\n</tool_call>']
+
+
+@pytest.mark.parametrize("family", [*standins.FAMILIES, "tiny"])
+def test_encode_and_decode_are_the_tokenizers_own(families, lookup_format, family: str) -> None:
+    """`ChatFormat.encode`/`decode` take the fast tokenizer's backend directly when transformers would add
+    nothing around it: the ids and texts must be exactly transformers' own, special tokens included."""
+    fmt = lookup_format if family == "tiny" else families[family]
+    assert fmt._backend is not None and fmt._decoder is not None  # the fast path is the one under test
+    talk = Transcript(fmt, START, TOOLS)
+    talk.sampled(fmt.assistant_ids(_call("lookup", name="bako"), TOOLS))
+    rendered = fmt.render(talk.messages + [{"role": "tool", "content": "code=41"}], TOOLS, True)
+    specials = "".join(fmt.tokenizer.convert_ids_to_tokens(sorted(fmt._special_ids())[:6]))
+    for text in [*TEXTS, rendered, specials + TEXTS[1] + specials]:
+        ids = fmt.encode(text)
+        assert ids == fmt.tokenizer.encode(text, add_special_tokens=False), text
+        assert fmt.decode(ids) == fmt.tokenizer.decode(ids, skip_special_tokens=False), text
