@@ -238,7 +238,8 @@ def staleness(run: RunData, out_dir: Path) -> Plot:
 THROUGHPUT_PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("tokens per second", "tokens/s", ("pipeline/rollout_tokens_per_s", "pipeline/train_tokens_per_s")),
     ("trajectories per second", "trajectories/s", ("pipeline/trajectories_per_s",)),
-    ("idle fraction", "fraction", ("pipeline/trainer_idle_frac", "pipeline/rollout_idle_frac")),
+    ("idle fraction", "fraction", ("pipeline/trainer_idle_frac", "pipeline/rollout_idle_frac",
+                                   "pipeline/rollout_window_bound_frac")),
 )
 
 

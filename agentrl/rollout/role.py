@@ -132,7 +132,7 @@ class RolloutLoop:
         self.window_t0 = time.perf_counter()
         self.started_groups = 0
         self.stats = {"trajectories": 0.0, "aborted": 0.0, "cancelled_at_end": 0.0, "idle_s": 0.0,
-                      "send_wait_s": 0.0, "swaps": 0.0, "action_tokens": 0.0}
+                      "send_wait_s": 0.0, "swaps": 0.0, "action_tokens": 0.0, "window_bound_s": 0.0, "episode_s": 0.0}
         self._swap: asyncio.Task[None] | None = None
 
     def _admit_limit(self) -> int:
@@ -181,9 +181,11 @@ class RolloutLoop:
             return
         dt = max(time.perf_counter() - self.window_t0, 1e-9)
         m = rollout_metrics(self.window)
+        elapsed = max(time.perf_counter() - self.t_start, 1e-9)
         m.update({"pipeline/trajectories_per_s": len(self.window) / dt,
                   "pipeline/rollout_tokens_per_s": sum(t.num_action_tokens for t in self.window) / dt,
-                  "pipeline/rollout_idle_frac": self.stats["idle_s"] / max(time.perf_counter() - self.t_start, 1e-9),
+                  "pipeline/rollout_idle_frac": self.stats["idle_s"] / elapsed,
+                  "pipeline/rollout_window_bound_frac": self.stats["window_bound_s"] / elapsed,
                   "pipeline/episodes_running": float(len(self.running)),
                   "rollout/aborted_episodes": self.stats["aborted"]})
         if isinstance(self.engine, EnginePool):  # turns and tokens by pool, the lagging pool's lag
@@ -238,10 +240,18 @@ class RolloutLoop:
                 self._start_group(train_idx)
             self._reap()
             self._flush()
+            # what held admission back over the poll that follows: the staleness window (room under
+            # `concurrency` but `_admit_limit` reached) or nothing to run at all
+            window_full = (not hold and self.started_groups >= self._admit_limit()
+                           and len(self.running) + self.plan.samples_per_prompt <= self.plan.concurrency)
+            in_flight = len(self.running)
             await asyncio.sleep(poll_s)
             now = time.perf_counter()
             if not self.running:
                 self.stats["idle_s"] += now - last
+            if window_full:
+                self.stats["window_bound_s"] += now - last
+            self.stats["episode_s"] += in_flight * (now - last)
             last = now
         for t in self.running:  # the trainer has what it needs: episodes still running are not trajectories
             t.cancel()
@@ -251,7 +261,10 @@ class RolloutLoop:
         self._flush()
         self._log_window(self.engine.version)
         self.stats["wall_s"] = time.perf_counter() - self.t_start
-        self.stats["rollout_idle_frac"] = self.stats["idle_s"] / max(self.stats["wall_s"], 1e-9)
+        wall = max(self.stats["wall_s"], 1e-9)
+        self.stats["rollout_idle_frac"] = self.stats["idle_s"] / wall
+        self.stats["window_bound_frac"] = self.stats["window_bound_s"] / wall
+        self.stats["in_flight_mean"] = self.stats["episode_s"] / wall
 
 
 async def run(run_dir: Path, client: Any, fmt: ChatFormat, make_engine: Callable[[], Any], plan: RolloutPlan,

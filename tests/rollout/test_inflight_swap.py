@@ -7,6 +7,7 @@ tested in tests/e2e/test_async_run.py; here the channel and the engine are small
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import numpy as np
@@ -128,3 +129,51 @@ def test_episodes_mid_trajectory_take_the_new_weights(tmp_path: Path, lookup_for
     else:
         assert spans == 0  # aborted and started again on v1 instead
         assert all(_turn_versions(t) == [1, 1, 1, 1] for t in received)
+
+
+class StuckChannel(Channel):
+    """A trainer that never publishes: the rank fills its staleness window and then waits at its bound;
+    the run stops `hold_s` after the window's trajectories all arrived."""
+
+    def __init__(self, engine: Engine, window: int, hold_s: float) -> None:
+        super().__init__(engine, stop_after=window)
+        self.hold_s, self.full_at = hold_s, None
+
+    def poll_notices(self) -> None:
+        if len(self.received) >= self.stop_after and self.full_at is None:
+            self.full_at = time.perf_counter()
+        if self.full_at is not None and time.perf_counter() - self.full_at >= self.hold_s:
+            self.stopped = True
+
+
+@pytest.mark.parametrize("concurrency", [8, 2])
+def test_the_report_says_when_the_staleness_window_binds(tmp_path: Path, lookup_format, concurrency: int) -> None:
+    """(max_staleness + 1) x groups per step = 2 x 2 groups of 2 = 8 episodes may start on v0. With room for 8
+    at once the window is what stops admission (all of the waiting time after the 8 finish); with room for 2,
+    concurrency binds while the window still has groups to start, and the window only after its last group."""
+    engine = Engine(lookup_format)
+    engine.turns_started = 0
+    client = SlowClient(InProcessClient({"lookup": get_task("lookup")}), 0.02, 0.0, seed=0)
+    plan = RolloutPlan(tasks=("lookup",), steps=2, prompts_per_step=2, samples_per_prompt=2, expert_samples=0,
+                       eval_split="test", eval_samples=0, concurrency=concurrency, temperature=1.0, top_p=1.0,
+                       limits=EpisodeLimits(0, 512, 16), retry=Retry(), wait_timeout_s=60.0, seed=0, poll_s=0.05,
+                       eval_sampled=0)
+    ch = StuckChannel(engine, window=8, hold_s=1.0)
+
+    async def main() -> role.RolloutLoop:
+        await engine.load_weights(None, 0)
+        pipe = role.RolloutLoop(tmp_path, client, lookup_format, engine, plan,
+                                role.RankPlan(rank=0, ranks=1, max_staleness=1), ch, Weights(), Monitor())
+        await asyncio.wait_for(pipe.run({"lookup": await client.indices("lookup", "train")}, 0.005), 60)
+        return pipe
+
+    stats = asyncio.run(main()).stats
+    assert len(ch.received) == 8  # the window, exactly: no group past the bound started
+    wall = stats["wall_s"]
+    # after the 8 arrived, the rank held at the bound for hold_s with nothing running
+    assert stats["window_bound_s"] >= 0.9 and stats["idle_s"] >= 0.9
+    assert 0.0 < stats["window_bound_frac"] <= 1.0 and stats["window_bound_frac"] == pytest.approx(
+        stats["window_bound_s"] / wall)
+    assert 0.0 < stats["in_flight_mean"] <= concurrency
+    if concurrency == 2:  # the first 3 groups waited for room, not for the window: it binds only at the end
+        assert stats["window_bound_s"] < stats["idle_s"] + 0.2 and stats["in_flight_mean"] <= 2
