@@ -4,8 +4,9 @@
 There is no GPU here, so vLLM's `LLM` is replaced by a stand-in that records, at the moment it is built, the
 environment its EngineCore process would inherit (CUDA_VISIBLE_DEVICES, whether V1 multiprocessing is on,
 spawn) and its keyword arguments. That the environment at construction is what the EngineCore process sees was
-read from vLLM's source (docs/slurm.md, GPU placement); the own-process engine itself (spawn, steps through
-its client, a swap by a pickled loader) was run on CPU by hand, not in this suite (about 40 s).
+read from vLLM's source (docs/slurm.md, GPU placement); own-process engines themselves (spawned, stepped
+through their client, swapped by a pickled loader) run on CPU in tests/rollout/test_engine_own_process.py
+(slow).
 """
 from __future__ import annotations
 
