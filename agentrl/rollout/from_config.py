@@ -26,15 +26,16 @@ def engine_factory(cfg: RunConfig, model_dir: Path, client: Any, fmt: ChatFormat
     """Builds this rank's engines: an `EnginePool` of `cluster.rollout.engines_per_rank` current vLLM engines
     and `lagging_engines_per_rank` lagging ones (ids from `agentrl.types`), or the scripted expert alone
     (`rollout.engine: expert`, which has no weights to lag). On GPU nodes (`gpus_per_node` > 0) each engine
-    runs in its own process on its own slice of the GPUs this rank sees (`rank_devices`)."""
+    runs in its own process on its own slice of the GPUs this rank sees (`rank_devices`); a rank that sees the
+    wrong number of GPUs fails here, at its start, not once the trainer's first weights have come."""
     r, pool = cfg.rollout, cfg.cluster.rollout
+    devices = rank_devices(cfg) if r.engine != "expert" else []
 
     def make_engine():
         if r.engine == "expert":  # the task's scripted expert plays every episode (pipeline checks)
             return ExpertEngine(client)
         from agentrl.rollout.engine import VLLMEngine
 
-        devices = rank_devices(cfg)
         # dtype, TP, eager/CUDA graphs, memory share, max sequences, KV cache: cluster.rollout's
         # (RolloutTopology.engine_settings; on CPU float32 and eager, in this process, as before)
         settings = pool.engine_settings(r.concurrency)
@@ -42,7 +43,7 @@ def engine_factory(cfg: RunConfig, model_dir: Path, client: Any, fmt: ChatFormat
         ids = [current_engine_id(rank, j, e) for j in range(e)] + [lagging_engine_id(rank, k, n) for k in range(n)]
         built: list[VLLMEngine] = []
         try:
-            for i, engine_id in enumerate(ids):  # one at a time: each start-up takes the whole machine
+            for i, engine_id in enumerate(ids):  # one after the other (each start-up holds a lock)
                 built.append(VLLMEngine(str(model_dir), r.max_model_len, kv_cache_gib=r.kv_cache_gib, seed=cfg.seed,
                                         engine_id=engine_id, devices=devices[i], **settings))
         except BaseException:
