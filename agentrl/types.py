@@ -15,11 +15,22 @@ import numpy as np
 SCHEMA_VERSION = 1
 
 # Engine ids, the `engine` array of a trajectory (int16). Context tokens carry -1, the scripted expert -2.
-# A rollout rank's current engine (newest weights) is its rank, 0..LAGGING_ENGINE_BASE-1; lagging engine k
-# of rank r (cross-policy sampling, design §5) is LAGGING_ENGINE_BASE + r * lagging_engines_per_rank + k.
+# Current engine j (newest weights) of rollout rank r is r * engines_per_rank + j, 0..LAGGING_ENGINE_BASE-1
+# (with one current engine per rank: the rank); lagging engine k of rank r (cross-policy sampling, design §5)
+# is LAGGING_ENGINE_BASE + r * lagging_engines_per_rank + k.
 # So whether a token came from the lagging pool is read off its engine id alone (`is_lagging_engine`).
 LAGGING_ENGINE_BASE = 1000
 MAX_ENGINE_ID = 32767  # int16
+
+
+def current_engine_id(rank: int, j: int, per_rank: int) -> int:
+    """The id of current engine `j` (0..per_rank-1) of rollout rank `rank`."""
+    if not 0 <= j < per_rank:
+        raise ValueError(f"current engine {j} of {per_rank}")
+    engine = rank * per_rank + j
+    if engine >= LAGGING_ENGINE_BASE:
+        raise ValueError(f"current engine id {engine} reaches the lagging ids ({LAGGING_ENGINE_BASE})")
+    return engine
 
 
 def lagging_engine_id(rank: int, k: int, per_rank: int) -> int:

@@ -4,8 +4,10 @@
 continuous batching: agent loops `await generate(...)` from asyncio, the thread adds each request to the
 engine as it arrives and steps the engine while any request is unfinished. Weight swaps are queued to the
 same thread and run when no request is in flight, so a swap never lands in the middle of a generation.
-Several VLLMEngines may live in one process (the lagging pool, `engine_pool`): vLLM keeps the forward pass's
-context in module globals, so their threads take turns (`_VLLM_LOCK`) for every step, swap and start-up.
+Several VLLMEngines may live in one process (a rank's current and lagging engines, `engine_pool`). On CPU they
+run in this process: vLLM keeps the forward pass's context in module globals, so their threads take turns
+(`_VLLM_LOCK`) for every step, swap and start-up. On GPUs each runs in its own EngineCore process on its own
+slice of the rank's GPUs (`devices`, from `placement`), and their threads step them in parallel.
 
 `ExpertEngine` is not a model: it asks the env for the task's scripted expert message and returns its
 tokens (log-prob 0), so warm-start demonstrations go through exactly the same agent loop as RL data.
@@ -19,13 +21,41 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-# vLLM's forward context and current config are module globals: two engines of one process must not run a
-# forward pass (or load weights, or start up) at the same time. On CPU they share the cores anyway.
+# vLLM's forward context and current config are module globals: two in-process engines must not run a forward
+# pass (or load weights) at the same time. On CPU they share the cores anyway. Every engine's start-up holds it
+# too: an engine of its own process is started with its own CUDA_VISIBLE_DEVICES in os.environ.
 _VLLM_LOCK = threading.Lock()
+
+
+@contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    """os.environ with `values` set, restored afterwards (a process started meanwhile inherits them)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def own_process_env(devices: str) -> dict[str, str]:
+    """The environment an engine of its own process is started with (`VLLMEngine`, `devices` given).
+
+    V1 multiprocessing on: `LLM(...)` starts an EngineCore process, which (with its tensor-parallel workers)
+    sees only `devices` (engine device i is `devices`' i-th GPU) and reads the variable when it initialises
+    CUDA, after this process has started it. Spawned, not forked: a rollout rank runs threads (the engines
+    started before, the weight receiver, the event loop) whose locks a forked child would inherit held."""
+    return {"CUDA_VISIBLE_DEVICES": devices, "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+            "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
 
 
 @dataclass(frozen=True)
@@ -103,7 +133,7 @@ class Engine(Protocol):
 
 
 class VLLMEngine:
-    """vLLM in-process, continuous batching from one thread; `load_weights` swaps between requests.
+    """vLLM driven from one thread with continuous batching; `load_weights` swaps between requests.
 
     If the engine thread fails, every waiting and later call raises instead of hanging.
     """
@@ -112,17 +142,29 @@ class VLLMEngine:
                  seed: int = 0, engine_id: int = 0, version: int = 0, dtype: str = "float32",
                  enforce_eager: bool = True, tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float | None = None, kv_cache_memory_bytes: int | None = None,
-                 linger_s: float = 0.0) -> None:
+                 linger_s: float = 0.0, devices: str | None = None) -> None:
         """The defaults are the CPU engine's (float32, eager, `kv_cache_gib` of KV cache). On GPUs,
         `gpu_memory_utilization` is this engine's share of each of its GPUs and `kv_cache_memory_bytes`, when
         given, sizes its KV cache instead of that share's remainder (None: vLLM's own defaults). `linger_s`:
         after a step that finished requests, at most how long the engine thread waits for their agent loops to
         react (ask for their next turn, or start waiting on the env) before its next step (`_linger`; 0: step at
-        once, the default: not yet measured in the pipeline, whose envs answer after their own latency)."""
-        # In-process engine: the weight-swap callable below is then not pickled, and start-up is 2x faster.
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        once, the default: not yet measured in the pipeline, whose envs answer after their own latency).
+
+        `devices` None (CPU): vLLM runs in this process (the weights to swap in are then handed over as they
+        are, and start-up is 2x faster). `devices` a CUDA_VISIBLE_DEVICES value (GPU nodes, one slice of the
+        rank's GPUs per engine, `agentrl.rollout.placement`): the engine runs in its own EngineCore process on
+        those GPUs only (`own_process_env`), so `gpu_memory_utilization` is its share of GPUs no other engine
+        of the rank uses, and its steps run beside the other engines' instead of taking turns with them."""
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        scoped: dict[str, str] = {}
+        if devices is None:
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        else:
+            scoped = own_process_env(devices)
+            # The weight swap sends a function to the engine's process (`_swap`); vLLM serializes functions
+            # (with cloudpickle) only when this is set, here and in that process.
+            os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         from vllm import LLM
 
         gpu: dict[str, Any] = {}
@@ -132,11 +174,22 @@ class VLLMEngine:
             gpu["kv_cache_memory_bytes"] = kv_cache_memory_bytes
         # processed_logprobs: log-probs of the distribution actually sampled from (after temperature),
         # which is what the PPO ratio's denominator must be.
-        with _VLLM_LOCK:
+        with _VLLM_LOCK, _environ(scoped):
             self._llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_model_len, enforce_eager=enforce_eager,
                             tensor_parallel_size=tensor_parallel_size, max_num_seqs=max_num_seqs, seed=seed,
                             logprobs_mode="processed_logprobs", **gpu)
         self._engine = self._llm.llm_engine
+        self.devices = devices
+        core = getattr(self._engine, "engine_core", None)  # vLLM's client of its EngineCore (None: a stand-in)
+        in_process = devices is None if core is None else type(core).__name__ == "InprocClient"
+        if in_process != (devices is None):  # e.g. vLLM's environment cache, frozen by an earlier in-process engine
+            self._shutdown()
+            raise RuntimeError(f"vLLM engine {engine_id}: asked to run " + (
+                "in this process" if devices is None else f"in its own process on GPUs {devices}") +
+                f" but vLLM ran it {'in this process' if in_process else 'in its own'}"
+                " (VLLM_ENABLE_V1_MULTIPROCESSING as vLLM read it)")
+        # Steps and swaps of in-process engines take turns (module globals); an own-process engine's are its own.
+        self._lock = _VLLM_LOCK if in_process else threading.Lock()
         self.engine_id = engine_id
         self.version = version
         self.linger_s = linger_s
@@ -172,6 +225,16 @@ class VLLMEngine:
         if self._thread.is_alive():
             self._inbox.put(("stop", None))
             self._thread.join(timeout=60)
+        if self.devices is not None:  # its EngineCore process frees its GPUs now, not when this one exits
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        shutdown = getattr(getattr(self._engine, "engine_core", None), "shutdown", None)
+        if shutdown is not None:
+            try:
+                shutdown()
+            except Exception:  # noqa: BLE001 - a process already gone is the outcome wanted
+                pass
 
     def _submit(self, kind: str, make: Callable[[Any, Any], Any]) -> asyncio.Future[Any]:
         if self._error is not None or not self._thread.is_alive():
@@ -214,7 +277,7 @@ class VLLMEngine:
                     self._add(payload)
                 self._waiting.clear()
             if self._engine.has_unfinished_requests():
-                with _VLLM_LOCK:
+                with self._lock:
                     outs = self._engine.step()
                 loops = {self._finish(out) for out in outs if out.finished} - {None}
                 if loops and self.linger_s > 0 and not self._linger(loops):
@@ -291,9 +354,13 @@ class VLLMEngine:
     def _swap(self, payload: Any) -> None:
         weights, version, loop, fut = payload
         try:
-            items = list(weights())
-            with _VLLM_LOCK:
-                self._llm.collective_rpc(lambda worker: worker.reload_weights(weights_iterator=iter(items)))
+            if self.devices is None:  # in-process: the tensors are handed over as they are
+                items = list(weights())
+                reload = lambda worker: worker.reload_weights(weights_iterator=iter(items))  # noqa: E731
+            else:  # the loader itself goes to the engine's workers (pickled), which read the weights there
+                reload = _reload_in_worker(weights)
+            with self._lock:
+                self._llm.collective_rpc(reload)
                 self._llm.reset_prefix_cache()  # cached KV was computed by the old weights
             self.version = version
         except Exception as e:
@@ -327,6 +394,17 @@ class VLLMEngine:
             self._engine.abort_request(ids)
         except Exception:  # noqa: BLE001 - the engine is going away either way
             pass
+
+
+def _reload_in_worker(weights: Callable[[], Any]) -> Callable[[Any], None]:
+    """What an own-process engine's workers run for a swap: `weights()` there, into the worker's model.
+
+    vLLM sends it to them with cloudpickle, closure included: a loader of a weights directory
+    (`weight_sources.DirWeights`) travels as the directory's name and each worker reads the files; a loader of
+    tensors held in memory (the broadcast's) travels with its tensors."""
+    def reload(worker: Any) -> None:
+        worker.reload_weights(weights_iterator=iter(weights()))
+    return reload
 
 
 def _set_result(fut: asyncio.Future[Any], value: Any) -> None:

@@ -11,7 +11,7 @@ episodes running and never wait for the trainer, except at the staleness bound. 
 Every action token keeps the version (and engine id) that sampled it, so a trajectory whose episode spans a
 swap carries two versions, and staleness is exact per trajectory. With a lagging pool (cross-policy sampling,
 `engine_pool`) each turn may also come from an engine up to K − 1 versions behind; evaluation always uses
-the current engine.
+the current engines.
 
 A restarted rank (the MPI world restarted by the launcher, the rank alone in file mode while the trainer runs
 on, or `python -m jobs.train` on an existing run dir) resumes: rank 0 keeps the expert demonstrations and the
@@ -277,7 +277,7 @@ async def run(run_dir: Path, client: Any, fmt: ChatFormat, make_engine: Callable
     weights = weights_factory(ch)
     first = await asyncio.to_thread(weights.wait, ch.version, plan.wait_timeout_s)
     engine = make_engine()
-    policy = engine.current if isinstance(engine, EnginePool) else engine  # evaluation: the newest weights only
+    policy = engine.policy if isinstance(engine, EnginePool) else engine  # evaluation: the newest weights only
     try:
         await engine.load_weights(first[1], first[0])
         report = run_dir / "report"

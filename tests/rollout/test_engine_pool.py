@@ -12,7 +12,13 @@ import pytest
 
 from agentrl.rollout.engine import Generation, SamplingConfig
 from agentrl.rollout.engine_pool import EnginePool
-from agentrl.types import LAGGING_ENGINE_BASE, TrajectoryBuilder, is_lagging_engine, lagging_engine_id
+from agentrl.types import (
+    LAGGING_ENGINE_BASE,
+    TrajectoryBuilder,
+    current_engine_id,
+    is_lagging_engine,
+    lagging_engine_id,
+)
 
 SAMPLING = SamplingConfig(max_new_tokens=4, temperature=1.0)
 
@@ -62,6 +68,65 @@ def test_engine_ids_tell_the_pools_apart() -> None:
     assert is_lagging_engine(np.array([-2, -1, 0, 7, 1000, 1005], np.int16)).tolist() == [0, 0, 0, 0, 1, 1]
     with pytest.raises(ValueError, match="int16"):
         lagging_engine_id(20000, 0, 2)
+    # current engines: rank r's j-th is r * per_rank + j, unique across ranks; with one per rank, the rank
+    assert [current_engine_id(r, j, 3) for r in (0, 1) for j in range(3)] == [0, 1, 2, 3, 4, 5]
+    assert [current_engine_id(r, 0, 1) for r in range(4)] == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="lagging ids"):
+        current_engine_id(500, 1, 2)
+    with pytest.raises(ValueError):
+        current_engine_id(0, 3, 3)
+
+
+async def episode_turns(p: EnginePool, episode: str, n: int) -> list[int]:
+    return [(await p.generate([1], SAMPLING, session_id=episode)).engine_id for _ in range(n)]
+
+
+def test_episodes_spread_over_the_current_engines_and_keep_theirs() -> None:
+    """Two current engines (ids 2, 3: rank 1's), no lagging pool: one episode at a time alternates the engines
+    (ties: fewest episodes so far), and every turn of an episode stays on the engine its first turn got."""
+    a, b = FakeEngine(2, 0), FakeEngine(3, 0)
+    p = EnginePool([a, b])
+    async def run() -> list[list[int]]:
+        return [await episode_turns(p, f"s{i}", 3) for i in range(4)] + [await episode_turns(p, "s0", 2)]
+    per_episode = asyncio.run(run())
+    assert per_episode == [[2, 2, 2], [3, 3, 3], [2, 2, 2], [3, 3, 3], [2, 2]]
+    assert (a.calls, b.calls, p.episodes) == (8, 6, [2, 2])
+    assert p.policy is p and p.in_flight == [0, 0]
+
+
+def test_a_new_episode_goes_to_the_current_engine_with_fewer_turns_in_flight() -> None:
+    a, b = FakeEngine(0, 0), FakeEngine(1, 0)
+    p = EnginePool([a, b])
+    gate = asyncio.Event()
+    slow = a.generate
+
+    async def held(prompt_ids: list[int], sampling: SamplingConfig, **context: Any) -> Generation:
+        await gate.wait()
+        return await slow(prompt_ids, sampling, **context)
+    a.generate = held  # type: ignore[method-assign]
+
+    async def run() -> list[int]:
+        first = [asyncio.create_task(p.generate([1], SAMPLING, session_id=f"busy{i}")) for i in range(3)]
+        await asyncio.sleep(0)  # busy0 -> engine 0 (both idle), busy1 -> 1, busy2 -> 0 (1 turn each in flight)
+        assert p.in_flight[0] == 2 and p.episodes == [2, 1]
+        later = [(await p.generate([1], SAMPLING, session_id=f"new{i}")).engine_id for i in range(2)]
+        gate.set()
+        await asyncio.gather(*first)
+        return later
+    assert asyncio.run(run()) == [1, 1]  # engine 0 is still held on two turns: the new episodes go to 1
+
+
+def test_every_current_engine_takes_every_version_and_lagging_turns_stay_lagging() -> None:
+    a, b, lag = FakeEngine(0), FakeEngine(1), FakeEngine(lagging_engine_id(0, 0, 1))
+    p = EnginePool([a, b], [lag], prob=0.5, refresh_steps=3, seed=1)
+    for v in range(4):
+        asyncio.run(p.load_weights(loader(v), v))
+    assert a.loads == b.loads == [0, 1, 2, 3] and lag.loads == [0, 3] and p.version == 3
+    assert p.policy.currents == [a, b] and not p.policy.lagging  # evaluation: the current engines alone
+    gens = asyncio.run(episode_turns(p, "s", 200))
+    assert set(gens) == {0, 1000} or set(gens) == {1, 1000}  # one current engine for the episode, + lagging
+    p.close()
+    assert a.closed and b.closed and lag.closed
 
 
 def test_prob_zero_never_calls_the_lagging_engine() -> None:

@@ -180,3 +180,23 @@ def test_prob_zero_with_a_lagging_engine_is_the_plain_rank(lookup_format, model_
         assert a.tokens.tolist() == b.tokens.tolist()
         assert a.logprobs.tolist() == pytest.approx(b.logprobs.tolist(), abs=1e-5)
         assert a.engine.tolist() == b.engine.tolist() and set(b.engine[b.loss_mask == 1].tolist()) == {0}
+
+
+def test_two_current_engines_share_a_ranks_episodes(lookup_format, model_dir) -> None:
+    """engines_per_rank 2 on rank 1 of 2: two real CPU engines (ids 2 and 3), both given every version; the
+    episodes, one at a time, alternate between them and each keeps its engine for all of its turns."""
+    tok = lookup_format
+    cfg = load_config("smoke", [f"rollout.max_model_len={MAX_LEN}", "rollout.concurrency=4", "cluster.schedule=async",
+                                "cluster.rollout.ranks=2", "cluster.rollout.engines_per_rank=2"])
+    engine = engine_factory(cfg, model_dir, None, tok, rank=1)()
+    try:
+        assert [e.engine_id for e in engine.currents] == [2, 3] and not engine.lagging
+        asyncio.run(engine.load_weights(loader(load_model(model_dir, torch.get_num_threads())), 4))
+        assert [e.version for e in engine.currents] == [4, 4]
+        trajs = episodes(engine, tok, 4, concurrency=1)
+    finally:
+        engine.close()
+    producers = [set(t.engine[t.loss_mask == 1].tolist()) for t in trajs]
+    assert producers == [{2}, {3}, {2}, {3}] and engine.episodes == [2, 2]
+    assert all(set(t.policy_version[t.loss_mask == 1].tolist()) == {4} for t in trajs)
+    assert sum(t.num_action_tokens for t in trajs) > 20
