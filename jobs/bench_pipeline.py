@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -41,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.bench import repeat
-from agentrl.bench.pipeline import throughput
+from agentrl.bench.pipeline import async_figures, async_variants, ratio_tag, throughput
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -102,8 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small runs (about 4 minutes per repeat on 2 cores)")
     ap.add_argument("--latency", type=float, default=0.3, help="median env latency per env call, seconds")
     ap.add_argument("--sigma", type=float, default=0.99, help="lognormal sigma (0.99: p99 = 10x median)")
-    ap.add_argument("--staleness", type=int, default=1, help="algo.max_staleness of the async run")
-    ap.add_argument("--ranks", type=int, default=1, help="rollout ranks of the async run (sync runs one)")
+    ap.add_argument("--staleness", default="1",
+                    help="algo.max_staleness of the async run; a list (1,4) runs one async side per value")
+    ap.add_argument("--ranks", default="1",
+                    help="rollout ranks of the async run (sync runs one); a list (1,2) runs one async side each")
     ap.add_argument("--steps", type=int, default=0, help="RL steps of each run (default: 5 quick, 10 full)")
     ap.add_argument("--prompts", type=int, default=0, help="prompts per step (default: 4 quick, 8 full)")
     ap.add_argument("--threads", default="",
@@ -133,33 +134,30 @@ def main(argv: list[str] | None = None) -> int:
     cores = len(cpus)
     t_train, t_engine = (int(x) for x in args.threads.split(":")) if args.threads else (max(cores // 2, 1),
                                                                                          max(cores - cores // 2, 1))
-    schedules = {
-        "sync": common + ["cluster.schedule=sync", f"trainer.threads={cores}", f"cluster.engine_threads={cores}"],
-        "async": common + ["cluster.schedule=async", f"cluster.rollout.ranks={args.ranks}",
-                           f"algo.max_staleness={args.staleness}", f"trainer.threads={t_train}",
-                           f"cluster.engine_threads={t_engine}"],
-    }
+    schedules = {"sync": common + ["cluster.schedule=sync", f"trainer.threads={cores}",
+                                   f"cluster.engine_threads={cores}"]}
+    variants = async_variants(args.staleness, args.ranks)
+    for name, (staleness, ranks) in variants.items():
+        schedules[name] = common + ["cluster.schedule=async", f"cluster.rollout.ranks={ranks}",
+                                    f"algo.max_staleness={staleness}", f"trainer.threads={t_train}",
+                                    f"cluster.engine_threads={t_engine}"]
 
     def side(name: str) -> Any:
         def run(i: int) -> dict[str, float]:
             r = run_schedule(root, name, schedules[name], log_name=f"{name}-{i}", env=env)
             tps, e2e = throughput(r["step_t"], r["t_v0"], per_step)
             figs = {"traj_per_s": tps, "e2e_traj_per_s": e2e, "wall_s": r["wall_s"]}
-            if name == "async":
-                tr = r["trainer"]
-                figs.update(trainer_idle_frac=tr["idle_s"] / max(tr["rl_wall_s"], 1e-9),
-                            staleness_mean=tr["staleness_sum"] / max(tr["queue"].get("consumed", 0), 1),
-                            staleness_max=float(tr["staleness_max"]),
-                            rollout_tokens_per_s=sum(x["action_tokens"] / max(x["wall_s"], 1e-9) for x in r["rollout"]),
-                            rollout_idle_frac=statistics.mean(x["rollout_idle_frac"] for x in r["rollout"]))
+            if name != "sync":
+                figs.update(async_figures(r["trainer"], r["rollout"]))
             return figs
         return run
 
-    samples = repeat.interleave({"sync": side("sync"), "async": side("async")}, args.repeats,
+    samples = repeat.interleave({name: side(name) for name in schedules}, args.repeats,
                                 echo=lambda line: print(line, flush=True))
-    spread = repeat.summarize(samples, [
-        repeat.Ratio("async_over_sync", "async", "traj_per_s", "sync", "traj_per_s"),
-        repeat.Ratio("async_over_sync_e2e", "async", "e2e_traj_per_s", "sync", "e2e_traj_per_s")])
+    wanted = [r for name in variants for r in (
+        repeat.Ratio(f"async_over_sync{ratio_tag(name)}", name, "traj_per_s", "sync", "traj_per_s"),
+        repeat.Ratio(f"async_over_sync_e2e{ratio_tag(name)}", name, "e2e_traj_per_s", "sync", "e2e_traj_per_s"))]
+    spread = repeat.summarize(samples, wanted)
     loop_out = root / "agent_loop.json"  # jobs.bench_agent_loop, as its own entry point, on the last async model
     subprocess.run([sys.executable, "-m", "jobs.bench_agent_loop", "--model", str(root / "async" / "model"),
                     "--preset", "smoke", "--episodes", str(args.loop_episodes), "--concurrency",
@@ -183,11 +181,18 @@ def main(argv: list[str] | None = None) -> int:
                        "async_over_sync": round(ratios["async_over_sync_e2e"]["median"], 3)},
         "agent_loop": loop, "async_rollout_tokens_per_s": round(med["async"]["rollout_tokens_per_s"], 1),
         "rollout_idle_frac": round(med["async"]["rollout_idle_frac"], 3),
+        "window_bound_frac": round(med["async"]["window_bound_frac"], 3),
+        "variants": {name: {"max_staleness": v[0], "rollout_ranks": v[1],
+                            **{k: round(x, 3) for k, x in med[name].items()},
+                            "async_over_sync": round(ratios[f"async_over_sync{ratio_tag(name)}"]["median"], 3),
+                            "async_over_sync_e2e": round(ratios[f"async_over_sync_e2e{ratio_tag(name)}"]["median"], 3)}
+                     for name, v in variants.items()},
         "repeats": spread,
         "setup": {"steps": cfg.trainer.steps, "trajectories_per_step": per_step, "quick": args.quick,
                   "seed": args.seed, "loop_episodes": args.loop_episodes, "repeats": args.repeats,
                   "env_latency_median_s": args.latency, "env_latency_sigma": args.sigma,
-                  "async_max_staleness": args.staleness, "async_rollout_ranks": args.ranks,
+                  "async_max_staleness": variants["async"][0], "async_rollout_ranks": variants["async"][1],
+                  "async_variants": {k: {"max_staleness": v[0], "rollout_ranks": v[1]} for k, v in variants.items()},
                   "async_threads": {"trainer": t_train, "engine": t_engine}, "sync_threads": cores,
                   "cpus": cpus},
         "machine": repeat.machine(args.seed, cpus, env, load_before),

@@ -2,6 +2,9 @@
 synchronous and the asynchronous schedule with it)."""
 from __future__ import annotations
 
+import statistics
+from typing import Any
+
 
 def throughput(step_t: dict[int, float], t_v0: float | None, per_step: int) -> tuple[float, float]:
     """(steady-state trajectories/s, end-to-end trajectories/s).
@@ -18,3 +21,34 @@ def throughput(step_t: dict[int, float], t_v0: float | None, per_step: int) -> t
     steady = (n - 1) * per_step / max(step_t[n] - step_t[1], 1e-9)
     e2e = n * per_step / max(step_t[n] - (t_v0 or step_t[1]), 1e-9)
     return steady, e2e
+
+
+def ratio_tag(name: str) -> str:
+    """The ratio suffix of an async side: "" for the first ("async"), "_s4_r2" for "async-s4-r2"."""
+    return "" if name == "async" else name[len("async"):].replace("-", "_")
+
+
+def async_variants(staleness: str, ranks: str) -> dict[str, tuple[int, int]]:
+    """The async sides: every (max_staleness, rollout ranks) pair of the two lists; the first is "async"
+    (its run dir is runs/bench/async, what `jobs.plan_pipeline --check-bench` reads), the others
+    "async-s<S>-r<R>"."""
+    pairs = [(int(s), int(r)) for s in staleness.split(",") for r in ranks.split(",")]
+    if any(s < 0 or r < 1 for s, r in pairs) or len(set(pairs)) != len(pairs):
+        raise ValueError(f"--staleness {staleness!r} / --ranks {ranks!r}: need distinct values, staleness >= 0, "
+                         "ranks >= 1")
+    return {("async" if i == 0 else f"async-s{s}-r{r}"): (s, r) for i, (s, r) in enumerate(pairs)}
+
+
+def async_figures(trainer: dict[str, Any], rollout: list[dict[str, Any]]) -> dict[str, float]:
+    """An async run's balance, from its reports: how long the trainer waited (idle), how long one of its
+    steps took (busy seconds per step), how long the staleness window held the rollout ranks' admission back
+    (`window_bound_frac`: the bound, not the engine, kept episodes from starting) and the episodes in flight."""
+    wall = max(trainer["rl_wall_s"], 1e-9)
+    return {"trainer_idle_frac": trainer["idle_s"] / wall,
+            "trainer_step_s": (wall - trainer["idle_s"]) / max(trainer["steps_done"], 1),
+            "staleness_mean": trainer["staleness_sum"] / max(trainer["queue"].get("consumed", 0), 1),
+            "staleness_max": float(trainer["staleness_max"]),
+            "rollout_tokens_per_s": sum(x["action_tokens"] / max(x["wall_s"], 1e-9) for x in rollout),
+            "rollout_idle_frac": statistics.mean(x["rollout_idle_frac"] for x in rollout),
+            "window_bound_frac": statistics.mean(x.get("window_bound_frac", 0.0) for x in rollout),
+            "in_flight_mean": sum(x.get("in_flight_mean", 0.0) for x in rollout)}

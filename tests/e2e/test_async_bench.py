@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.bench.pipeline import throughput
+from agentrl.bench.pipeline import async_figures, async_variants, ratio_tag, throughput
 from agentrl.rollout.env_latency import lognormal_delay
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,6 +32,30 @@ def test_throughput_counts_the_steady_state_and_the_whole_run() -> None:
     assert steady == pytest.approx(3 * 8 / 6.0)  # steps 2..4 over the time after step 1
     assert e2e == pytest.approx(4 * 8 / 12.0)  # all four from weights v0 on
     assert throughput({1: 10.0, 2: 12.0}, t_v0=None, per_step=8)[1] == pytest.approx(2 * 8 / 2.0)  # no v0: step 1
+
+
+def test_async_sides_are_every_staleness_and_rank_pair_the_first_named_async() -> None:
+    sides = async_variants("1,4", "1,2")
+    assert sides == {"async": (1, 1), "async-s1-r2": (1, 2), "async-s4-r1": (4, 1), "async-s4-r2": (4, 2)}
+    assert [ratio_tag(n) for n in sides] == ["", "_s1_r2", "_s4_r1", "_s4_r2"]
+    for bad in (("1,1", "1"), ("-1", "1"), ("1", "0")):
+        with pytest.raises(ValueError):
+            async_variants(*bad)
+
+
+def test_async_figures_read_the_balance_from_the_reports() -> None:
+    trainer = {"rl_wall_s": 20.0, "idle_s": 5.0, "steps_done": 10, "staleness_sum": 30.0, "staleness_max": 2,
+               "queue": {"consumed": 40}}
+    rollout = [{"action_tokens": 1000.0, "wall_s": 10.0, "rollout_idle_frac": 0.1, "window_bound_frac": 0.6,
+                "in_flight_mean": 12.0},
+               {"action_tokens": 3000.0, "wall_s": 20.0, "rollout_idle_frac": 0.3, "window_bound_frac": 0.2,
+                "in_flight_mean": 4.0}]
+    f = async_figures(trainer, rollout)
+    assert f["trainer_idle_frac"] == pytest.approx(0.25) and f["trainer_step_s"] == pytest.approx(1.5)
+    assert f["staleness_mean"] == pytest.approx(0.75) and f["staleness_max"] == 2.0
+    assert f["rollout_tokens_per_s"] == pytest.approx(100.0 + 150.0)
+    assert f["rollout_idle_frac"] == pytest.approx(0.2) and f["window_bound_frac"] == pytest.approx(0.4)
+    assert f["in_flight_mean"] == pytest.approx(16.0)  # episodes in flight add up over the ranks
 
 
 @pytest.mark.slow
