@@ -10,7 +10,6 @@ import torch
 
 
 def main(model_dir: Path, out: Path, tied_dir: Path | None = None) -> None:
-    from agentrl.trainer import model_load
     from agentrl.trainer.model_load import gathered_state_dict, load_policy, load_reference
     from agentrl.trainer.parallel import Parallel, close_distributed, dist_env, init_distributed
 
@@ -18,7 +17,6 @@ def main(model_dir: Path, out: Path, tied_dir: Path | None = None) -> None:
     device = init_distributed(env)
     try:
         par = Parallel("fsdp2", env, device, mixed_precision="bf16")
-        model_load.CHUNK_BYTES = 64 << 10  # many broadcast chunks (a real model's are 256 MB)
         policy = load_policy(model_dir, 1, par)
         ref = load_reference(model_dir, 1, par)
         local = sum(p.to_local().numel() * p.to_local().element_size() for p in policy.parameters())
@@ -32,7 +30,6 @@ def main(model_dir: Path, out: Path, tied_dir: Path | None = None) -> None:
         torch.save({"local_bytes": local, "ref_dtypes": ref_dtypes, "whole": whole, "logits": logits,
                     "buffers": buffers, "policy_dtypes": policy_dtypes},
                    out / f"rank{env.rank}.pt")
-        model_load.CHUNK_BYTES = 256 << 20
         if tied_dir is not None:  # tied embeddings (the tiny model's): one parameter, both names published
             torch.save(gathered_state_dict(load_policy(tied_dir, 1, par), par), out / f"tied{env.rank}.pt")
     finally:
