@@ -4,16 +4,22 @@
     python -m jobs.bench_trainer_memory --layers 4 --rounds 3 # smaller, faster
 
 Both sides build what a trainer rank builds before its first step — the policy (FSDP2 over 2 CPU ranks),
-the KL reference, and the whole weights gathered on rank 0 for publishing — from one random-weight bf16
-model directory written first:
+the KL reference, and the whole weights on rank 0 for publishing — from one random-weight bf16 model
+directory written first:
 
     before  every rank `from_pretrained` in float32, then sharded; the reference likewise, in float32;
             publishing gathers a float32 state dict on rank 0
-    after   meta-device build, rank 0 reads the files and each rank receives its shard; the reference in
-            bf16 (the compute dtype); publishing gathers tensor by tensor in bf16
+    after   meta-device build, each rank reads the rows of its own shards from the file; the reference in
+            bf16 (the compute dtype); publishing streams the gathered tensors, one at a time in bf16, into
+            weights/v1 (`learner.stage_weights`, as the trainer publishes)
 
-Each rank reports its peak RSS (`ru_maxrss`) from a fresh process; the sides alternate (A B A B A B), and the
-output gives each side's median and min-max per rank and the ratio, written to runs/bench/trainer_memory.json.
+With `--train` each side then takes one AdamW step and writes a checkpoint (phases "step", "checkpoint"):
+gradients and Adam's two moments (three float32 copies of each rank's shard) come on top there.
+
+Each rank reports its peak RSS (`ru_maxrss`) from a fresh process, and after each phase the peak so far and
+the RSS then (the phase that raised the peak is the first whose peak so far is the final one); the sides
+alternate (A B A B A B), and the output gives each side's median and min-max per rank and the ratio, written
+to runs/bench/trainer_memory.json.
 """
 from __future__ import annotations
 
@@ -76,8 +82,10 @@ def rank_main(side: str, model_dir: Path, out: Path, train: bool) -> None:
 
     from agentrl.trainer import checkpoint
     from agentrl.trainer.checkpoint import TrainerState
-    from agentrl.trainer.model_load import gathered_state_dict, load_model, load_policy, load_reference
+    from agentrl.trainer.learner import stage_weights
+    from agentrl.trainer.model_load import load_model, load_policy, load_reference
     from agentrl.trainer.parallel import Parallel, close_distributed, dist_env, init_distributed
+    from agentrl.transport import weights as weights_io
 
     env = dist_env()
     device = init_distributed(env)
@@ -96,7 +104,10 @@ def rank_main(side: str, model_dir: Path, out: Path, train: bool) -> None:
             ph.mark("policy")
             ref = load_reference(model_dir, 1, par)
             ph.mark("reference")
-            whole = gathered_state_dict(policy, par, torch.bfloat16)
+            whole = None
+            staged = stage_weights(out / f"run-{side}", 1, policy, par, model_dir)  # as the trainer publishes
+            if staged is not None:
+                weights_io.publish_staged(staged)
         del whole
         ph.mark("publish")
         if train:
