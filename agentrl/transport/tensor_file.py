@@ -105,8 +105,8 @@ class TensorFileWriter:
 
     def write(self, name: str, data: torch.Tensor) -> None:
         """The next bytes of tensor `name` (the whole tensor, or its next block of rows), in its declared dtype."""
-        while self._next < len(self._sizes) and self._left == 0:  # empty tensors take no bytes
-            self._advance()
+        while self._next < len(self._sizes) and self._left == 0 and self._sizes[self._next][0] != name:
+            self._advance()  # an empty tensor takes no bytes: its data may be left out
         want = self._sizes[self._next][0] if self._next < len(self._sizes) else None
         if name != want:
             raise ValueError(f"expected data of {want!r} next, got {name!r}")
