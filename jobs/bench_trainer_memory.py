@@ -4,16 +4,22 @@
     python -m jobs.bench_trainer_memory --layers 4 --rounds 3 # smaller, faster
 
 Both sides build what a trainer rank builds before its first step — the policy (FSDP2 over 2 CPU ranks),
-the KL reference, and the whole weights gathered on rank 0 for publishing — from one random-weight bf16
-model directory written first:
+the KL reference, and the whole weights on rank 0 for publishing — from one random-weight bf16 model
+directory written first:
 
     before  every rank `from_pretrained` in float32, then sharded; the reference likewise, in float32;
             publishing gathers a float32 state dict on rank 0
-    after   meta-device build, rank 0 reads the files and each rank receives its shard; the reference in
-            bf16 (the compute dtype); publishing gathers tensor by tensor in bf16
+    after   meta-device build, each rank reads the rows of its own shards from the file; the reference in
+            bf16 (the compute dtype); publishing streams the gathered tensors, one at a time in bf16, into
+            weights/v1 (`learner.stage_weights`, as the trainer publishes)
 
-Each rank reports its peak RSS (`ru_maxrss`) from a fresh process; the sides alternate (A B A B A B), and the
-output gives each side's median and min-max per rank and the ratio, written to runs/bench/trainer_memory.json.
+With `--train` each side then takes one AdamW step and writes a checkpoint (phases "step", "checkpoint"):
+gradients and Adam's two moments (three float32 copies of each rank's shard) come on top there.
+
+Each rank reports its peak RSS (`ru_maxrss`) from a fresh process, and after each phase the peak so far and
+the RSS then (the phase that raised the peak is the first whose peak so far is the final one); the sides
+alternate (A B A B A B), and the output gives each side's median and min-max per rank and the ratio, written
+to runs/bench/trainer_memory.json.
 """
 from __future__ import annotations
 
@@ -45,28 +51,74 @@ def build(out: Path, layers: int) -> Path:
     return out
 
 
-def rank_main(side: str, model_dir: Path, out: Path) -> None:
-    """One trainer rank's model set-up (`side`: before | after); writes its peak RSS to out/<side>-<rank>.json."""
+class Phases:
+    """Each phase's mark: the peak RSS so far (`ru_maxrss`) and the RSS now (VmRSS), in MiB, so the phase that
+    raised the peak is the first whose `peak_mib` reaches the final one."""
+
+    def __init__(self) -> None:
+        self.marks: list[dict[str, float | str]] = []
+
+    def mark(self, name: str) -> None:
+        now = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines()
+                   if line.startswith("VmRSS:")) / 1024
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        self.marks.append({"phase": name, "peak_mib": round(peak, 1), "rss_mib": round(now, 1)})
+
+
+def train_step(model, opt) -> None:
+    """One update of the model on a short random sequence (the gradients and Adam's two moments appear)."""
     import torch
 
-    from agentrl.trainer.model_load import gathered_state_dict, load_model, load_policy, load_reference
+    ids = torch.randint(0, 1000, (1, 64), generator=torch.Generator().manual_seed(0))
+    model(input_ids=ids).logits.float().logsumexp(-1).mean().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def rank_main(side: str, model_dir: Path, out: Path, train: bool) -> None:
+    """One trainer rank's model set-up (`side`: before | after), and with `train` one step and a checkpoint;
+    writes its peak RSS and each phase's marks to out/<side>-<rank>.json."""
+    import torch
+
+    from agentrl.trainer import checkpoint
+    from agentrl.trainer.checkpoint import TrainerState
+    from agentrl.trainer.learner import stage_weights
+    from agentrl.trainer.model_load import load_model, load_policy, load_reference
     from agentrl.trainer.parallel import Parallel, close_distributed, dist_env, init_distributed
+    from agentrl.transport import weights as weights_io
 
     env = dist_env()
     device = init_distributed(env)
+    ph = Phases()
+    ph.mark("start")
     try:
         par = Parallel("fsdp2", env, device, mixed_precision="bf16")
         if side == "before":
             policy = par.wrap(load_model(model_dir, 1))
+            ph.mark("policy")
             ref = par.wrap_frozen(load_model(model_dir, 1))
+            ph.mark("reference")
             whole = par.full_state_dict(policy)
         else:
             policy = load_policy(model_dir, 1, par)
+            ph.mark("policy")
             ref = load_reference(model_dir, 1, par)
-            whole = gathered_state_dict(policy, par, torch.bfloat16)
-        del whole, ref, policy
+            ph.mark("reference")
+            whole = None
+            staged = stage_weights(out / f"run-{side}", 1, policy, par, model_dir)  # as the trainer publishes
+            if staged is not None:
+                weights_io.publish_staged(staged)
+        del whole
+        ph.mark("publish")
+        if train:
+            opt = torch.optim.AdamW(policy.parameters(), lr=1e-6)
+            train_step(policy, opt)
+            ph.mark("step")
+            checkpoint.save(out / f"run-{side}", TrainerState(step=1), policy, opt, None, par, keep=1)
+            ph.mark("checkpoint")
+        del ref, policy
         peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        (out / f"{side}-{env.rank}.json").write_text(json.dumps({"peak_rss_mib": peak_mib}))
+        (out / f"{side}-{env.rank}.json").write_text(json.dumps({"peak_rss_mib": peak_mib, "phases": ph.marks}))
     finally:
         close_distributed()
 
@@ -77,16 +129,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def one(side: str, model_dir: Path, out: Path, ranks: int) -> list[float]:
+def one(side: str, model_dir: Path, out: Path, ranks: int, train: bool) -> list[dict]:
     env = {**os.environ, "WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
            "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-m", "jobs.bench_trainer_memory", "--rank-of", side,
-                               "--model", str(model_dir), "--work", str(out)], env={**env, "RANK": str(r)})
+    cmd = [sys.executable, "-m", "jobs.bench_trainer_memory", "--rank-of", side, "--model", str(model_dir),
+           "--work", str(out), *(["--train"] if train else [])]
+    procs = [subprocess.Popen(cmd, env={**env, "RANK": str(r)})
              for r in range(ranks)]
     for p in procs:
         if p.wait(timeout=1800) != 0:
             raise RuntimeError(f"{side}: a rank exited with {p.returncode}")
-    return [json.loads((out / f"{side}-{r}.json").read_text())["peak_rss_mib"] for r in range(ranks)]
+    return [json.loads((out / f"{side}-{r}.json").read_text()) for r in range(ranks)]
 
 
 def main() -> None:
@@ -96,34 +149,43 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--work", type=Path, default=Path("runs/bench/trainer_memory"))
     ap.add_argument("--out", type=Path, default=Path("runs/bench/trainer_memory.json"))
+    ap.add_argument("--train", action="store_true",
+                    help="also one optimizer step and a checkpoint per side (phases 'step', 'checkpoint')")
+    ap.add_argument("--sides", nargs="+", choices=["before", "after"], default=["before", "after"])
     ap.add_argument("--rank-of", choices=["before", "after"], help=argparse.SUPPRESS)
     ap.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rank_of:
-        rank_main(args.rank_of, args.model, args.work)
+        rank_main(args.rank_of, args.model, args.work, args.train)
         return
     args.work.mkdir(parents=True, exist_ok=True)
     model_dir = build(args.work / f"qwen2-shape-{args.layers}l", args.layers)
-    runs: dict[str, list[list[float]]] = {"before": [], "after": []}
+    runs: dict[str, list[list[dict]]] = {side: [] for side in args.sides}
     t0 = time.time()
     for _ in range(args.rounds):
-        for side in ("before", "after"):
-            runs[side].append(one(side, model_dir, args.work, args.ranks))
-            print(f"{side}: peak RSS per rank {[round(x) for x in runs[side][-1]]} MiB", flush=True)
+        for side in args.sides:
+            runs[side].append(one(side, model_dir, args.work, args.ranks, args.train))
+            marks = [[(m["phase"], round(m["peak_mib"]), round(m["rss_mib"])) for m in x["phases"]]
+                     for x in runs[side][-1]]
+            print(f"{side}: peak RSS per rank {[round(x['peak_rss_mib']) for x in runs[side][-1]]} MiB; per rank "
+                  f"(phase, peak so far, RSS now) {marks}", flush=True)
     summary = {}
     for side, rounds in runs.items():
         per_rank = list(zip(*rounds))
-        summary[side] = {f"rank{r}": {"median_mib": statistics.median(v), "min_mib": min(v), "max_mib": max(v)}
+        summary[side] = {f"rank{r}": {"median_mib": statistics.median(x["peak_rss_mib"] for x in v),
+                                      "min_mib": min(x["peak_rss_mib"] for x in v),
+                                      "max_mib": max(x["peak_rss_mib"] for x in v),
+                                      "phases_last_round": v[-1]["phases"]}
                          for r, v in enumerate(per_rank)}
     ratio = [summary["before"][f"rank{r}"]["median_mib"] / summary["after"][f"rank{r}"]["median_mib"]
-             for r in range(args.ranks)]
+             for r in range(args.ranks)] if len(summary) == 2 else None
     result = {"command": " ".join(sys.argv), "cpu": platform.processor() or platform.machine(),
               "cores": os.cpu_count(), "load_avg": os.getloadavg(), "layers": args.layers, "ranks": args.ranks,
-              "rounds": args.rounds, "seconds": time.time() - t0, "sides": summary,
+              "rounds": args.rounds, "train": args.train, "seconds": time.time() - t0, "sides": summary,
               "before_over_after_per_rank": ratio}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
-    for r in range(args.ranks):
+    for r in range(args.ranks) if ratio else ():
         b, a = summary["before"][f"rank{r}"], summary["after"][f"rank{r}"]
         print(f"rank {r}: before {b['median_mib']:.0f} MiB ({b['min_mib']:.0f}-{b['max_mib']:.0f}), after "
               f"{a['median_mib']:.0f} MiB ({a['min_mib']:.0f}-{a['max_mib']:.0f}): {ratio[r]:.2f}x less")

@@ -201,26 +201,31 @@ def _prune(root: Path, keep: int) -> None:
 REFERENCE_FILE = "reference.safetensors"
 
 
-def save_reference(run_dir: str | Path, state_dict: dict[str, torch.Tensor]) -> Path:
-    """Keep the frozen KL reference (the warm-started weights) beside the checkpoints, atomically: the
-    published weights/v0 it equals is pruned as versions advance, and a resumed run needs it again."""
-    from safetensors.torch import save_file
+def save_reference(run_dir: str | Path, model: torch.nn.Module, par: Parallel) -> Path:
+    """Keep the frozen KL reference (the warm-started weights, in the model's training dtype) beside the
+    checkpoints, atomically: the published weights/v0 it equals is pruned as versions advance, and a resumed
+    run needs it again. Gathered and written one tensor at a time (`model_load.gather_tensors`). Collective."""
+    from agentrl.trainer.model_load import gather_tensors, tensor_specs
+    from agentrl.transport.tensor_file import write_tensors
 
     root = ckpt_root(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / REFERENCE_FILE
+    tensors = gather_tensors(model, par)
+    if not par.is_main:
+        for _ in tensors:  # the other ranks send their shards
+            pass
+        par.barrier()
+        return final
+    root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".{REFERENCE_FILE}.{os.getpid()}.tmp"
-    # Tied tensors share storage, which safetensors refuses: write each name as its own copy.
-    save_file({k: v.detach().cpu().clone().contiguous() for k, v in state_dict.items()}, str(tmp))
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
+    write_tensors(tmp, tensor_specs(model, par), tensors)  # fsynced
     os.replace(tmp, final)
     fsync_dir(root)
+    par.barrier()
     return final
 
 
-def load_reference(run_dir: str | Path) -> dict[str, torch.Tensor] | None:
-    from safetensors.torch import load_file
-
+def reference_file(run_dir: str | Path) -> Path | None:
+    """The saved KL reference (`save_reference`), or None when the run has none."""
     path = ckpt_root(run_dir) / REFERENCE_FILE
-    return load_file(str(path)) if path.exists() else None
+    return path if path.exists() else None

@@ -20,7 +20,7 @@ from agentrl.config import RunConfig
 from agentrl.trainer import checkpoint
 from agentrl.trainer.batch import collate
 from agentrl.trainer.checkpoint import TrainerState
-from agentrl.trainer.model_load import gathered_state_dict, load_policy, load_reference
+from agentrl.trainer.model_load import gather_tensors, load_policy, load_reference, tensor_specs
 from agentrl.trainer.parallel import Parallel
 from agentrl.trainer.step import RLHyper, rl_step
 from agentrl.trainer.warm_start import WarmStart, check_control_run
@@ -33,24 +33,40 @@ log = logging.getLogger("agentrl.trainer")
 
 def publish_weights(run_dir: Path, version: int, model: torch.nn.Module, par: Parallel,
                     base: Path | None = None) -> None:
-    """Whole weights as weights/v<version> (gathered to rank 0 under FSDP2), a complete model directory
-    beside `base`'s config and tokenizer files, in the model's own dtype. Collective."""
-    state = gathered_state_dict(model, par, weights_io.model_dtype(base) if base is not None else None)
-    if par.is_main:
-        weights_io.publish(run_dir, version, state, base=base)
+    """Whole weights as weights/v<version>, a complete model directory beside `base`'s config and tokenizer
+    files, in the model's own dtype. Collective (`stage_weights`)."""
+    staged = stage_weights(run_dir, version, model, par, base)
+    if staged is not None:
+        weights_io.publish_staged(staged)
+
+
+def stage_weights(run_dir: Path, version: int, model: torch.nn.Module, par: Parallel, base: Path | None = None,
+                  write: bool = True) -> weights_io.Staged | None:
+    """Weights v<version> streamed into a staged directory on rank 0 (None on the other ranks, and with
+    `write=False`), one gathered tensor at a time in the model's dtype: each rank casts its shard before
+    sending it, so no rank holds a float32 copy, nor rank 0 more than one whole tensor beyond its shards.
+    Collective: every rank gathers each tensor in turn."""
+    dtype = weights_io.model_dtype(base) if base is not None else None
+    tensors = gather_tensors(model, par, dtype)
+    if not (par.is_main and write):
+        for _ in tensors:  # this rank's shards go to rank 0 (rank 0 without `write` receives and drops them)
+            pass
+        return None
+    return weights_io.stage_model_dir(weights_io.version_dir(run_dir, version), tensor_specs(model, par, dtype),
+                                      tensors, base, {"version": version})
 
 
 def reference_model(run_dir: Path, model_dir: Path, threads: int, par: Parallel, warm_started: bool
                     ) -> torch.nn.Module:
     """The frozen KL reference: the policy as RL found it (after the warm start, if there was one), in the
-    compute dtype and sharded like the policy (`model_load.load_reference`)."""
-    state = None
-    if warm_started and (par.is_main or not par.sharded):  # under FSDP2 rank 0 reads, the others get shards
-        state = checkpoint.load_reference(run_dir)
-        if state is None:
+    compute dtype and sharded like the policy (`model_load.load_reference`; each rank reads its shards)."""
+    weights = None
+    if warm_started:
+        weights = checkpoint.reference_file(run_dir)
+        if weights is None:
             raise FileNotFoundError(f"kl_coef > 0 but {checkpoint.ckpt_root(run_dir)} holds no reference weights "
                                     "(was the run started with kl_coef = 0?)")
-    return load_reference(model_dir, threads, par, state)
+    return load_reference(model_dir, threads, par, weights)
 
 
 class Learner:
@@ -86,10 +102,7 @@ class Learner:
             self.warm = WarmStart(self.model, demos, t, seed, self.pad_id, par)
             sft_done = int(self.warm.run(monitor)["sft_steps_done"])
             if self.hyper.kl_coef > 0:
-                ref_state = par.full_state_dict(self.model)
-                if par.is_main:
-                    checkpoint.save_reference(run_dir, ref_state)
-                par.barrier()
+                checkpoint.save_reference(run_dir, self.model, par)
         self.ref_model = (reference_model(run_dir, model_dir, t.threads, par, t.sft_steps > 0)
                           if self.hyper.kl_coef > 0 else None)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
@@ -132,11 +145,12 @@ class Learner:
         return checkpoint.save(self.run_dir, self.state, self.model, self.opt, self.sched, self.par,
                                self.t.keep_checkpoints)
 
-    def end_step(self, publish: Callable[[dict[str, torch.Tensor]], None] | None = None,
+    def end_step(self, publish: Callable[[weights_io.Staged], None] | None = None,
                  should_stop: Callable[[], bool] | None = None) -> tuple[bool, bool]:
-        """After an update, on every rank: advance the LR schedule and the version, hand the whole weights to
-        `publish` (the hub's; gathered tensor by tensor in the published dtype), agree on the hub's stop
-        signal, checkpoint when due (every `trainer.checkpoint_every` steps, after the last, on a stop).
+        """After an update, on every rank: advance the LR schedule and the version, hand the new weights to
+        `publish` (the hub's), staged on disk (`stage_weights`: streamed tensor by tensor in the published
+        dtype; `Publisher` puts them in place), agree on the hub's stop signal, checkpoint when due (every
+        `trainer.checkpoint_every` steps, after the last, on a stop).
 
         Returns:
             (stop, checkpointed).
@@ -145,9 +159,10 @@ class Learner:
         self.state.step += 1
         self.state.policy_version += 1
         par = self.par
-        weights = gathered_state_dict(self.model, par, self.dtype) if par.distributed else self.model.state_dict()
-        if publish is not None:
-            publish(weights)
+        staged = stage_weights(self.run_dir, self.state.policy_version, self.model, par, self.model_dir,
+                               write=publish is not None)
+        if publish is not None and staged is not None:
+            publish(staged)
         stop = bool(par.broadcast_object(par.is_main and should_stop is not None and should_stop()))
         every = self.t.checkpoint_every
         due = stop or bool(every) and (self.state.step % every == 0 or self.state.step == self.t.steps)

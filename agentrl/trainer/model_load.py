@@ -1,14 +1,15 @@
-"""Building the trainer's models without a whole float32 copy on every rank.
+"""Building the trainer's models without a whole float32 copy on every rank, and gathering them back.
 
-    policy     under FSDP2: built on the meta device, sharded, materialised empty, then filled from rank 0's
-               read of the safetensors (a chunk of ~256 MB at a time, in the files' own dtype, cast as each
-               rank's shard is copied in) by a broadcast. No rank holds the whole model: rank 0 holds its
-               shards and one chunk. DDP and one rank:
-               `from_pretrained` on each rank (DDP keeps a whole replica per rank by design).
+    policy     under FSDP2: built on the meta device, sharded, materialised empty, then each rank reads the
+               rows of its own shard of each tensor from the safetensors files (plain reads, no memory map:
+               `transport.tensor_file`), cast to float32 as they are copied in. No rank holds more than its
+               shards plus one shard of one tensor. DDP and one rank: `from_pretrained` on each rank (DDP
+               keeps a whole replica per rank by design).
     reference  the frozen KL model, in the compute dtype (bf16 under `trainer.mixed_precision=bf16`), sharded
-               like the policy; not built at all when `algo.kl_coef` is 0.
-    publishing `gathered_state_dict`: the whole weights on rank 0 in the published dtype, gathered one
-               tensor at a time, so rank 0 never holds a float32 copy of a bf16 model.
+               and read like the policy; not built at all when `algo.kl_coef` is 0.
+    publishing `gather_tensors`: the whole tensors on rank 0 one at a time, each rank's shard cast to the
+               published dtype before it is sent, for a writer that streams them to a file
+               (`weights.stage_model_dir`); rank 0 holds one whole tensor beyond its shards, the others none.
 
 What this is not: tensor or pipeline parallelism (one layer of a 70B model still fits one GPU under FSDP2).
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 
 from agentrl.trainer.parallel import Parallel
+from agentrl.transport.tensor_file import Entry, read_header, read_rows
 
 
 def load_model(model_dir: str | Path, threads: int, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
@@ -39,22 +41,21 @@ def load_policy(model_dir: str | Path, threads: int, par: Parallel) -> torch.nn.
     return par.wrap(load_model(model_dir, threads))
 
 
-def load_reference(model_dir: str | Path, threads: int, par: Parallel,
-                   state: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
-    """The frozen KL reference in the compute dtype: `model_dir`'s weights, or `state` (whole weights, read on
-    rank 0 only under FSDP2) when given."""
+def load_reference(model_dir: str | Path, threads: int, par: Parallel, weights: str | Path | None = None
+                   ) -> torch.nn.Module:
+    """The frozen KL reference in the compute dtype: `model_dir`'s weights, or those of the safetensors file
+    `weights` (the warm-started policy, `checkpoint.save_reference`) when given."""
     dtype = par.dtype or torch.float32
     if par.sharded:
-        return _sharded(model_dir, threads, par, dtype, frozen=True, state=state)
+        return _sharded(model_dir, threads, par, dtype, frozen=True, weights=weights)
     ref = load_model(model_dir, threads, dtype)
-    if state is not None:
-        ref.load_state_dict({k: v.to(dtype) for k, v in state.items()})
+    if weights is not None:
+        fill_from_files(ref, [Path(weights)])
     return par.wrap_frozen(ref)
 
 
 def _sharded(model_dir: str | Path, threads: int, par: Parallel, dtype: torch.dtype, frozen: bool,
-             state: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+             weights: str | Path | None = None) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.set_num_threads(threads)
@@ -71,64 +72,147 @@ def _sharded(model_dir: str | Path, threads: int, par: Parallel, dtype: torch.dt
     with torch.no_grad():
         for name, b in model.named_buffers():
             b.copy_(buffers[name])
-    # Rank 0 reads the tensors a chunk at a time, in the files' (or the state's) own dtype, and each chunk is
-    # broadcast into the ranks' shards (cast as it is copied in): rank 0 never holds a whole copy of the model.
-    source = iter(state.items()) if state is not None else read_safetensors(model_dir) if par.is_main else iter(())
-    more = True
-    while more:
-        chunk = _take(source, CHUNK_BYTES) if par.is_main else {}
-        more = bool(par.broadcast_object(bool(chunk)))
-        if more:
-            set_model_state_dict(model, chunk, options=StateDictOptions(full_state_dict=True,
-                                                                        broadcast_from_rank0=True, strict=False))
+    fill_from_files(model, [Path(weights)] if weights is not None else weight_files(model_dir))
     return model
 
 
-CHUNK_BYTES = 256 << 20
-
-
-def _take(source: Iterator[tuple[str, torch.Tensor]], budget: int) -> dict[str, torch.Tensor]:
-    """The next tensors of `source`, up to about `budget` bytes (at least one; empty when it is exhausted)."""
-    out: dict[str, torch.Tensor] = {}
-    size = 0
-    for name, t in source:
-        out[name] = t
-        size += t.numel() * t.element_size()
-        if size >= budget:
-            break
-    return out
+def weight_files(model_dir: str | Path) -> list[Path]:
+    """The safetensors files of a model directory (one file, or the shards its index names)."""
+    d = Path(model_dir)
+    index = d / "model.safetensors.index.json"
+    if index.exists():
+        return [d / n for n in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    return [d / "model.safetensors"]
 
 
 def read_safetensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor of a model directory's safetensors files (one file or an index of shards), one tensor at a
-    time (the files are memory-mapped: nothing is read before it is asked for)."""
-    from safetensors import safe_open
+    """Every tensor of a model directory's safetensors files, one tensor at a time."""
+    for path in weight_files(model_dir):
+        with open(path, "rb") as f:
+            for name, entry in read_header(path).items():
+                yield name, read_rows(f, entry)
 
-    d = Path(model_dir)
-    index = d / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else \
-        ["model.safetensors"]
-    for name in files:
-        with safe_open(str(d / name), framework="pt") as f:
-            for key in f.keys():  # noqa: SIM118 - safe_open has keys(), not iteration
-                yield key, f.get_tensor(key)
+
+def fill_from_files(model: torch.nn.Module, files: list[Path]) -> None:
+    """Every parameter (and persistent buffer) of `model` read from `files` into its storage in place: under
+    FSDP2 each rank reads only the rows of its own shard, so no rank holds more of the model than its shards
+    plus one shard of one tensor (in the file's dtype, cast as it is copied in). Not collective.
+
+    A tied parameter is filled from whichever of its names the files hold (`lm_head.weight` is usually left out
+    of the files of a model with tied embeddings). A parameter the files lack is an error: an uninitialised
+    tensor must never train or be published.
+    """
+    where: dict[str, tuple[Path, Entry]] = {}
+    for path in files:
+        where.update((name, (path, e)) for name, e in read_header(path).items())
+    targets: dict[int, tuple[list[str], torch.Tensor]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        targets.setdefault(id(p), ([], p))[0].append(name)
+    persistent = model.state_dict(keep_vars=True).keys()
+    for name, b in model.named_buffers():
+        if name in persistent:
+            targets.setdefault(id(b), ([], b))[0].append(name)
+    jobs: dict[Path, list[tuple[str, Entry, torch.Tensor]]] = {}
+    for names, t in targets.values():
+        found = next((n for n in names if n in where), None)
+        if found is None:
+            raise KeyError(f"{', '.join(names)}: in none of {[str(f) for f in files]}")
+        path, entry = where[found]
+        if tuple(entry.shape) != tuple(t.shape):
+            raise ValueError(f"{found}: shape {tuple(entry.shape)} in {path}, {tuple(t.shape)} in the model")
+        jobs.setdefault(path, []).append((found, entry, t))
+    with torch.no_grad():
+        for path, todo in jobs.items():
+            with open(path, "rb") as f:
+                for _, entry, t in sorted(todo, key=lambda j: j[1].start):  # in file order: sequential reads
+                    local, first = _local_rows(t)
+                    if local.numel() == 0:
+                        continue
+                    rows = read_rows(f, entry, first, local.shape[0]) if first is not None else read_rows(f, entry)
+                    local.copy_(rows)
+                    del rows
+
+
+def _local_rows(t: torch.Tensor) -> tuple[torch.Tensor, int | None]:
+    """(this rank's part of `t`, the index of its first row in the whole tensor), or (t, None) for a tensor
+    every rank holds whole. FSDP2 shards dim 0 like `torch.chunk`: ceil(n / ranks) rows each, the last ones
+    shorter or empty."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if not isinstance(t, DTensor):
+        return t, None
+    if len(t.placements) != 1 or t.placements[0] != Shard(0):
+        raise ValueError(f"expected a DTensor sharded on dim 0 over one mesh dimension, got {t.placements}")
+    local = t.to_local()
+    n, ranks = t.shape[0], t.device_mesh.size()
+    first = min(t.device_mesh.get_coordinate()[0] * -(-n // ranks), n)
+    if local.shape[0] != max(0, min(-(-n // ranks), n - first)):
+        raise ValueError(f"local shard of {local.shape[0]} rows is not torch.chunk's at row {first} of {n}")
+    return local, first
+
+
+def tensor_specs(model: torch.nn.Module, par: Parallel, dtype: torch.dtype | None = None
+                 ) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+    """(name, dtype, whole shape) of every tensor of `model`'s state dict, in the order `gather_tensors` yields them:
+    floating-point ones in `dtype` when given."""
+    return [(name, dtype if dtype is not None and t.is_floating_point() else t.dtype, tuple(t.shape))
+            for name, t in _unwrapped(model, par).state_dict().items()]
+
+
+def _unwrapped(model: torch.nn.Module, par: Parallel) -> torch.nn.Module:
+    """The model under DDP's wrapper (whose state dict names carry a `module.` prefix); FSDP2 wraps in place."""
+    return model.module if par.distributed and not par.sharded and hasattr(model, "module") else model
+
+
+def gather_tensors(model: torch.nn.Module, par: Parallel, dtype: torch.dtype | None = None
+                   ) -> Iterator[tuple[str, torch.Tensor]]:
+    """The whole tensors of `model`'s state dict on CPU, one at a time, yielded on rank 0 (nothing is yielded
+    on the other ranks, which must still run the iterator to its end: it is collective under FSDP2).
+
+    Each rank casts its own shard to `dtype` and sends it to rank 0, which receives it into the whole tensor's
+    rows: rank 0 holds one whole tensor (in `dtype`) beyond its shards, the others nothing beyond theirs. Tied
+    names are yielded each (a separate gather and a separate tensor each, as safetensors wants).
+    """
+    import torch.distributed as dist
+
+    for name, t in _unwrapped(model, par).state_dict().items():
+        cast = dtype if dtype is not None and t.is_floating_point() else t.dtype
+        local, first = _local_rows(t) if par.sharded else (t, None)
+        if first is None:
+            if par.is_main:
+                yield name, local.detach().to("cpu", cast, copy=True)
+            continue
+        n, ranks = t.shape[0], t.device_mesh.size()
+        chunk = -(-n // ranks)
+        if not par.is_main:
+            if local.numel():
+                dist.send(local.detach().to(cast).contiguous(), dst=0)
+            continue
+        whole = torch.empty(tuple(t.shape), dtype=cast)
+        whole[:local.shape[0]].copy_(local.detach())
+        for r in range(1, ranks):
+            lo, hi = min(r * chunk, n), min((r + 1) * chunk, n)
+            if hi <= lo:
+                continue
+            if par.device.type == "cpu":
+                dist.recv(whole[lo:hi], src=r)
+            else:  # NCCL receives on the device
+                buf = torch.empty((hi - lo, *t.shape[1:]), dtype=cast, device=par.device)
+                dist.recv(buf, src=r)
+                whole[lo:hi].copy_(buf)
+                del buf
+        yield name, whole
+        del whole
 
 
 def gathered_state_dict(model: torch.nn.Module, par: Parallel, dtype: torch.dtype | None = None
                         ) -> dict[str, torch.Tensor]:
-    """The whole weights on CPU on rank 0 (an empty dict elsewhere), each tensor cast to `dtype` as soon as it
-    is gathered. Collective under FSDP2 (every rank gathers each tensor in turn)."""
-    if not par.sharded:
+    """The whole weights on CPU on rank 0 (an empty dict elsewhere), each tensor in `dtype` (`gather_tensors`).
+    Collective under FSDP2. Holds every tensor at once: to write them, stream `gather_tensors` instead."""
+    if par.distributed and not par.sharded:
         sd = par.full_state_dict(model)
         return {k: v.to(dtype) if dtype is not None and v.is_floating_point() else v for k, v in sd.items()}
-    out: dict[str, torch.Tensor] = {}
-    for name, t in model.state_dict().items():
-        full = t.full_tensor() if hasattr(t, "full_tensor") else t
-        if par.is_main:
-            full = full.detach().to("cpu")
-            out[name] = full.to(dtype) if dtype is not None and full.is_floating_point() else full.clone()
-        del full
-    return out
+    return dict(gather_tensors(model, par, dtype))
 
 
 @contextmanager

@@ -14,9 +14,14 @@ from agentrl.transport.channel import TrainerChannel
 
 class Publisher:
     """Weights v<N> to the engines: the versioned directory always (restarts read it), plus the in-job
-    broadcast when configured. The copy to CPU happens on the trainer's thread; writing the directory and
-    the broadcast run on a background thread, so the next step overlaps them (it waits only if the previous
-    publish is still running)."""
+    broadcast when configured. The weights come either staged (`weights_io.Staged`: the trainer ranks
+    streamed them into a temporary directory tensor by tensor, `Learner.end_step`) or as a whole state dict
+    (copied to CPU on the trainer's thread). Putting the directory in place (fsync, rename, pruning), writing a
+    state dict, and the broadcast run on a background thread, so the next step overlaps them (it waits only if
+    the previous publish is still running).
+
+    Under the broadcast, staged weights are read back from the written file for sending, whole (in the model's
+    dtype): the broadcast sends one message of every tensor."""
 
     def __init__(self, run_dir: Path, broadcast: Any = None, base: Path | None = None) -> None:
         self.run_dir, self.broadcast, self.base = run_dir, broadcast, base
@@ -26,13 +31,20 @@ class Publisher:
         self.wait_s = 0.0
         self.unannounced: int | None = None  # a version published but not yet announced to the rollout ranks
 
-    def publish(self, version: int, state: dict[str, torch.Tensor]) -> None:
+    def publish(self, version: int, state: dict[str, torch.Tensor] | weights_io.Staged) -> None:
         self.join()
-        copy = {k: v.detach().to("cpu", dtype=self.dtype if self.dtype is not None and v.is_floating_point()
-                                   else v.dtype, copy=True) for k, v in state.items()}
+        staged = state if isinstance(state, weights_io.Staged) else None
+        copy = {} if staged is not None else {
+            k: v.detach().to("cpu", dtype=self.dtype if self.dtype is not None and v.is_floating_point()
+                             else v.dtype, copy=True) for k, v in state.items()}
 
         def work() -> None:
             try:
+                if staged is not None:
+                    path = weights_io.publish_staged(staged)
+                    if self.broadcast is not None:
+                        self.broadcast.send(version, weights_io.iter_weights(path))
+                    return
                 weights_io.publish(self.run_dir, version, copy, base=self.base)
                 if self.broadcast is not None:
                     self.broadcast.send(version, copy.items())

@@ -16,13 +16,15 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from agentrl.fsio import fsync_dir
+from agentrl.transport.tensor_file import write_tensors
 
 WEIGHTS_FILE = "model.safetensors"
 # Files of a model directory that are weights (never copied from the base: the published ones replace them).
@@ -62,9 +64,78 @@ def publish(run_dir: str | Path, version: int, state_dict: dict[str, torch.Tenso
             meta: dict[str, object] | None = None, base: str | Path | None = None) -> Path:
     """Write weights v<version> (`save_model_dir`); older versions beyond `keep_last` go."""
     final = save_model_dir(version_dir(run_dir, version), state_dict, base, {"version": version, **(meta or {})})
-    for old in sorted(final.parent.glob("v*"), key=lambda p: int(p.name[1:]))[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+    _prune(final.parent, keep_last)
     return final
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A model directory written but not yet in place (`stage_model_dir`): `commit` renames it to `final`."""
+
+    tmp: Path
+    final: Path
+
+
+def stage_model_dir(final: str | Path, specs: Sequence[tuple[str, torch.dtype, Sequence[int]]],
+                    tensors: Iterable[tuple[str, torch.Tensor]], base: str | Path | None = None,
+                    meta: dict[str, object] | None = None) -> Staged:
+    """Write the model directory of `final` under a temporary name, streaming `tensors` (name, tensor; one at a
+    time, in the order of `specs`: name, dtype, whole shape) into its safetensors file as they come, so the
+    writer never holds more than the tensor at hand. `base`: as for `save_model_dir`, whose dtype the
+    floating-point tensors are cast to (specs included). Nothing is fsynced yet: `commit` does it.
+
+    Tied weights (lm_head = embed_tokens) are written once per name: vLLM's CPU backend keeps its own processed
+    copy of lm_head, so a reload without it would leave the engine sampling from the old head.
+    """
+    final = Path(final)
+    tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    dtype = model_dtype(base) if base is not None else None
+
+    def cast(dt: torch.dtype) -> torch.dtype:
+        return dtype if dtype is not None and dt.is_floating_point else dt
+
+    try:
+        if base is not None:
+            copy_model_files(base, tmp)
+        write_tensors(tmp / WEIGHTS_FILE, [(n, cast(dt), shape) for n, dt, shape in specs],
+                      ((n, t.to(cast(t.dtype))) for n, t in tensors), metadata={"format": "pt"}, fsync=False)
+        (tmp / "meta.json").write_text(json.dumps({"time": time.time(), **(meta or {})}))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return Staged(tmp, final)
+
+
+def commit(staged: Staged) -> Path:
+    """Make a staged directory durable and put it in place by rename (the directory appears whole)."""
+    tmp, final = staged.tmp, staged.final
+    for name in (WEIGHTS_FILE, "meta.json"):
+        with open(tmp / name, "rb") as f:
+            os.fsync(f.fileno())
+    fsync_dir(tmp)
+    aside = None
+    if final.exists():  # a restarted trainer writing a version again: swap by two renames, never a delete first
+        aside = final.with_name(f".old-{final.name}-{os.getpid()}")
+        os.replace(final, aside)
+    os.replace(tmp, final)
+    fsync_dir(final.parent)  # the rename itself is durable before anyone is told of v<version>
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+    return final
+
+
+def publish_staged(staged: Staged, keep_last: int = 3) -> Path:
+    """Put weights v<N> staged by `stage_model_dir` in place; older versions beyond `keep_last` go."""
+    final = commit(staged)
+    _prune(final.parent, keep_last)
+    return final
+
+
+def _prune(weights_dir: Path, keep_last: int) -> None:
+    for old in sorted(weights_dir.glob("v*"), key=lambda p: int(p.name[1:]))[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def save_model_dir(final: str | Path, state_dict: dict[str, torch.Tensor], base: str | Path | None = None,
@@ -75,41 +146,8 @@ def save_model_dir(final: str | Path, state_dict: dict[str, torch.Tensor], base:
     `base`: the model directory the run started from. Its non-weight files are copied beside the weights
     and floating-point tensors are cast to its declared dtype, so the result is a complete model directory
     in the model's dtype (a bf16 model is published in bf16 whatever precision the trainer holds)."""
-    final = Path(final)
-    tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    dtype = model_dtype(base) if base is not None else None
-    seen: set[int] = set()
-    tensors = {}
-    for name, t in state_dict.items():
-        t = t.detach().to("cpu")
-        if dtype is not None and t.is_floating_point() and t.dtype != dtype:
-            t = t.to(dtype)  # a new tensor: tied copies below stay separate either way
-        # Tied weights (lm_head = embed_tokens) are written twice, as separate copies: safetensors refuses
-        # shared storage, and vLLM's CPU backend keeps its own processed copy of lm_head, so a reload
-        # without it would leave the engine sampling from the old head.
-        tensors[name] = t.clone() if t.data_ptr() in seen else t.contiguous()
-        seen.add(t.data_ptr())
-    try:
-        if base is not None:
-            copy_model_files(base, tmp)
-        save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-        (tmp / "meta.json").write_text(json.dumps({"time": time.time(), **(meta or {})}))
-        with open(tmp / WEIGHTS_FILE, "rb") as f:
-            os.fsync(f.fileno())
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    aside = None
-    if final.exists():  # a restarted trainer writing a version again: swap by two renames, never a delete first
-        aside = final.with_name(f".old-{final.name}-{os.getpid()}")
-        os.replace(final, aside)
-    os.replace(tmp, final)
-    fsync_dir(final.parent)  # the rename itself is durable before anyone is told of v<version>
-    if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True)
-    return final
+    specs = [(n, t.dtype, tuple(t.shape)) for n, t in state_dict.items()]
+    return commit(stage_model_dir(final, specs, state_dict.items(), base, meta))
 
 
 def latest_version(run_dir: str | Path) -> int:

@@ -10,7 +10,8 @@ import torch
 
 
 def main(model_dir: Path, out: Path, tied_dir: Path | None = None) -> None:
-    from agentrl.trainer import model_load
+    from agentrl.trainer import checkpoint
+    from agentrl.trainer.learner import publish_weights
     from agentrl.trainer.model_load import gathered_state_dict, load_policy, load_reference
     from agentrl.trainer.parallel import Parallel, close_distributed, dist_env, init_distributed
 
@@ -18,7 +19,6 @@ def main(model_dir: Path, out: Path, tied_dir: Path | None = None) -> None:
     device = init_distributed(env)
     try:
         par = Parallel("fsdp2", env, device, mixed_precision="bf16")
-        model_load.CHUNK_BYTES = 64 << 10  # many broadcast chunks (a real model's are 256 MB)
         policy = load_policy(model_dir, 1, par)
         ref = load_reference(model_dir, 1, par)
         local = sum(p.to_local().numel() * p.to_local().element_size() for p in policy.parameters())
@@ -29,10 +29,19 @@ def main(model_dir: Path, out: Path, tied_dir: Path | None = None) -> None:
         with torch.no_grad():
             logits = policy(input_ids=ids).logits.float()
         buffers = {n: b.clone() for n, b in policy.named_buffers()}
+        whole32 = gathered_state_dict(policy, par)  # the float32 master weights as loaded
+        with torch.no_grad():  # a "trained" policy: no longer the files' values, nor bf16-representable
+            for p in policy.parameters():
+                p.add_(0.01)
+        trained = gathered_state_dict(policy, par)
+        publish_weights(out / "run", 1, policy, par, model_dir)  # streamed, in the model's dtype (bf16)
+        checkpoint.save_reference(out / "run", policy, par)  # streamed, float32
+        ref2 = load_reference(model_dir, 1, Parallel("fsdp2", env, device, mixed_precision="fp32"),
+                              checkpoint.reference_file(out / "run"))
+        ref2_whole = gathered_state_dict(ref2, par)
         torch.save({"local_bytes": local, "ref_dtypes": ref_dtypes, "whole": whole, "logits": logits,
-                    "buffers": buffers, "policy_dtypes": policy_dtypes},
-                   out / f"rank{env.rank}.pt")
-        model_load.CHUNK_BYTES = 256 << 20
+                    "buffers": buffers, "policy_dtypes": policy_dtypes, "whole32": whole32, "trained": trained,
+                    "ref2": ref2_whole}, out / f"rank{env.rank}.pt")
         if tied_dir is not None:  # tied embeddings (the tiny model's): one parameter, both names published
             torch.save(gathered_state_dict(load_policy(tied_dir, 1, par), par), out / f"tied{env.rank}.pt")
     finally:

@@ -53,6 +53,33 @@ def test_sharded_load_is_the_pretrained_model(loaded) -> None:
     assert torch.equal(r0["logits"], r1["logits"])
 
 
+def test_loaded_master_weights_are_the_files_bit_for_bit(loaded) -> None:
+    model_dir, (r0, r1, _, _) = loaded
+    files = dict(read_safetensors(model_dir))
+    assert r1["whole32"] == {} and r0["whole32"].keys() == files.keys()
+    for k, v in r0["whole32"].items():
+        assert v.dtype == torch.float32 and torch.equal(v, files[k].float()), k
+
+
+def test_published_weights_load_in_transformers_as_the_trained_bf16_parameters(loaded) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model_dir, (r0, _, _, _) = loaded
+    pub = model_dir.parent / "run" / "weights" / "v1"
+    served = AutoModelForCausalLM.from_pretrained(str(pub)).state_dict()
+    assert served.keys() == r0["trained"].keys()
+    for k, v in r0["trained"].items():
+        assert served[k].dtype == torch.bfloat16 and torch.equal(served[k], v.to(torch.bfloat16)), k
+    assert not torch.equal(served["model.norm.weight"], dict(read_safetensors(model_dir))["model.norm.weight"])
+
+
+def test_saved_reference_reloads_sharded_bit_for_bit(loaded) -> None:
+    _, (r0, r1, _, _) = loaded
+    assert r1["ref2"] == {} and r0["ref2"].keys() == r0["trained"].keys()
+    for k, v in r0["trained"].items():
+        assert r0["ref2"][k].dtype == torch.float32 and torch.equal(r0["ref2"][k], v), k
+
+
 def test_each_rank_holds_half_the_policy_and_a_bf16_reference(loaded) -> None:
     model_dir, (r0, r1, _, _) = loaded
     whole_fp32 = sum(t.numel() * 4 for t in load_model(model_dir, 1).state_dict().values())

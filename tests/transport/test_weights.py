@@ -37,7 +37,7 @@ def test_no_partial_version_is_visible(tmp_path: Path, monkeypatch: pytest.Monke
     def boom(*a, **k):
         raise OSError("disk full")
 
-    monkeypatch.setattr(weights, "save_file", boom)
+    monkeypatch.setattr(weights, "write_tensors", boom)
     with pytest.raises(OSError):
         weights.publish(tmp_path, 1, _state())
     assert weights.latest_version(tmp_path) == -1
