@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
                     "--repeats", str(args.repeats), "--cpus", ",".join(map(str, cpus)), "--vllm-bind", args.vllm_bind,
                     *common], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     loop = json.loads(loop_out.read_text())
-    print(f"agent loop vs raw vLLM: {loop['agent_loop_over_raw']} (median of {args.repeats})", flush=True)
+    print(f"agent loop vs the same-structure replay: {loop['agent_loop_over_replay']}, vs all requests at once: "
+          f"{loop['agent_loop_over_raw']} (medians of {args.repeats})", flush=True)
     med = {side: {k: v["median"] for k, v in figs.items()} for side, figs in spread["sides"].items()}
     ratios = spread["ratios"]
     result = {  # medians over the repeats; the spread of each is under "repeats"
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         "trainer_idle_frac": round(med["async"]["trainer_idle_frac"], 3),
         "staleness_mean": round(med["async"]["staleness_mean"], 3),
         "staleness_max": int(spread["sides"]["async"]["staleness_max"]["max"]),
-        "rollout_over_raw_vllm": loop["agent_loop_over_raw"],
+        "rollout_over_raw_vllm": loop["agent_loop_over_raw"], "rollout_over_replay": loop["agent_loop_over_replay"],
         "end_to_end": {"sync_traj_per_s": round(med["sync"]["e2e_traj_per_s"], 3),
                        "async_traj_per_s": round(med["async"]["e2e_traj_per_s"], 3),
                        "async_over_sync": round(ratios["async_over_sync_e2e"]["median"], 3)},
@@ -199,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     (root / "pipeline.json").write_text(json.dumps(result, indent=2))
     print(repeat.table(spread))
-    print(f"agent loop / raw vLLM {loop['agent_loop_over_raw']} (median; spread in {loop_out})")
+    print(f"agent loop / same-structure replay {loop['agent_loop_over_replay']}, / raw vLLM all at once "
+          f"{loop['agent_loop_over_raw']} (medians; spread in {loop_out})")
     print(f"written to {root / 'pipeline.json'}")
     return 0
 
