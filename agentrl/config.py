@@ -248,6 +248,10 @@ class TrainerConfig:
     (parameters, gradients and optimizer state sharded per decoder layer) | none (one rank only)."""
     mixed_precision: Literal["auto", "bf16", "fp32"] = "auto"
     """auto: bf16 compute on GPUs that support it, float32 elsewhere | bf16 | fp32."""
+    activation_checkpointing: bool = False
+    """Keep only each decoder layer's input for the backward pass and recompute the rest (Hugging Face's
+    gradient checkpointing, non-reentrant): activation memory falls from every layer's to about one layer's,
+    for about one more forward pass per step. The same update either way."""
     checkpoint_every: int = 10
     """Write ckpt/step-<N> every this many RL steps (and after the last); 0: never."""
     keep_checkpoints: int = 2

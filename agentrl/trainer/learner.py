@@ -86,7 +86,7 @@ class Learner:
         self.hyper = RLHyper.from_config(cfg.algo, t, cfg.rollout.temperature)
         seed = cfg.seed + t.seed
         torch.manual_seed(seed)
-        self.model = load_policy(model_dir, t.threads, par)
+        self.model = load_policy(model_dir, t.threads, par, t.activation_checkpointing)
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(str(model_dir))

@@ -34,11 +34,28 @@ def load_model(model_dir: str | Path, threads: int, dtype: torch.dtype = torch.f
     return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
 
 
-def load_policy(model_dir: str | Path, threads: int, par: Parallel) -> torch.nn.Module:
-    """The trainable model, wrapped for `par`'s layout, its master weights in float32."""
+def load_policy(model_dir: str | Path, threads: int, par: Parallel, activation_checkpointing: bool = False
+                ) -> torch.nn.Module:
+    """The trainable model, wrapped for `par`'s layout, its master weights in float32; with
+    `activation_checkpointing`, its decoder layers recompute their activations in the backward pass."""
     if par.sharded:
-        return _sharded(model_dir, threads, par, torch.float32, frozen=False)
-    return par.wrap(load_model(model_dir, threads))
+        return _sharded(model_dir, threads, par, torch.float32, frozen=False,
+                        activation_checkpointing=activation_checkpointing)
+    model = load_model(model_dir, threads)
+    if activation_checkpointing:
+        checkpoint_activations(model)
+    return par.wrap(model)
+
+
+def checkpoint_activations(model: torch.nn.Module) -> None:
+    """Turn on Hugging Face's gradient checkpointing of the decoder layers (before wrapping: FSDP2 and DDP then
+    wrap the checkpointed layers). Non-reentrant: it works with parameters that are DTensors and with inputs
+    that need no gradient (the token ids)."""
+    enable = getattr(model, "gradient_checkpointing_enable", None)
+    if enable is None or not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(f"trainer.activation_checkpointing: {type(model).__name__} does not support Hugging "
+                         "Face gradient checkpointing")
+    enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def load_reference(model_dir: str | Path, threads: int, par: Parallel, weights: str | Path | None = None
@@ -55,7 +72,7 @@ def load_reference(model_dir: str | Path, threads: int, par: Parallel, weights: 
 
 
 def _sharded(model_dir: str | Path, threads: int, par: Parallel, dtype: torch.dtype, frozen: bool,
-             weights: str | Path | None = None) -> torch.nn.Module:
+             weights: str | Path | None = None, activation_checkpointing: bool = False) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.set_num_threads(threads)
@@ -67,6 +84,8 @@ def _sharded(model_dir: str | Path, threads: int, par: Parallel, dtype: torch.dt
         model.requires_grad_(False).eval()
         par.wrap_frozen(model)
     else:
+        if activation_checkpointing:
+            checkpoint_activations(model)
         par.wrap(model)
     model.to_empty(device=par.device)
     with torch.no_grad():
