@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.bench import repeat
-from agentrl.bench.pipeline import async_figures, async_variants, ratio_tag, throughput
+from agentrl.bench.pipeline import async_figures, async_variants, pipeline_bound, ratio_tag, throughput
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -186,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         "variants": {name: {"max_staleness": v[0], "rollout_ranks": v[1],
                             **{k: round(x, 3) for k, x in med[name].items()},
                             "async_over_sync": round(ratios[f"async_over_sync{ratio_tag(name)}"]["median"], 3),
-                            "async_over_sync_e2e": round(ratios[f"async_over_sync_e2e{ratio_tag(name)}"]["median"], 3)}
+                            "async_over_sync_e2e": round(ratios[f"async_over_sync_e2e{ratio_tag(name)}"]["median"], 3),
+                            "bound": pipeline_bound(med[name]["trainer_idle_frac"], med[name]["window_bound_frac"])}
                      for name, v in variants.items()},
         "repeats": spread,
         "setup": {"steps": cfg.trainer.steps, "trajectories_per_step": per_step, "quick": args.quick,
@@ -200,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     (root / "pipeline.json").write_text(json.dumps(result, indent=2))
     print(repeat.table(spread))
+    for name, v in result["variants"].items():
+        print(f"{name} (max_staleness {v['max_staleness']}, {v['rollout_ranks']} rollout rank(s)): "
+              f"{v['async_over_sync']}x sync steady, {v['async_over_sync_e2e']}x end to end, trainer idle "
+              f"{v['trainer_idle_frac']}, at the staleness window {v['window_bound_frac']}: bound by {v['bound']}")
     print(f"agent loop / same-structure replay {loop['agent_loop_over_replay']}, / raw vLLM all at once "
           f"{loop['agent_loop_over_raw']} (medians; spread in {loop_out})")
     print(f"written to {root / 'pipeline.json'}")

@@ -52,3 +52,17 @@ def async_figures(trainer: dict[str, Any], rollout: list[dict[str, Any]]) -> dic
             "rollout_idle_frac": statistics.mean(x["rollout_idle_frac"] for x in rollout),
             "window_bound_frac": statistics.mean(x.get("window_bound_frac", 0.0) for x in rollout),
             "in_flight_mean": sum(x.get("in_flight_mean", 0.0) for x in rollout)}
+
+
+def pipeline_bound(trainer_idle_frac: float, window_bound_frac: float) -> str:
+    """What limits an async run, read from its balance figures (`async_figures`):
+
+    - "trainer": the trainer rarely waits (idle under 20 %): more trainer GPUs (or a cheaper step) pay;
+    - "staleness window": the trainer waits and the rollout ranks spent at least half their time at the
+      staleness bound with room for more episodes: more engines cannot help, a larger `algo.max_staleness`
+      (or more trajectories per step) does;
+    - "rollout": the trainer waits although admission was open: the engines (or the envs) are the bottleneck.
+    """
+    if trainer_idle_frac < 0.2:
+        return "trainer"
+    return "staleness window" if window_bound_frac >= 0.5 else "rollout"

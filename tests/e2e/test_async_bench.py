@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.bench.pipeline import async_figures, async_variants, ratio_tag, throughput
+from agentrl.bench.pipeline import async_figures, async_variants, pipeline_bound, ratio_tag, throughput
 from agentrl.rollout.env_latency import lognormal_delay
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,6 +56,12 @@ def test_async_figures_read_the_balance_from_the_reports() -> None:
     assert f["rollout_tokens_per_s"] == pytest.approx(100.0 + 150.0)
     assert f["rollout_idle_frac"] == pytest.approx(0.2) and f["window_bound_frac"] == pytest.approx(0.4)
     assert f["in_flight_mean"] == pytest.approx(16.0)  # episodes in flight add up over the ranks
+
+
+def test_the_bound_is_named_from_trainer_idle_and_the_window() -> None:
+    assert pipeline_bound(0.1, 0.9) == "trainer"  # a busy trainer is the bottleneck, whatever the window
+    assert pipeline_bound(0.76, 1.0) == "staleness window"  # the 2-core bench at max_staleness 1
+    assert pipeline_bound(0.5, 0.1) == "rollout"  # waiting with admission open: engines or envs
 
 
 @pytest.mark.slow
