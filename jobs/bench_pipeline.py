@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.bench import repeat
-from agentrl.bench.pipeline import async_figures, async_variants, pipeline_bound, ratio_tag, throughput
+from agentrl.bench.pipeline import async_variants, ratio_tag, throughput
+from agentrl.monitor.balance import async_figures, pipeline_bound
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.monitor import plots
+from agentrl.monitor.balance import pipeline_bound
 from agentrl.monitor.eval_results import TaskResult
 from agentrl.monitor.eval_summary import status_mix as status_text
 from agentrl.monitor.eval_tables import agentbench_markdown, terminal_table
@@ -143,6 +144,11 @@ def wall_time_lines(run: RunData) -> list[str]:
                        ("rl_wall_s", "asynchronous RL wall")):
         if key in tr:
             lines.append(f"- {label}: {tr[key]:.0f} s (trainer.json)")
+    idle, window = run.scalars.get("pipeline/trainer_idle_frac"), run.scalars.get("pipeline/rollout_window_bound_frac")
+    if idle is not None and window is not None and len(idle.values) and len(window.values):
+        i, w = float(idle.values[-1]), float(window.values[-1])
+        lines.append(f"- balance (last logged): trainer idle {i:.2f}, rollout ranks at the staleness window {w:.2f} "
+                     f"of their time: bound by the {pipeline_bound(i, w)}")
     return lines or ["- no timing in the run dir yet"]
 
 

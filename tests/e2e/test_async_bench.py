@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.bench.pipeline import async_figures, async_variants, pipeline_bound, ratio_tag, throughput
+from agentrl.bench.pipeline import async_variants, ratio_tag, throughput
+from agentrl.monitor.balance import async_figures, pipeline_bound
 from agentrl.rollout.env_latency import lognormal_delay
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -61,6 +61,7 @@ def build_run(root: Path) -> Path:
                   "train/loss": 0.1 * step, "pipeline/trainer_wait_s": 2.0})
         trainer.scalars(m, step)
         rollout.scalars({"pipeline/rollout_tokens_per_s": 2 * TOKENS_PER_S[step],
+                         "pipeline/rollout_window_bound_frac": 0.8 + 0.01 * step,
                          "rollout/alpha/success": 0.99}, step)  # the trainer's file sorts first and wins
     for (kind, v), per_task in EVALS.items():
         body = {"version": v, "per_task": {t: {"success": s, "stderr": e, "episodes": sum(st.values()), "status": st}
@@ -168,6 +169,9 @@ def test_markdown_summary(rendered):
             "(v4, 8 ep.) | 0.750 (step 4) | completed 8 |") in md
     assert "`weights/v4`: mean eval sampled success over tasks 0.840 (present)" in md
     assert "- wall time: 321 s" in md and "trainer idle after it: 12 s" in md
+    # the last logged balance: trainer idle 0.25 (>= 0.2) while the rollout sat at the window 0.84 of its time
+    assert ("- balance (last logged): trainer idle 0.25, rollout ranks at the staleness window 0.84 of their time: "
+            "bound by the staleness window") in md
     assert "| **tiny model** (ours) | - | 75.0 ± " in md  # db's 4 runs: 1, 1, 0, 1
     series = json.loads((run / "report" / "plots" / "series.json").read_text())
     assert series["staleness"]["trajectories by staleness when trained on|trajectories"]["y"] == [25, 15, 1]
