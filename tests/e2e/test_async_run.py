@@ -96,4 +96,7 @@ def test_rollout_metrics_logged_once_by_the_rollout(run_dir: Path) -> None:
         tags[events.name.rsplit(".", 1)[1]] = set(acc.Tags()["scalars"])
     assert "rollout/lookup/reward" not in tags["trainer"]
     for r in range(RANKS):
-        assert {"rollout/lookup/reward", "pipeline/rollout_idle_frac"} <= tags[f"rollout-{r}"]
+        assert {"rollout/lookup/reward", "pipeline/rollout_idle_frac",
+                "pipeline/rollout_window_bound_frac"} <= tags[f"rollout-{r}"]
+        rep = json.loads((run_dir / "report" / f"rollout-{r}.json").read_text())
+        assert 0.0 <= rep["window_bound_frac"] <= 1.0 and 0.0 < rep["in_flight_mean"] <= 16  # the smoke preset runs 16 at once
