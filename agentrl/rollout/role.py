@@ -140,6 +140,10 @@ class RolloutLoop:
         from the version this life of the rank began on)."""
         return (self.ap.max_staleness + self.engine.version - self.base_version + 1) * self.per_step
 
+    def _has_room(self) -> bool:
+        """Another group fits under `concurrency`."""
+        return len(self.running) + self.plan.samples_per_prompt <= self.plan.concurrency
+
     def _start_group(self, train_idx: dict[str, list[str]]) -> None:
         k = self.started_groups
         task = self.plan.tasks[k % len(self.plan.tasks)]
@@ -235,15 +239,13 @@ class RolloutLoop:
                 break
             await self._maybe_swap()
             hold = self.ap.inflight == "drain" and self._swap_pending()
-            while (not hold and self.started_groups < self._admit_limit()
-                   and len(self.running) + self.plan.samples_per_prompt <= self.plan.concurrency):
+            while not hold and self.started_groups < self._admit_limit() and self._has_room():
                 self._start_group(train_idx)
             self._reap()
             self._flush()
-            # what held admission back over the poll that follows: the staleness window (room under
-            # `concurrency` but `_admit_limit` reached) or nothing to run at all
-            window_full = (not hold and self.started_groups >= self._admit_limit()
-                           and len(self.running) + self.plan.samples_per_prompt <= self.plan.concurrency)
+            # over the poll that follows, admission is held back by the staleness window alone: room under
+            # `concurrency`, but `_admit_limit` reached
+            window_full = not hold and self.started_groups >= self._admit_limit() and self._has_room()
             in_flight = len(self.running)
             await asyncio.sleep(poll_s)
             now = time.perf_counter()
