@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                          "each gets every core)")
     ap.add_argument("--loop-episodes", type=int, default=1024,
                     help="episodes of the agent-loop measurement (fewer: the last wave's part-empty batch weighs "
-                         "more; 256 at 64 at once measured 0.72 where 1024 measured 0.96)")
+                         "more; 256 at 64 at once measured 0.72 where 1024 measured 0.96); 0 leaves it out "
+                         "(run jobs.bench_agent_loop on its own, e.g. with --vllm-bind)")
     ap.add_argument("--seed", type=int, default=0, help="run seed (model, env latency draws, sampling)")
     ap.add_argument("--root", type=Path, default=Path("runs/bench"))
     repeat.add_args(ap)
@@ -137,7 +138,10 @@ def main(argv: list[str] | None = None) -> int:
                                                                                          max(cores - cores // 2, 1))
     schedules = {"sync": common + ["cluster.schedule=sync", f"trainer.threads={cores}",
                                    f"cluster.engine_threads={cores}"]}
-    variants = async_variants(args.staleness, args.ranks)
+    try:
+        variants = async_variants(args.staleness, args.ranks)
+    except ValueError as e:
+        ap.error(str(e))
     for name, (staleness, ranks) in variants.items():
         schedules[name] = common + ["cluster.schedule=async", f"cluster.rollout.ranks={ranks}",
                                     f"algo.max_staleness={staleness}", f"trainer.threads={t_train}",
@@ -160,14 +164,16 @@ def main(argv: list[str] | None = None) -> int:
         repeat.Ratio(f"async_over_sync_e2e{ratio_tag(name)}", name, "e2e_traj_per_s", "sync", "e2e_traj_per_s"))]
     spread = repeat.summarize(samples, wanted)
     loop_out = root / "agent_loop.json"  # jobs.bench_agent_loop, as its own entry point, on the last async model
-    subprocess.run([sys.executable, "-m", "jobs.bench_agent_loop", "--model", str(root / "async" / "model"),
-                    "--preset", "smoke", "--episodes", str(args.loop_episodes), "--concurrency",
-                    str(cfg.rollout.concurrency), "--work", str(root / "agent_loop"), "--out", str(loop_out),
-                    "--repeats", str(args.repeats), "--cpus", ",".join(map(str, cpus)), "--vllm-bind", args.vllm_bind,
-                    *common], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-    loop = json.loads(loop_out.read_text())
-    print(f"agent loop vs the same-structure replay: {loop['agent_loop_over_replay']}, vs all requests at once: "
-          f"{loop['agent_loop_over_raw']} (medians of {args.repeats})", flush=True)
+    loop: dict[str, Any] = {"agent_loop_over_raw": None, "agent_loop_over_replay": None}
+    if args.loop_episodes > 0:
+        subprocess.run([sys.executable, "-m", "jobs.bench_agent_loop", "--model", str(root / "async" / "model"),
+                        "--preset", "smoke", "--episodes", str(args.loop_episodes), "--concurrency",
+                        str(cfg.rollout.concurrency), "--work", str(root / "agent_loop"), "--out", str(loop_out),
+                        "--repeats", str(args.repeats), "--cpus", ",".join(map(str, cpus)), "--vllm-bind",
+                        args.vllm_bind, *common], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+        loop = json.loads(loop_out.read_text())
+        print(f"agent loop vs the same-structure replay: {loop['agent_loop_over_replay']}, vs all requests at once: "
+              f"{loop['agent_loop_over_raw']} (medians of {args.repeats})", flush=True)
     med = {side: {k: v["median"] for k, v in figs.items()} for side, figs in spread["sides"].items()}
     ratios = spread["ratios"]
     result = {  # medians over the repeats; the spread of each is under "repeats"
@@ -206,8 +212,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name} (max_staleness {v['max_staleness']}, {v['rollout_ranks']} rollout rank(s)): "
               f"{v['async_over_sync']}x sync steady, {v['async_over_sync_e2e']}x end to end, trainer idle "
               f"{v['trainer_idle_frac']}, at the staleness window {v['window_bound_frac']}: bound by {v['bound']}")
-    print(f"agent loop / same-structure replay {loop['agent_loop_over_replay']}, / raw vLLM all at once "
-          f"{loop['agent_loop_over_raw']} (medians; spread in {loop_out})")
+    if args.loop_episodes > 0:
+        print(f"agent loop / same-structure replay {loop['agent_loop_over_replay']}, / raw vLLM all at once "
+              f"{loop['agent_loop_over_raw']} (medians; spread in {loop_out})")
     print(f"written to {root / 'pipeline.json'}")
     return 0
 

@@ -3,6 +3,8 @@ trainer, calibrated from a run directory or fed with a cluster's rates. Pure Pyt
 
     python -m jobs.plan_pipeline --calibrate runs/bench/sync                 # fitted rates, model vs the run
     python -m jobs.plan_pipeline --check-bench runs/bench                    # both schedules vs bench_pipeline
+    python -m jobs.plan_pipeline --predict runs/bench/async-s4-r1 \
+        --fit runs/bench/async runs/bench/async-s8-r1                         # out of sample: engine curve from two
     python -m jobs.plan_pipeline --preset agentbench-qwen2.5-14b \\
         --engine-tokens-per-s 2500 --trainer-tokens-per-s-per-gpu 4000 --env-median-s 1.0 --totals 16,32,64
 
@@ -19,6 +21,7 @@ from pathlib import Path
 
 from agentrl.bench.planner import simulate, simulate_mean, with_schedule
 from agentrl.bench.planner_calibrate import calibrate, check_bench, measured_throughput
+from agentrl.bench.planner_curve import predict_run
 from agentrl.bench.planner_project import ClusterRates, best_split, default_workload, preset_gpus, project
 from agentrl.config import load_config
 
@@ -101,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--calibrate", help="a run directory: fit the rates to its metrics, model it")
     mode.add_argument("--check-bench", help="jobs.bench_pipeline's root (runs/bench): predict both schedules")
     mode.add_argument("--preset", help="project this preset's layout with the rates below")
+    mode.add_argument("--predict", type=Path,
+                      help="a run directory to predict from its config alone, with rates fitted on --fit's runs")
+    ap.add_argument("--fit", type=Path, nargs="+", default=[],
+                    help="--predict: two or more run dirs at different loads (e.g. max_staleness 1 and 8) to fit "
+                         "the engine curve, trainer and workload on")
     ap.add_argument("--engine-tokens-per-s", type=float, default=2000.0, help="one engine's generated tokens/s")
     ap.add_argument("--engine-curve", default="",
                     help="relative engine throughput by requests in flight, e.g. 1:0.05,64:0.6,256:1 (default flat)")
@@ -134,6 +142,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.calibrate:
         out = _calibrate(args)
         print(json.dumps(out, indent=2, default=str))
+        return 0
+    if args.predict:
+        if len(args.fit) < 2:
+            ap.error("--predict needs --fit with two or more run directories at different loads")
+        swap_s, sync = args.swap_s, args.predict.parent / "sync"
+        if swap_s is None:  # the hand-off as check-bench takes it: fitted on the bench's sync run, if there is one
+            swap_s = calibrate(sync)["rates"].swap_s if (sync / "report" / "trainer.json").exists() else 0.0
+        bench = args.predict.parent / "pipeline.json"
+        try:
+            out = predict_run(args.fit, args.predict, bench if bench.exists() else None, swap_s=swap_s)
+        except ValueError as e:
+            ap.error(str(e))
+        print(json.dumps(out, indent=2))
+        print(f"{out['target']} (max_staleness {out['target_max_staleness']}): predicted "
+              f"{out['predicted']['steady_traj_per_s']} steady traj/s, measured {out['measured']['steady_traj_per_s']}"
+              f" ({out['error']['steady_traj_per_s']:+.1%}; flat engine from the first run alone "
+              f"{out['flat_first_run']['error']:+.1%}); end to end {out['error']['e2e_traj_per_s']:+.1%}")
         return 0
     if args.check_bench:
         out = check_bench(args.check_bench, skip_first_window=args.skip_first_window)

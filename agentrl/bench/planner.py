@@ -158,6 +158,9 @@ class Result:
     """From v0 to the first batch."""
     rollout_busy_tokens_per_s: float = 0.0
     """Tokens generated per second a rank had an episode running, mean over ranks (what calibration matches)."""
+    gen_in_flight_mean: float = 0.0
+    """Generation requests in flight on an engine, averaged over the time it was generating (all engines): the
+    load at which a run measures the engine, where a fitted engine curve puts that run's point."""
 
     def summary(self) -> dict[str, float | int | list[float]]:
         return {"steady_traj_per_s": round(self.steady_traj_per_s, 4), "e2e_traj_per_s": round(self.e2e_traj_per_s, 4),
@@ -190,6 +193,8 @@ class _Engine:
     finish: list[tuple[float, int]] = field(default_factory=list)  # heap of (clock at finish, episode id)
     active: set[int] = field(default_factory=set)
     epoch: int = 0  # bumps on every change: older completion events are void
+    gen_s: float = 0.0  # time with a generation in flight (and no weight load)
+    load_s: float = 0.0  # the integral of requests in flight over that time
 
 
 @dataclass(eq=False)
@@ -317,6 +322,8 @@ class _Sim:
         n = len(eng.active)
         if n and not rank.swapping:
             eng.clock += self.R.engine_rate(n) / n * (self.t - eng.t_last)
+            eng.gen_s += self.t - eng.t_last
+            eng.load_s += n * (self.t - eng.t_last)
         eng.t_last = self.t
 
     def _reschedule(self, rank: _Rank, eng: _Engine) -> None:
@@ -456,7 +463,9 @@ class _Sim:
                       self.idle_total / wall, r_idle, sum(self.stale) / max(len(self.stale), 1),
                       max(self.stale, default=0), self.dropped, self.aborted,
                       sum(self.step_times) / len(self.step_times), self.t_first or 0.0,
-                      sum(busy_rate) / len(busy_rate))
+                      sum(busy_rate) / len(busy_rate),
+                      sum(e.load_s for r in self.ranks for e in r.engines)
+                      / max(sum(e.gen_s for r in self.ranks for e in r.engines), 1e-9))
 
 
 def simulate(layout: Layout, rates: Rates, work: Workload, seed: int = 0) -> Result:
