@@ -109,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fit", type=Path, nargs="+", default=[],
                     help="--predict: two or more run dirs at different loads (e.g. max_staleness 1 and 8) to fit "
                          "the engine curve, trainer and workload on")
+    ap.add_argument("--sweep-staleness", default="",
+                    help="--predict: also model the target's layout at these max_staleness bounds (e.g. 1,2,4,8,16) "
+                         "and name the smallest within 5%% of the best throughput")
     ap.add_argument("--engine-tokens-per-s", type=float, default=2000.0, help="one engine's generated tokens/s")
     ap.add_argument("--engine-curve", default="",
                     help="relative engine throughput by requests in flight, e.g. 1:0.05,64:0.6,256:1 (default flat)")
@@ -151,14 +154,26 @@ def main(argv: list[str] | None = None) -> int:
             swap_s = calibrate(sync)["rates"].swap_s if (sync / "report" / "trainer.json").exists() else 0.0
         bench = args.predict.parent / "pipeline.json"
         try:
-            out = predict_run(args.fit, args.predict, bench if bench.exists() else None, swap_s=swap_s)
+            sweep = tuple(int(x) for x in args.sweep_staleness.split(",") if x)
+            if any(b < 0 for b in sweep):
+                raise ValueError(f"--sweep-staleness {args.sweep_staleness!r}: bounds are >= 0")
+            out = predict_run(args.fit, args.predict, bench if bench.exists() else None, swap_s=swap_s, sweep=sweep)
         except ValueError as e:
             ap.error(str(e))
         print(json.dumps(out, indent=2))
         print(f"{out['target']} (max_staleness {out['target_max_staleness']}): predicted "
-              f"{out['predicted']['steady_traj_per_s']} steady traj/s, measured {out['measured']['steady_traj_per_s']}"
+              f"{out['predicted']['steady_traj_per_s']:.3f} steady traj/s, measured "
+              f"{out['measured']['steady_traj_per_s']:.3f}"
               f" ({out['error']['steady_traj_per_s']:+.1%}; flat engine from the first run alone "
               f"{out['flat_first_run']['error']:+.1%}); end to end {out['error']['e2e_traj_per_s']:+.1%}")
+        if "staleness_sweep" in out:
+            sw = out["staleness_sweep"]
+            for r in sw["rows"]:
+                print(f"  max_staleness {r['max_staleness']:3d}: {r['steady_traj_per_s']:7.3f} steady traj/s, "
+                      f"{r['e2e_traj_per_s']:7.3f} end to end, trainer idle {r['trainer_idle_frac']:.2f}, "
+                      f"staleness mean {r['staleness_mean']:.2f}")
+            print(f"  recommended algo.max_staleness={sw['recommended_max_staleness']} (the smallest within "
+                  f"{sw['within']:.0%} of the best steady throughput)")
         return 0
     if args.check_bench:
         out = check_bench(args.check_bench, skip_first_window=args.skip_first_window)

@@ -99,13 +99,40 @@ def fit_engine_curve(runs: list[tuple[str, Layout, Workload, Rates, float]], see
     return rates, points
 
 
+def _med(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
+
+
+def _figures(layout: Layout, rates: Rates, work: Workload, seeds: tuple[int, ...]) -> dict[str, float]:
+    res = [simulate(layout, rates, work, s) for s in seeds]
+    return {"steady_traj_per_s": _med([r.steady_traj_per_s for r in res]),
+            "e2e_traj_per_s": _med([r.e2e_traj_per_s for r in res]),
+            "trainer_idle_frac": _med([r.trainer_idle_frac for r in res]),
+            "staleness_mean": _mean([r.staleness_mean for r in res]),
+            "gen_in_flight_mean": _mean([r.gen_in_flight_mean for r in res])}
+
+
+def staleness_sweep(layout: Layout, rates: Rates, work: Workload, bounds: tuple[int, ...],
+                    seeds: tuple[int, ...] = (0, 1, 2, 3, 4), within: float = 0.05) -> dict[str, Any]:
+    """The modelled run at each `algo.max_staleness` in `bounds`, and the bound to use: the smallest whose
+    steady throughput is within `within` of the best (a looser bound past it buys only older data)."""
+    rows = [{"max_staleness": b, **{k: round(v, 3) for k, v in
+                                    _figures(replace(layout, max_staleness=b), rates, work, seeds).items()}}
+            for b in sorted(bounds)]
+    best = max(r["steady_traj_per_s"] for r in rows)
+    pick = next(r for r in rows if r["steady_traj_per_s"] >= (1 - within) * best)
+    return {"rows": rows, "recommended_max_staleness": pick["max_staleness"], "within": within}
+
+
 def predict_run(fit_dirs: list[str | Path], target_dir: str | Path, bench_json: str | Path | None = None,
-                swap_s: float = 0.0, seeds: tuple[int, ...] = (0, 1, 2, 3, 4)) -> dict[str, Any]:
+                swap_s: float = 0.0, seeds: tuple[int, ...] = (0, 1, 2, 3, 4),
+                sweep: tuple[int, ...] = ()) -> dict[str, Any]:
     """Fit the engine curve (and the trainer, start-up and workload) on `fit_dirs`, then predict `target_dir`
     from its config alone: its layout is the only thing read from it. The workload (turns, tokens) and the
     trainer's seconds per token are the fitting runs' means. Measured figures: `bench_json`'s medians for the
     target's side (`jobs.bench_pipeline`'s pipeline.json, the side named as the run dir) when given, else the
-    target run's own step log."""
+    target run's own step log. `sweep`: also model the target's layout at these max_staleness bounds
+    (`staleness_sweep`)."""
     from agentrl.bench.planner_calibrate import measured_throughput
 
     cals = [calibrate(d, swap_s=swap_s, seeds=seeds) for d in fit_dirs]
@@ -120,16 +147,8 @@ def predict_run(fit_dirs: list[str | Path], target_dir: str | Path, bench_json: 
                     env_call_frac=_mean([w.env_call_frac for w in works]))
     cfg, _, _, _ = read_run(target_dir)
     layout = layout_of(cfg)
-    res = [simulate(layout, rates, work, s) for s in seeds]
-
-    def med(xs: list[float]) -> float:
-        return sorted(xs)[len(xs) // 2]
-
-    predicted = {"steady_traj_per_s": med([r.steady_traj_per_s for r in res]),
-                 "e2e_traj_per_s": med([r.e2e_traj_per_s for r in res]),
-                 "trainer_idle_frac": med([r.trainer_idle_frac for r in res]),
-                 "gen_in_flight_mean": _mean([r.gen_in_flight_mean for r in res])}
-    flat = [simulate(layout, replace(cals[0]["rates"], swap_s=swap_s), cals[0]["work"], s) for s in seeds]
+    predicted = _figures(layout, rates, work, seeds)
+    flat = _figures(layout, replace(cals[0]["rates"], swap_s=swap_s), cals[0]["work"], seeds)["steady_traj_per_s"]
     name = Path(target_dir).name
     if bench_json is not None:
         side = json.loads(Path(bench_json).read_text())["repeats"]["sides"][name]
@@ -143,10 +162,12 @@ def predict_run(fit_dirs: list[str | Path], target_dir: str | Path, bench_json: 
             raise ValueError(f"{target_dir}: fewer than two steps logged, nothing to compare the prediction with")
         measured = {"steady_traj_per_s": seen[0], "e2e_traj_per_s": seen[1], "source": f"{target_dir} (its step log)"}
     err = {k: round(predicted[k] / measured[k] - 1, 3) for k in ("steady_traj_per_s", "e2e_traj_per_s")}
-    return {"fit": [p.__dict__ for p in points], "curve": list(rates.engine_curve),
-            "engine_tokens_per_s": round(rates.engine_tokens_per_s, 1), "target": name,
-            "target_max_staleness": layout.max_staleness,
-            "predicted": {k: round(v, 3) for k, v in predicted.items()}, "measured": measured, "error": err,
-            "flat_first_run": {"steady_traj_per_s": round(med([r.steady_traj_per_s for r in flat]), 3),
-                               "error": round(med([r.steady_traj_per_s for r in flat]) / measured["steady_traj_per_s"]
-                                              - 1, 3)}}
+    out = {"fit": [p.__dict__ for p in points], "curve": list(rates.engine_curve),
+           "engine_tokens_per_s": round(rates.engine_tokens_per_s, 1), "target": name,
+           "target_max_staleness": layout.max_staleness,
+           "predicted": {k: round(v, 3) for k, v in predicted.items()}, "measured": measured, "error": err,
+           "flat_first_run": {"steady_traj_per_s": round(flat, 3),
+                              "error": round(flat / measured["steady_traj_per_s"] - 1, 3)}}
+    if sweep:
+        out["staleness_sweep"] = staleness_sweep(layout, rates, work, sweep, seeds)
+    return out

@@ -61,6 +61,20 @@ def test_two_runs_fit_a_curve_that_predicts_a_third_layout() -> None:
     assert abs(flat / truth - 1) > 0.25  # one run's flat rate is what this fit replaces: it misses by more
 
 
+def test_staleness_sweep_recommends_the_smallest_bound_near_the_best() -> None:
+    from agentrl.bench.planner_curve import staleness_sweep
+
+    sw = staleness_sweep(ASYNC, TRUTH, WORK, (8, 1, 2, 4, 16), SEEDS)
+    rows = sw["rows"]
+    assert [r["max_staleness"] for r in rows] == [1, 2, 4, 8, 16]
+    assert rows[0]["staleness_mean"] <= 1 and rows[-1]["staleness_mean"] > rows[0]["staleness_mean"]
+    best = max(r["steady_traj_per_s"] for r in rows)
+    pick = sw["recommended_max_staleness"]
+    assert [r["steady_traj_per_s"] >= 0.95 * best for r in rows].index(True) == [1, 2, 4, 8, 16].index(pick)
+    assert 1 < pick < 16  # this engine is window-bound at 1 and saturated long before 16
+    assert staleness_sweep(ASYNC, TRUTH, WORK, (3,), SEEDS)["recommended_max_staleness"] == 3
+
+
 def test_runs_at_one_load_cannot_fit_a_curve() -> None:
     with pytest.raises(ValueError, match="load the engine alike"):
         fit_engine_curve([_run("a", 1), _run("b", 1)], SEEDS)
@@ -124,5 +138,9 @@ def test_plan_pipeline_predicts_a_run_from_two_others(tmp_path) -> None:
     assert out["measured"]["steady_traj_per_s"] == pytest.approx(9 * 16 / 18.0)  # its own step log
     assert out["error"]["steady_traj_per_s"] == pytest.approx(
         out["predicted"]["steady_traj_per_s"] / out["measured"]["steady_traj_per_s"] - 1, abs=2e-3)
+    swept = subprocess.run(cmd + ["--fit", str(a), str(b), "--sweep-staleness", "1,4,16"], cwd=root,
+                           capture_output=True, text=True, timeout=300)
+    assert swept.returncode == 0, swept.stderr
+    assert "recommended algo.max_staleness=" in swept.stdout
     one = subprocess.run(cmd + ["--fit", str(a)], cwd=root, capture_output=True, text=True, timeout=120)
     assert one.returncode == 2 and "two or more run directories" in one.stderr
