@@ -648,11 +648,6 @@ class PipelineShape:
     group_timeout_s: float
     steps: int
 
-    @property
-    def groups_per_step(self) -> int:
-        """One synchronous step's groups: what a rollout rank admits per version at max_staleness 0."""
-        return self.min_groups
-
 
 @dataclass(frozen=True)
 class RunConfig:

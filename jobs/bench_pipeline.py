@@ -112,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="TRAINER:ENGINE threads of the async run (default: the cores split in two, so trainer "
                          "and engine never share a core while both run; the sync run's phases take turns and "
                          "each gets every core)")
+    ap.add_argument("--sync-engine-threads", default="",
+                    help="cluster.engine_threads of the sync run (default: every core, its trainer too); a list "
+                         "(2,1) adds one more sync side per further value (sync-e1, ...), each with its ratio to "
+                         "the first; the async ratios stay against the first")
     ap.add_argument("--loop-episodes", type=int, default=1024,
                     help="episodes of the agent-loop measurement (fewer: the last wave's part-empty batch weighs "
                          "more; 256 at 64 at once measured 0.72 where 1024 measured 0.96); 0 leaves it out "
@@ -136,8 +140,16 @@ def main(argv: list[str] | None = None) -> int:
     cores = len(cpus)
     t_train, t_engine = (int(x) for x in args.threads.split(":")) if args.threads else (max(cores // 2, 1),
                                                                                          max(cores - cores // 2, 1))
-    schedules = {"sync": common + ["cluster.schedule=sync", f"trainer.threads={cores}",
-                                   f"cluster.engine_threads={cores}"]}
+    try:
+        sync_engine = [int(x) for x in args.sync_engine_threads.split(",") if x] or [cores]
+        if any(e < 1 for e in sync_engine) or len(set(sync_engine)) != len(sync_engine):
+            raise ValueError
+    except ValueError:
+        ap.error(f"--sync-engine-threads {args.sync_engine_threads!r}: distinct thread counts >= 1")
+    schedules = {("sync" if i == 0 else f"sync-e{e}"): common + ["cluster.schedule=sync", f"trainer.threads={cores}",
+                                                                 f"cluster.engine_threads={e}"]
+                 for i, e in enumerate(sync_engine)}
+    sync_sides = list(schedules)
     try:
         variants = async_variants(args.staleness, args.ranks)
     except ValueError as e:
@@ -152,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             r = run_schedule(root, name, schedules[name], log_name=f"{name}-{i}", env=env)
             tps, e2e = throughput(r["step_t"], r["t_v0"], per_step)
             figs = {"traj_per_s": tps, "e2e_traj_per_s": e2e, "wall_s": r["wall_s"]}
-            if name != "sync":
+            if name not in sync_sides:
                 figs.update(async_figures(r["trainer"], r["rollout"]))
             return figs
         return run
@@ -162,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     wanted = [r for name in variants for r in (
         repeat.Ratio(f"async_over_sync{ratio_tag(name)}", name, "traj_per_s", "sync", "traj_per_s"),
         repeat.Ratio(f"async_over_sync_e2e{ratio_tag(name)}", name, "e2e_traj_per_s", "sync", "e2e_traj_per_s"))]
+    wanted += [repeat.Ratio(f"{name.replace('-', '_')}_over_sync", name, "traj_per_s", "sync", "traj_per_s")
+               for name in sync_sides[1:]]
     spread = repeat.summarize(samples, wanted)
     loop_out = root / "agent_loop.json"  # jobs.bench_agent_loop, as its own entry point, on the last async model
     loop: dict[str, Any] = {"agent_loop_over_raw": None, "agent_loop_over_replay": None}
@@ -178,6 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     ratios = spread["ratios"]
     result = {  # medians over the repeats; the spread of each is under "repeats"
         "sync_traj_per_s": round(med["sync"]["traj_per_s"], 3),
+        "sync_variants": {name: {"engine_threads": e, "traj_per_s": round(med[name]["traj_per_s"], 3),
+                                 "e2e_traj_per_s": round(med[name]["e2e_traj_per_s"], 3),
+                                 **({"over_sync": round(ratios[f"{name.replace('-', '_')}_over_sync"]["median"], 3)}
+                                    if name != "sync" else {})}
+                          for name, e in zip(sync_sides, sync_engine)},
         "async_traj_per_s": round(med["async"]["traj_per_s"], 3),
         "async_over_sync": round(ratios["async_over_sync"]["median"], 3),
         "trainer_idle_frac": round(med["async"]["trainer_idle_frac"], 3),
@@ -203,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                   "async_max_staleness": variants["async"][0], "async_rollout_ranks": variants["async"][1],
                   "async_variants": {k: {"max_staleness": v[0], "rollout_ranks": v[1]} for k, v in variants.items()},
                   "async_threads": {"trainer": t_train, "engine": t_engine}, "sync_threads": cores,
+                  "sync_engine_threads": sync_engine,
                   "cpus": cpus},
         "machine": repeat.machine(args.seed, cpus, env, load_before),
     }
@@ -212,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name} (max_staleness {v['max_staleness']}, {v['rollout_ranks']} rollout rank(s)): "
               f"{v['async_over_sync']}x sync steady, {v['async_over_sync_e2e']}x end to end, trainer idle "
               f"{v['trainer_idle_frac']}, at the staleness window {v['window_bound_frac']}: bound by {v['bound']}")
+    for name, v in result["sync_variants"].items():
+        if name != "sync":
+            print(f"{name} (sync, {v['engine_threads']} engine thread(s)): {v['over_sync']}x the first sync side")
     if args.loop_episodes > 0:
         print(f"agent loop / same-structure replay {loop['agent_loop_over_replay']}, / raw vLLM all at once "
               f"{loop['agent_loop_over_raw']} (medians; spread in {loop_out})")

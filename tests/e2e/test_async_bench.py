@@ -87,3 +87,6 @@ def test_tiny_bench_writes_every_figure(tmp_path: Path) -> None:
     assert rep["ratios"]["async_over_sync"]["min"] <= out["async_over_sync"] <= rep["ratios"]["async_over_sync"]["max"]
     assert len(out["agent_loop"]["repeats"]["ratios"]["agent_loop_over_raw"]["pairs"]) == 3
     assert out["machine"]["cpu_count"] >= 1 and out["machine"]["seed"] == 0 and out["machine"]["vllm"]
+    # one sync side by default, its engine on every core
+    assert list(out["sync_variants"]) == ["sync"]
+    assert out["sync_variants"]["sync"]["engine_threads"] == len(out["setup"]["cpus"])
