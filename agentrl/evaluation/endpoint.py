@@ -13,8 +13,10 @@ the token-level one and with the same endings:
   * the endpoint refusing a request as too long for its context: `context_limit`;
   * an env failure (`EnvError`): `env_error`, the session cancelled; the caller retries.
 
-A call the server could not parse comes back as plain content, which the env answers as it answers any
-message without a call: the same as the local path, where such text is not a parsed call either.
+A call the server could not parse comes back as plain content; when that content tried a call (a family's
+call marker, `unread_call_observation`), the turn is answered with the error observation the local path
+gives it, without the env, so that both paths score a model's malformed calls alike; content without a
+tried call goes to the env, which answers it as any message without a call.
 Not here: retries (`players.EndpointPlayer`) and token-level fidelity (an endpoint re-renders the whole
 conversation from messages every turn; our local path never re-tokenizes what was sampled).
 """
@@ -27,6 +29,7 @@ from typing import Any
 from agentrl.envs.api import EnvError
 from agentrl.evaluation.played import Played
 from agentrl.rollout.agent_loop import EpisodeLimits, turn_budget
+from agentrl.rollout.tool_calls import unread_call_observation
 from agentrl.types import Status
 
 CUT_OFF = "Error: the message was cut off at the token limit."
@@ -117,6 +120,8 @@ async def play_endpoint_episode(client: Any, endpoint: Any, task: str, index: st
                     status = Status.CONTEXT_LIMIT
                     break
                 observation = [{"role": "user", "content": CUT_OFF}]
+            elif "tool_calls" not in r.message and (error := unread_call_observation(r.message["content"])):
+                observation = [{"role": "tool", "content": error}]
             else:
                 res = await client.interact(sid, r.message)
                 if res.done:

@@ -154,6 +154,22 @@ class ToolCallParser:
         return "Error: " + "; ".join(e.message for e in errors) + f". Write tool calls as {self.syntax}."
 
 
+def unread_call_observation(text: str) -> str | None:
+    """For a reply that an endpoint's server returned as plain content: the error observation the local path
+    would answer it with when it tried a call in some family's syntax (None: no call was tried). The family is
+    read off the text, since an endpoint does not say which parser it ran: `<tool_call>{` Hermes JSON,
+    `<tool_call>NAME` GLM, `<|python_tag|>` or a bare `{"name"` Llama-3 JSON, `[TOOL_CALLS]` Mistral."""
+    if "<tool_call>" in text:
+        body = text.split("<tool_call>", 1)[1].lstrip()
+        name = "hermes" if not body or body[0] in "{[" else "glm45"
+    else:
+        name = next((n for n in ("llama3_json", "mistral") if any(m in text for m in _MARKERS[n])), "")
+        if not name:
+            return None
+    syntax = _SYNTAX.get(name, "this model's tool-call format")
+    return f"Error: {_unreadable(text).message}. Write tool calls as {syntax}."
+
+
 def _unreadable(text: str) -> ToolCallError:
     return ToolCallError(text, diagnose(text) or "the tool call could not be read")
 

@@ -4,6 +4,11 @@ The Qwen2.5-style stand-in (`agentrl.models.standins`, float32 so that two vLLM 
 greedy tokens) is trained with teacher forcing on the scripted expert's episodes of a few test samples,
 played through the real agent loop in the model's own chat format. It then solves those samples greedily
 and fails the others: an evaluation of it has successes and failures to compare between paths.
+
+Teaching stops on a margin, not on a step count: a model whose taught token beats the runner-up by a few
+hundredths of a logit decodes differently under two engines' float paths (batch shapes, kernels, another
+CPU), so a fixed 120 steps that fitted the demos on one machine left ties on another. `build_taught` trains
+until every taught token is the argmax by `margin` logits and reports the smallest margin it reached.
 """
 from __future__ import annotations
 
@@ -33,9 +38,25 @@ async def expert_episodes(model_dir: Path, indices: list[str]) -> list[Trajector
     return out
 
 
-def build_taught(out_dir: Path, indices: list[str], steps: int = 120, lr: float = 3e-3) -> tuple[Path, float]:
-    """Build the stand-in in `out_dir / "base"`, teach it the expert's episodes of `indices`, save it to
-    `out_dir / "model"`; returns (model dir, the last loss)."""
+def taught_margin(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, labels: torch.Tensor) -> float:
+    """The smallest, over every taught token, of its logit minus the best other token's (negative: some taught
+    token is not the greedy choice)."""
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+    target = labels[:, 1:]
+    taught = target != -100
+    picked = logits[taught]
+    want = target[taught]
+    own = picked.gather(1, want[:, None])[:, 0]
+    others = picked.scatter(1, want[:, None], float("-inf")).max(dim=1).values
+    return float((own - others).min())
+
+
+def build_taught(out_dir: Path, indices: list[str], margin: float = 2.0, max_steps: int = 600, check_every: int = 20,
+                 lr: float = 3e-3) -> tuple[Path, float]:
+    """Build the stand-in in `out_dir / "base"`, teach it the expert's episodes of `indices` until every taught
+    token wins by `margin` logits (or `max_steps`), save it to `out_dir / "model"`; returns (model dir, the
+    smallest margin reached)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agentrl.models import tiny
@@ -58,13 +79,17 @@ def build_taught(out_dir: Path, indices: list[str], steps: int = 120, lr: float 
         labels[r, : len(t)] = torch.where(m, t, torch.tensor(-100))
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     torch.manual_seed(0)
-    loss = torch.tensor(0.0)
-    for _ in range(steps):
+    reached = float("-inf")
+    for step in range(1, max_steps + 1):
         loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if step % check_every == 0:
+            reached = taught_margin(model, ids, attn, labels)
+            if reached >= margin:
+                break
     out = tiny.save(model, tok, out_dir / "model")
     gen = (base / "generation_config.json").read_bytes()
     (out / "generation_config.json").write_bytes(gen)
-    return out, float(loss.item())
+    return out, reached

@@ -206,3 +206,14 @@ def test_encode_and_decode_are_the_tokenizers_own(families, lookup_format, famil
         ids = fmt.encode(text)
         assert ids == fmt.tokenizer.encode(text, add_special_tokens=False), text
         assert fmt.decode(ids) == fmt.tokenizer.decode(ids, skip_special_tokens=False), text
+
+
+def test_unread_call_observation_names_the_family_and_the_reason_for_plain_content() -> None:
+    from agentrl.rollout.tool_calls import unread_call_observation
+
+    assert unread_call_observation("The answer is 7.") is None
+    bad = unread_call_observation('<tool_call>\n{"name": "lookup", "arguments": {"a": "b": "c"}}\n</tool_call>')
+    assert bad is not None and "not valid JSON" in bad and '<tool_call>{"name": ...' in bad
+    assert "not closed with </tool_call>" in unread_call_observation('<tool_call>{"name": "x"')
+    assert "<arg_key>" in unread_call_observation("<tool_call>lookup\n<arg_key>a</arg_key>\n</tool_call>")
+    assert '"parameters"' in unread_call_observation('<|python_tag|>{"name": "x", "parameters": 3}')
