@@ -151,7 +151,12 @@ class ToolCallParser:
         return ParsedTurn((info.content or "").strip(), calls, errors)
 
     def format_errors(self, errors: list[ToolCallError]) -> str:
-        return "Error: " + "; ".join(e.message for e in errors) + f". Write tool calls as {self.syntax}."
+        return error_text(errors, self.syntax)
+
+
+def error_text(errors: list[ToolCallError], syntax: str) -> str:
+    """The error observation's text: what was wrong with the turn's calls, and the syntax to write them in."""
+    return "Error: " + "; ".join(e.message for e in errors) + f". Write tool calls as {syntax}."
 
 
 def unread_call_observation(text: str) -> str | None:
@@ -166,8 +171,7 @@ def unread_call_observation(text: str) -> str | None:
         name = next((n for n in ("llama3_json", "mistral") if any(m in text for m in _MARKERS[n])), "")
         if not name:
             return None
-    syntax = _SYNTAX.get(name, "this model's tool-call format")
-    return f"Error: {_unreadable(text).message}. Write tool calls as {syntax}."
+    return error_text([_unreadable(text)], _SYNTAX.get(name, "this model's tool-call format"))
 
 
 def _unreadable(text: str) -> ToolCallError:
