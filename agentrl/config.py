@@ -483,6 +483,14 @@ class RolloutTopology:
     kv_cache_memory_gib: float = 0.0
     """GPU engines: KV-cache size per engine in GiB (vLLM's kv_cache_memory_bytes), instead of what
     gpu_memory_utilization leaves after the weights; 0: that remainder. CPU engines use rollout.kv_cache_gib."""
+    linger_ms: float = 5.0
+    """CPU engines (in the rank's process): after a step that finished requests, at most how long the engine
+    waits for their agent loops to ask for their next turns (or go to the env) before it steps again, so a next
+    turn joins the very next step instead of the one after (`VLLMEngine(linger_s=)`); 0: step at once. The wait
+    ends as soon as the loops have reacted. On 2 cores 5 ms raised our loop from 0.82 to 0.86 of the
+    same-structure replay, higher in each of 3 pairs (`jobs.bench_agent_loop --linger-ms 0,5`; docs/pipeline.md
+    §7). Engines of their own process (GPU nodes) do not linger: measured on such an engine (on CPU) it gained
+    nothing (0 to -4 % in 3 pairs), since their EngineCore steps on its own while our thread waits."""
     slurm: SlurmGroupConfig = field(default_factory=SlurmGroupConfig)
 
     @property
@@ -493,12 +501,13 @@ class RolloutTopology:
         """Keyword arguments of each of a rank's vLLM engines (`agentrl.rollout.engine.VLLMEngine`), beside the
         GPUs it runs on (`agentrl.rollout.from_config.rank_devices`).
 
-        CPU (gpus_per_node 0): float32 unless a dtype is set, always eager, no GPU memory settings, as before.
+        CPU (gpus_per_node 0): float32 unless a dtype is set, always eager, no GPU memory settings, `linger_ms`.
         GPU: the configured dtype, tensor parallel size and eager/CUDA-graph choice, and the whole
         gpu_memory_utilization: every engine runs in its own process on GPUs of its own."""
         seqs = self.max_num_seqs or concurrency
         if not self.gpus_per_node:
-            return {"dtype": "float32" if self.dtype == "auto" else self.dtype, "max_num_seqs": seqs}
+            return {"dtype": "float32" if self.dtype == "auto" else self.dtype, "max_num_seqs": seqs,
+                    "linger_s": self.linger_ms / 1e3}
         kv = int(self.kv_cache_memory_gib * (1 << 30)) or None
         return {"dtype": self.dtype, "max_num_seqs": seqs, "enforce_eager": self.enforce_eager,
                 "tensor_parallel_size": self.tensor_parallel_size,
@@ -520,6 +529,7 @@ class RolloutTopology:
         _check(0.0 < self.gpu_memory_utilization <= 1.0, f"{p}.gpu_memory_utilization", "must be in (0, 1]")
         _check(self.max_num_seqs >= 0, f"{p}.max_num_seqs", "must be >= 0 (0: rollout.concurrency)")
         _check(self.kv_cache_memory_gib >= 0, f"{p}.kv_cache_memory_gib", "must be >= 0 (0: off)")
+        _check(0 <= self.linger_ms <= 1000, f"{p}.linger_ms", "must be in [0, 1000] (0: off)")
         _check(self.gpus_per_node >= 0, f"{p}.gpus_per_node", "must be >= 0")
         if self.gpus_per_node:  # every engine gets its own GPUs: the node must hold exactly the ranks' engines
             per_rank, rem = divmod(self.gpus_per_node, self.ranks // self.nodes)

@@ -15,8 +15,8 @@ steady state: trajectories trained in steps 2..N over the time from the end of s
 so that the engines' start-up and the pipeline's fill (the same for both) do not dilute it; the end-to-end
 figure (from weights v0 to the last step) is written too. `rollout_over_raw_vllm` is the agent loop's
 own cost (`jobs.bench_agent_loop` on the last async run's model, with the same repeats: our loop's generated
-tokens/s over vLLM `generate` on exactly the requests our loop made, envs in process, each side in its own
-process).
+tokens/s over vLLM `generate` on exactly the requests our loop made, envs in process, every side on one
+engine).
 
 The async run splits the cores between trainer and engine (`--threads`, default half each): on a small
 machine a trainer and an engine that both start a thread per core oversubscribe it while they run at
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.loop_episodes > 0:
         subprocess.run([sys.executable, "-m", "jobs.bench_agent_loop", "--model", str(root / "async" / "model"),
                         "--preset", "smoke", "--episodes", str(args.loop_episodes), "--concurrency",
-                        str(cfg.rollout.concurrency), "--work", str(root / "agent_loop"), "--out", str(loop_out),
+                        str(cfg.rollout.concurrency), "--out", str(loop_out),
                         "--repeats", str(args.repeats), "--cpus", ",".join(map(str, cpus)), "--vllm-bind",
                         args.vllm_bind, *common], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
         loop = json.loads(loop_out.read_text())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import itertools
 import os
 import queue
@@ -24,12 +25,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 # vLLM's forward context and current config are module globals: two in-process engines must not run a forward
 # pass (or load weights) at the same time. On CPU they share the cores anyway. Every engine's start-up holds it
 # too: an engine of its own process is started with its own CUDA_VISIBLE_DEVICES in os.environ.
 _VLLM_LOCK = threading.Lock()
+T = TypeVar("T")
 
 
 @contextmanager
@@ -198,7 +200,7 @@ class VLLMEngine:
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._pending: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], int]] = {}
         self._waiting: list[tuple[str, Any]] = []  # requests held back while a swap waits for the drain
-        self._swaps: collections.deque[Any] = collections.deque()
+        self._jobs: collections.deque[Any] = collections.deque()  # swaps and `run_idle` calls, in order asked
         self._error: BaseException | None = None
         self.handoff = Handoff()
         self._thread = threading.Thread(target=self._run, name=f"vllm-engine-{engine_id}", daemon=True)
@@ -218,7 +220,17 @@ class VLLMEngine:
 
         Swaps apply in the order asked; requests that arrive meanwhile wait and then use the new weights.
         """
-        await self._submit("load", lambda loop, fut: (weights, version, loop, fut))
+        await self._submit("idle", lambda loop, fut: (functools.partial(self._swap, weights, version), loop, fut))
+
+    async def run_idle(self, fn: Callable[[Any], T]) -> T:
+        """Run `fn(llm)` (the `vllm.LLM`) on the engine thread once no request is in flight, as a swap runs; requests
+        that arrive meanwhile wait for it. For work that must own the engine between generations: the agent-loop
+        benchmark replays raw vLLM on the very engine our loop used (`jobs.bench_agent_loop`)."""
+        def job() -> T:
+            with self._lock:  # in-process engines step in turns (vLLM's module globals)
+                return fn(self._llm)
+
+        return await self._submit("idle", lambda loop, fut: (job, loop, fut))
 
     def close(self) -> None:
         """Stop the engine thread; anything still waiting gets an error."""
@@ -258,7 +270,7 @@ class VLLMEngine:
 
     def _serve(self) -> None:
         while True:
-            idle = not self._engine.has_unfinished_requests() and not self._swaps
+            idle = not self._engine.has_unfinished_requests() and not self._jobs
             try:
                 item: tuple[str, Any] | None = self._inbox.get(block=idle)
             except queue.Empty:
@@ -270,9 +282,9 @@ class VLLMEngine:
                     item = self._inbox.get_nowait()
                 except queue.Empty:
                     item = None
-            if self._swaps and not self._engine.has_unfinished_requests():
-                while self._swaps:
-                    self._swap(self._swaps.popleft())
+            if self._jobs and not self._engine.has_unfinished_requests():
+                while self._jobs:
+                    self._run_job(self._jobs.popleft())
                 for payload in self._waiting:
                     self._add(payload)
                 self._waiting.clear()
@@ -290,12 +302,12 @@ class VLLMEngine:
             return False
         if kind == "mark":  # a `_linger` round's marker that came after its wait ended
             pass
-        elif kind == "load":
-            self._swaps.append(payload)
+        elif kind == "idle":
+            self._jobs.append(payload)
         elif kind == "abort":
             if self._pending.pop(payload, None) is not None:
                 self._engine.abort_request([payload])
-        elif self._swaps:
+        elif self._jobs:
             self._waiting.append(payload)
         else:
             self._add(payload)
@@ -351,27 +363,30 @@ class VLLMEngine:
         loop.call_soon_threadsafe(_set_result, fut, (gen, added, time.perf_counter()))
         return loop
 
-    def _swap(self, payload: Any) -> None:
-        weights, version, loop, fut = payload
+    def _run_job(self, payload: Any) -> None:
+        job, loop, fut = payload
         try:
-            if self.devices is None:  # in-process: the tensors are handed over as they are
-                items = list(weights())
-                reload = lambda worker: worker.reload_weights(weights_iterator=iter(items))  # noqa: E731
-            else:  # the loader itself goes to the engine's workers (pickled), which read the weights there
-                reload = _reload_in_worker(weights)
-            with self._lock:
-                self._llm.collective_rpc(reload)
-                self._llm.reset_prefix_cache()  # cached KV was computed by the old weights
-            self.version = version
+            result = job()
         except Exception as e:
             loop.call_soon_threadsafe(_set_exception, fut, e)
             return
-        loop.call_soon_threadsafe(_set_result, fut, None)
+        loop.call_soon_threadsafe(_set_result, fut, result)
+
+    def _swap(self, weights: Callable[[], Any], version: int) -> None:
+        if self.devices is None:  # in-process: the tensors are handed over as they are
+            items = list(weights())
+            reload = lambda worker: worker.reload_weights(weights_iterator=iter(items))  # noqa: E731
+        else:  # the loader itself goes to the engine's workers (pickled), which read the weights there
+            reload = _reload_in_worker(weights)
+        with self._lock:
+            self._llm.collective_rpc(reload)
+            self._llm.reset_prefix_cache()  # cached KV was computed by the old weights
+        self.version = version
 
     def _fail_all(self, e: BaseException) -> None:
         """Hand `e` to every waiter first (aborting can itself fail when the engine is broken)."""
         waiters = [(entry[0], entry[1]) for entry in self._pending.values()]
-        waiters += [(p[3], p[4]) for p in self._waiting] + [(p[2], p[3]) for p in self._swaps]
+        waiters += [(p[3], p[4]) for p in self._waiting] + [(p[1], p[2]) for p in self._jobs]
         while True:
             try:
                 kind, p = self._inbox.get_nowait()
@@ -379,8 +394,8 @@ class VLLMEngine:
                 break
             if kind == "generate":
                 waiters.append((p[3], p[4]))
-            elif kind == "load":
-                waiters.append((p[2], p[3]))
+            elif kind == "idle":
+                waiters.append((p[1], p[2]))
         for loop, fut in waiters:
             try:
                 loop.call_soon_threadsafe(_set_exception, fut, e)
@@ -389,7 +404,7 @@ class VLLMEngine:
         ids = list(self._pending)
         self._pending.clear()
         self._waiting.clear()
-        self._swaps.clear()
+        self._jobs.clear()
         try:
             self._engine.abort_request(ids)
         except Exception:  # noqa: BLE001 - the engine is going away either way

@@ -138,3 +138,76 @@ def test_lingering_ends_when_the_loop_waits_on_something_else(fake_vllm: None) -
     finally:
         engine.close()
     assert took < 5.0, took  # 3 lingers of 30 s each otherwise
+
+
+def test_run_idle_waits_for_the_requests_in_flight_and_owns_the_engine_while_it_runs(fake_vllm: None) -> None:
+    """`run_idle(fn)` runs on the engine thread once nothing is generating; a request asked meanwhile waits for it;
+    its result and its exception reach the caller, and the engine serves on afterwards."""
+    engine = VLLMEngine("/m", 64)
+    core = engine._engine
+    core.step_s = 0.002
+    seen: dict[str, Any] = {}
+
+    def job(llm: Any) -> int:
+        seen.update(thread=threading.current_thread().name, running=len(llm.llm_engine.running),
+                    steps=llm.llm_engine.steps)
+        time.sleep(0.05)  # a request asked now must not be added before this returns
+        return 42
+
+    def broken(llm: Any) -> None:
+        raise ValueError("bad job")
+
+    try:
+        async def main() -> tuple[Any, int, Any]:
+            long = asyncio.ensure_future(engine.generate([1], SamplingConfig(10, 1.0)))
+            await asyncio.sleep(0.005)  # the request is in the engine before the job is asked for
+            idle = asyncio.ensure_future(engine.run_idle(job))
+            await asyncio.sleep(0.001)
+            later = asyncio.ensure_future(engine.generate([2], SamplingConfig(2, 1.0)))
+            gen, result, _ = await asyncio.gather(long, idle, later)
+            with pytest.raises(ValueError, match="bad job"):
+                await engine.run_idle(broken)
+            return gen, result, await engine.generate([3], SamplingConfig(3, 1.0))
+
+        gen, result, after = asyncio.run(main())
+    finally:
+        engine.close()
+    assert result == 42 and seen["thread"].startswith("vllm-engine") and seen["running"] == 0
+    assert seen["steps"] == 10 and len(gen.token_ids) == 10  # the first request finished before the job ran
+    later_added = dict(core.adds)["req-1"]
+    assert later_added >= seen["steps"]  # the request asked during the job was added after it
+    assert after.token_ids == [100, 101, 102]
+
+
+@pytest.mark.parametrize("overrides, want_s", [([], 0.005), (["cluster.rollout.linger_ms=0"], 0.0),
+                                               (["cluster.rollout.linger_ms=12.5"], 0.0125)])
+def test_the_configured_linger_reaches_every_engine_of_a_rank(fake_vllm: None, overrides: list[str],
+                                                               want_s: float) -> None:
+    from pathlib import Path
+
+    from agentrl.config import load_config
+    from agentrl.rollout.from_config import engine_factory
+
+    cfg = load_config("smoke", ["cluster.rollout.lagging_engines_per_rank=1", "cluster.rollout.lagging_prob=0.25",
+                                *overrides])
+    pool = engine_factory(cfg, Path("/m"), None, None, rank=0)()
+    try:
+        assert [e.linger_s for e in [*pool.currents, *pool.lagging]] == [want_s, want_s]
+    finally:
+        pool.close()
+
+
+def test_engines_of_their_own_process_do_not_linger() -> None:
+    from agentrl.config import load_config
+
+    cfg = load_config("agentbench-qwen2.5-7b", ["cluster.rollout.linger_ms=12"])
+    assert "linger_s" not in cfg.cluster.rollout.engine_settings(64)  # GPU nodes: VLLMEngine's 0
+    cpu = load_config("smoke", ["cluster.rollout.linger_ms=12"])
+    assert cpu.cluster.rollout.engine_settings(64)["linger_s"] == pytest.approx(0.012)
+
+
+def test_a_negative_linger_fails_at_load_naming_the_field() -> None:
+    from agentrl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="cluster.rollout.linger_ms"):
+        load_config("smoke", ["cluster.rollout.linger_ms=-1"])
