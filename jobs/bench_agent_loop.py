@@ -118,21 +118,25 @@ class Bench:
         await self.replay(episodes, "warm")
         await self.raw(episodes)
 
-    async def ours(self, linger_ms: float) -> tuple[dict[str, float], list[list[Turn]]]:
+    async def _timed(self, engine: Any, linger_ms: float) -> tuple[list[Any], float, dict[str, float]]:
+        """One pass of ours from an empty prefix cache, the engine lingering `linger_ms`: the trajectories, the wall
+        time and the per-turn stage figures."""
         from agentrl.rollout.agent_loop import STAGES
         from agentrl.rollout.engine import Handoff
 
         await self.engine.run_idle(lambda llm: llm.reset_prefix_cache())
-        self.engine.linger_s = linger_ms / 1e3
-        rec = Recording(self.engine)
-        self.engine.handoff = Handoff()
+        self.engine.linger_s, self.engine.handoff = linger_ms / 1e3, Handoff()
         t0 = time.perf_counter()
-        trajs = await self._collect(rec, self.reqs)
+        trajs = await self._collect(engine, self.reqs)
         dt = time.perf_counter() - t0
-        self.engine.linger_s = 0.0
+        return trajs, dt, stage_figures(trajs, dt, self.engine.handoff, STAGES)
+
+    async def ours(self, linger_ms: float) -> tuple[dict[str, float], list[list[Turn]]]:
+        rec = Recording(self.engine)
+        trajs, dt, stages = await self._timed(rec, linger_ms)
         figures = {"tokens_per_s": rec.generated / dt, "seconds": dt, "episodes": float(len(self.reqs)),
                    "turns": float(sum(t.num_turns for t in trajs)), "generated_tokens": float(rec.generated),
-                   **stage_figures(trajs, dt, self.engine.handoff, STAGES)}
+                   **stages}
         return figures, list(rec.episodes.values())
 
     async def replay(self, episodes: list[list[Turn]], tag: str) -> dict[str, float]:
@@ -174,30 +178,26 @@ class Bench:
         dt, n = await self.engine.run_idle(run)
         return {"tokens_per_s": n / dt, "seconds": dt, "requests": float(len(prompts)), "generated_tokens": float(n)}
 
-    async def profiled(self) -> dict[str, Any]:
+    async def profiled(self, linger_ms: float) -> dict[str, Any]:
         """One more pass of ours under cProfile (slower: its figures are the profile's, not a timed pass's)."""
         import cProfile
 
-        from agentrl.rollout.agent_loop import STAGES
-        from agentrl.rollout.engine import Handoff
-
-        await self.engine.run_idle(lambda llm: llm.reset_prefix_cache())
         prof = cProfile.Profile()
-        self.engine.handoff = Handoff()
-        t0 = time.perf_counter()
         prof.enable()
-        trajs = await self._collect(self.engine, self.reqs)
-        prof.disable()
-        return {"stages": stage_figures(trajs, time.perf_counter() - t0, self.engine.handoff, STAGES),
-                "top_own_time": profile_top(prof)}
+        try:
+            _, _, stages = await self._timed(self.engine, linger_ms)
+        finally:
+            prof.disable()
+        return {"stages": stages, "top_own_time": profile_top(prof)}
 
 
 def measure(model_dir: Path, preset: str, overrides: list[str], episodes: int, concurrency: int,
             repeats: int = repeat.MIN_REPEATS, linger_ms: list[float] | None = None,
             profile: bool = False, own_process: bool = False) -> dict[str, Any]:
-    """Build the engine, warm every side up, then run the sides interleaved `repeats` times on it."""
+    """Build the engine, warm every side up, then run the sides interleaved `repeats` times on it. `linger_ms`:
+    one side of ours per value, the first the headline (None: the config's `cluster.rollout.linger_ms` alone)."""
     cfg = load_config(preset, overrides)
-    lingers = linger_ms or [0.0]
+    lingers = linger_ms or [cfg.cluster.rollout.linger_ms]
     loop = asyncio.new_event_loop()
     bench = Bench(model_dir, cfg, episodes, concurrency, own_process)
     recorded: dict[int, list[list[Turn]]] = {}
@@ -217,11 +217,11 @@ def measure(model_dir: Path, preset: str, overrides: list[str], episodes: int, c
         sides["replay"] = lambda i: loop.run_until_complete(bench.replay(recorded[i], f"r{i}"))
         sides["raw_vllm"] = lambda i: loop.run_until_complete(bench.raw(recorded[i]))
         samples = repeat.interleave(sides, repeats, echo=lambda line: print(line, file=sys.stderr, flush=True))
-        prof = loop.run_until_complete(bench.profiled()) if profile else None
+        prof = loop.run_until_complete(bench.profiled(lingers[0])) if profile else None
     finally:
         bench.engine.close()
         loop.close()
-    names = [ours_side(v, k == 0) for k, v in enumerate(lingers)]
+    names = list(sides)[:len(lingers)]
     wanted = [repeat.Ratio("agent_loop_over_replay", "ours", "tokens_per_s", "replay", "tokens_per_s"),
               repeat.Ratio("agent_loop_over_raw", "ours", "tokens_per_s", "raw_vllm", "tokens_per_s")]
     wanted += [repeat.Ratio(f"{n.replace('-', '_')}_over_replay", n, "tokens_per_s", "replay", "tokens_per_s")
@@ -267,8 +267,6 @@ def main(argv: list[str] | None = None) -> int:
     cpus = repeat.parse_cpus(args.cpus)
     env = repeat.pin(cpus, None, args.vllm_bind)
     os.environ.update(env)  # the engine starts in this process: its OpenMP reads these at start
-    if args.linger_ms is None:
-        args.linger_ms = [load_config(args.preset, args.overrides).cluster.rollout.linger_ms]
     result = measure(args.model, args.preset, args.overrides, args.episodes, args.concurrency, args.repeats,
                      args.linger_ms, args.profile, args.own_process)
     result["machine"] = repeat.machine(load_config(args.preset, args.overrides).seed, cpus, env, load_before)
