@@ -75,8 +75,12 @@ def latest(run_dir: str | Path) -> Path | None:
 
 
 def save(run_dir: str | Path, state: TrainerState, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         scheduler: Any, par: Parallel, keep: int = 2) -> Path:
-    """Write ckpt/step-<state.step> atomically. Collective: every trainer rank calls it."""
+         scheduler: Any, par: Parallel, keep: int = 2, extra: dict[str, Any] | None = None) -> Path:
+    """Write ckpt/step-<state.step> atomically. Collective: every trainer rank calls it.
+
+    `extra` (rank 0's): more JSON files, by name, written into the checkpoint before it is renamed into
+    place, so that they exist exactly when the checkpoint does (the trainer role's queue ledger: a kill
+    between the rename and a later write would leave a checkpoint without it)."""
     import torch.distributed.checkpoint as dcp
 
     root = ckpt_root(run_dir)
@@ -93,6 +97,8 @@ def save(run_dir: str | Path, state: TrainerState, model: torch.nn.Module, optim
     if par.is_main:
         body = {**state.to_json(), "scheduler": scheduler.state_dict() if scheduler is not None else None,
                 "optimizer_stepped": stepped, "world_size": par.world_size, "parallel": par.kind}
+        for name, doc in (extra or {}).items():
+            _write(tmp / name, lambda f, doc=doc: f.write(json.dumps(doc).encode()))
         _write(tmp / STATE_FILE, lambda f: f.write(json.dumps(body).encode()))
         fsync_dir(tmp)
         if final.exists():  # the same step again (a resumed run re-checkpointing): replace it whole

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -113,6 +114,8 @@ class Learner:
         if self.resume is not None:
             self.state = checkpoint.load(self.resume, self.model, self.opt, self.sched, par)
         self.dtype = weights_io.model_dtype(model_dir)
+        self.checkpoint_extra: Callable[[], dict[str, Any]] | None = None
+        """Set by the hub: more JSON files for each checkpoint, written inside it before it is in place."""
 
     @property
     def control(self) -> bool:
@@ -142,8 +145,9 @@ class Learner:
 
     def save(self) -> Path:
         """ckpt/step-<N> (keeping `trainer.keep_checkpoints`). Collective."""
+        extra = self.checkpoint_extra() if self.checkpoint_extra is not None and self.par.is_main else None
         return checkpoint.save(self.run_dir, self.state, self.model, self.opt, self.sched, self.par,
-                               self.t.keep_checkpoints)
+                               self.t.keep_checkpoints, extra)
 
     def end_step(self, publish: Callable[[weights_io.Staged], None] | None = None,
                  should_stop: Callable[[], bool] | None = None) -> tuple[bool, bool]:

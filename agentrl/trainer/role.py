@@ -50,10 +50,24 @@ the first evaluation) although nothing is wrong; a real hang still ends within t
 
 
 def save_queue(run_dir: Path, q: TrajectoryQueue) -> None:
-    """The queue's ledger beside the newest checkpoint (the checkpoint itself holds `consumed` too)."""
+    """The queue's ledger at the end of the run, over the one the newest checkpoint was written with (every
+    checkpoint carries its own: `Learner.checkpoint_extra`); what arrived late is in it."""
     ckpt = checkpoint.latest(run_dir)
     if ckpt is not None:
         write_json_atomic(ckpt / QUEUE_FILE, q.state_dict())
+
+
+def restore_queue(ckpt: Path, state: TrainerState, q: TrajectoryQueue) -> None:
+    """The queue's ledger as of checkpoint `ckpt`. A checkpoint without one (written before checkpoints
+    carried it) still names the consumed ids: those come back as consumed, so that the drain does not take
+    them again; their exclusions are lost (the drain counts them anew)."""
+    path = ckpt / QUEUE_FILE
+    if path.exists():
+        q.load_state_dict(json.loads(path.read_text()))
+        return
+    log.warning("%s has no %s: restoring the %d consumed ids of its trainer state", ckpt, QUEUE_FILE,
+                len(state.consumed))
+    q.mark_consumed(state.consumed)
 
 
 def drain_shards(run_dir: Path, q: TrajectoryQueue) -> Counter[str]:
@@ -90,12 +104,12 @@ def run(run_dir: Path, model_dir: Path, cfg: RunConfig, monitor, channel_factory
     state = learner.state
     q = TrajectoryQueue(shape.group_size, shape.capacity, shape.max_staleness, shape.group_timeout_s,
                         lagging_max_staleness=shape.lagging_max_staleness)
+    learner.checkpoint_extra = lambda: {QUEUE_FILE: q.state_dict()}  # in place exactly when the checkpoint is
     if learner.resume is not None:
         log.info("resumed from %s: step %d, policy v%d, %d trajectories consumed", learner.resume, state.step,
                  state.policy_version, len(state.consumed))
         if hub:
-            if (learner.resume / QUEUE_FILE).exists():
-                q.load_state_dict(json.loads((learner.resume / QUEUE_FILE).read_text()))
+            restore_queue(learner.resume, state, q)
             q.set_version(state.policy_version)
             discarded = weights_io.discard_newer(run_dir, state.policy_version)
             drained = drain_shards(run_dir, q)
@@ -105,8 +119,6 @@ def run(run_dir: Path, model_dir: Path, cfg: RunConfig, monitor, channel_factory
         learner.publish_current()
     if learner.resume is None and cfg.trainer.checkpoint_every:  # a restart from here skips the warm start
         learner.save()
-        if hub:
-            save_queue(run_dir, q)
     if not hub:  # the other ranks train what the hub sends them, step by step
         _follow(learner)
         return state
@@ -188,9 +200,7 @@ def _loop(run_dir: Path, learner: Learner, q: TrajectoryQueue, ch: TrainerChanne
             publisher.publish(state.policy_version, weights)
             q.set_version(state.policy_version)
 
-        stop, checkpointed = learner.end_step(publish, should_stop)
-        if checkpointed:
-            save_queue(run_dir, q)
+        stop, _ = learner.end_step(publish, should_stop)  # a checkpoint carries the queue's ledger
         dt = time.perf_counter() - t0
         wall = time.perf_counter() - t_start
         metrics = {f"train/{k}": v for k, v in stats.items()}

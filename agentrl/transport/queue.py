@@ -259,6 +259,13 @@ class TrajectoryQueue:
         return {"consumed": sorted(self._consumed), "excluded": dict(self._excluded),
                 "closed": dict(self._closed), "counts": counts, "version": self.version}
 
+    def mark_consumed(self, ids: Iterable[str]) -> None:
+        """Ids released to training by an earlier life whose full ledger is gone: repeats of them are dropped
+        as duplicates, and they count as consumed."""
+        new = set(ids) - self._consumed
+        self._consumed |= new
+        self.counts["consumed"] += len(new)
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._consumed = set(state["consumed"])
         self._excluded = dict(state["excluded"])

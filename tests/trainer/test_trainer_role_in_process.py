@@ -13,7 +13,7 @@ from scripted_batches import STEPS, by_hand, one_thread, scripted_model, setting
 
 from agentrl.config import dump_config, load_config
 from agentrl.monitor.tensorboard import NullMonitor
-from agentrl.trainer import role
+from agentrl.trainer import checkpoint, role
 from agentrl.transport import weights
 from agentrl.transport.memory_channel import MemoryWorld
 from agentrl.transport.shards import ShardWriter, shard_dir
@@ -43,9 +43,10 @@ def _scripted_rollout(world: MemoryWorld, run_dir: Path, errors: list[BaseExcept
 
 @pytest.mark.parametrize("extra,recompute", [(False, False), (True, False), (False, True)])
 def test_hub_loop_in_process_makes_the_synchronous_update(tmp_path: Path, model_dir: Path, extra: bool,
-                                                           recompute: bool) -> None:
+                                                           recompute: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """`recompute`: with activation checkpointing (the layers' activations recomputed in the backward pass),
-    the same update."""
+    the same update. Every checkpoint holds the queue's ledger of its step at the moment it is renamed into
+    place (a kill right after the rename must not leave a checkpoint without it)."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     cfg = load_config(None, [f"model.path={model_dir}", f"trainer.steps={STEPS}", "trainer.sft_steps=0",
@@ -59,6 +60,16 @@ def test_hub_loop_in_process_makes_the_synchronous_update(tmp_path: Path, model_
     errors: list[BaseException] = []
     rollout = threading.Thread(target=_scripted_rollout, args=(world, run_dir, errors, extra), daemon=True)
     rollout.start()
+    at_rename: dict[str, list[str] | None] = {}
+    real_replace = checkpoint.os.replace
+
+    def replace(src, dst) -> None:
+        if Path(src).name.startswith(".tmp-step-"):
+            queue = Path(src) / role.QUEUE_FILE
+            at_rename[Path(dst).name] = json.loads(queue.read_text())["consumed"] if queue.exists() else None
+        real_replace(src, dst)
+
+    monkeypatch.setattr(checkpoint.os, "replace", replace)
     with one_thread():
         state = role.run(run_dir, model_dir, cfg, NullMonitor(), channel_factory=lambda v: world.trainer(v, 60))
     rollout.join(30)
@@ -77,3 +88,5 @@ def test_hub_loop_in_process_makes_the_synchronous_update(tmp_path: Path, model_
     assert sorted(ledger["held_at_end"]) == sorted(t.traj_id for t in step_batch(STEPS)) if extra else \
         ledger["held_at_end"] == []
     assert sorted(p.name for p in (run_dir / "ckpt").iterdir()) == ["step-2", "step-4"]  # keep_checkpoints 2
+    ids = [sorted(t.traj_id for k in range(n) for t in step_batch(k)) for n in range(STEPS + 1)]
+    assert at_rename == {f"step-{n}": ids[n] for n in (0, 2, 4)}  # step-0: before RL, nothing consumed

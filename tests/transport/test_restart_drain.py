@@ -57,3 +57,23 @@ def test_restart_drains_shards_against_the_ledger(tmp_path: Path) -> None:
     assert set(state["consumed"]) == set(trained_1) | set(trained_2)
     assert state["counts"]["env_error"] == 2  # one per rank, counted once across the restart
     assert state["counts"]["stale"] == sum(r == "stale" for r in state["excluded"].values()) > 0
+
+
+def test_a_checkpoint_without_the_queue_ledger_still_trains_nothing_twice(tmp_path: Path) -> None:
+    """An older checkpoint names only the consumed ids (the trainer state's): those come back as consumed, so
+    the drain takes only what was never trained, and the consumed count goes on from them."""
+    run_dir = tmp_path / "run"
+    w = ShardWriter(shard_dir(run_dir, "rollout", 0))
+    for g in range(4):
+        w.write([traj(0, g, m, version=2) for m in range(3)])
+    first = TrajectoryQueue(group_size=3, capacity=100, max_staleness=2, group_timeout_s=60.0, version=2)
+    drain(first, run_dir)
+    trained_1 = {t.traj_id for g in first.take(1, 2) for t in g}
+    second = TrajectoryQueue(group_size=3, capacity=100, max_staleness=2, group_timeout_s=60.0, version=2)
+    second.mark_consumed(trained_1)
+    second.mark_consumed(trained_1)  # idempotent
+    drain(second, run_dir)
+    trained_2 = {t.traj_id for g in second.take(1, 100) for t in g}
+    assert len(trained_1) == len(trained_2) == 6 and not trained_1 & trained_2
+    assert second.counts["consumed"] == 12 and set(second.state_dict()["consumed"]) == trained_1 | trained_2
+    assert second.counts["duplicate"] == 6
