@@ -150,14 +150,14 @@ class Learner:
                                self.t.keep_checkpoints, extra)
 
     def end_step(self, publish: Callable[[weights_io.Staged], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> tuple[bool, bool]:
+                 should_stop: Callable[[], bool] | None = None) -> bool:
         """After an update, on every rank: advance the LR schedule and the version, hand the new weights to
         `publish` (the hub's), staged on disk (`stage_weights`: streamed tensor by tensor in the published
         dtype; `Publisher` puts them in place), agree on the hub's stop signal, checkpoint when due (every
         `trainer.checkpoint_every` steps, after the last, on a stop).
 
         Returns:
-            (stop, checkpointed).
+            whether to stop (the hub's signal).
         """
         self.sched.step()
         self.state.step += 1
@@ -172,4 +172,4 @@ class Learner:
         due = stop or bool(every) and (self.state.step % every == 0 or self.state.step == self.t.steps)
         if due:
             self.save()
-        return stop, due
+        return stop

@@ -151,7 +151,7 @@ def _follow(learner: Learner) -> None:
             continue
         usable, rewards = msg
         learner.update(usable, rewards)
-        if learner.end_step()[0]:
+        if learner.end_step():
             break
     log.info("trainer rank %d: done after step %d (policy v%d)", par.rank, state.step, state.policy_version)
 
@@ -200,7 +200,7 @@ def _loop(run_dir: Path, learner: Learner, q: TrajectoryQueue, ch: TrainerChanne
             publisher.publish(state.policy_version, weights)
             q.set_version(state.policy_version)
 
-        stop, _ = learner.end_step(publish, should_stop)  # a checkpoint carries the queue's ledger
+        stop = learner.end_step(publish, should_stop)  # a checkpoint carries the queue's ledger
         dt = time.perf_counter() - t0
         wall = time.perf_counter() - t_start
         metrics = {f"train/{k}": v for k, v in stats.items()}
