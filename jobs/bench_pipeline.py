@@ -46,11 +46,14 @@ from agentrl.monitor.balance import async_figures, pipeline_bound
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def overrides(quick: bool, latency: float, sigma: float, steps: int = 0, prompts: int = 0) -> list[str]:
-    """What both schedules share: the smoke model, a short warm start, the same batch and step count."""
+def overrides(quick: bool, latency: float, sigma: float, steps: int = 0, prompts: int = 0,
+              concurrency: int = 64) -> list[str]:
+    """What both schedules share: the smoke model, a short warm start, the same batch and step count, the
+    episodes a rank keeps in flight (the sync schedule's step holds fewer: one step's groups)."""
     steps, prompts = steps or (5 if quick else 10), prompts or (4 if quick else 8)
     return [f"trainer.steps={steps}", f"rollout.prompts_per_step={prompts}", "rollout.samples_per_prompt=4",
-            "rollout.max_turns=3", "rollout.concurrency=64", "rollout.eval_samples=1", "rollout.eval_sampled=0",
+            "rollout.max_turns=3", f"rollout.concurrency={concurrency}", "rollout.eval_samples=1",
+            "rollout.eval_sampled=0",
             "trainer.checkpoint_every=0", "cluster.role_timeout_s=600", f"rollout.env_latency_s={latency}",
             f"rollout.env_latency_sigma={sigma}"]
 
@@ -108,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="rollout ranks of the async run (sync runs one); a list (1,2) runs one async side each")
     ap.add_argument("--steps", type=int, default=0, help="RL steps of each run (default: 5 quick, 10 full)")
     ap.add_argument("--prompts", type=int, default=0, help="prompts per step (default: 4 quick, 8 full)")
+    ap.add_argument("--concurrency", type=int, default=64,
+                    help="rollout.concurrency: episodes a rollout rank keeps in flight (the async side's admission "
+                         "cap beside its staleness window; a sync step holds one step's groups, fewer than 64)")
     ap.add_argument("--threads", default="",
                     help="TRAINER:ENGINE threads of the async run (default: the cores split in two, so trainer "
                          "and engine never share a core while both run; the sync run's phases take turns and "
@@ -129,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     env = repeat.pin(cpus, None, args.vllm_bind)
     root = args.root.resolve()
     root.mkdir(parents=True, exist_ok=True)
-    common = overrides(args.quick, args.latency, args.sigma, args.steps, args.prompts) + [f"seed={args.seed}"]
+    common = overrides(args.quick, args.latency, args.sigma, args.steps, args.prompts, args.concurrency) + [
+        f"seed={args.seed}"]
     from agentrl.config import load_config
 
     cfg = load_config("smoke", common)
@@ -213,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
                             **{k: round(x, 3) for k, x in med[name].items()},
                             "async_over_sync": round(ratios[f"async_over_sync{ratio_tag(name)}"]["median"], 3),
                             "async_over_sync_e2e": round(ratios[f"async_over_sync_e2e{ratio_tag(name)}"]["median"], 3),
-                            "bound": pipeline_bound(med[name]["trainer_idle_frac"], med[name]["window_bound_frac"])}
+                            "bound": pipeline_bound(med[name]["trainer_idle_frac"], med[name]["window_bound_frac"],
+                                                    med[name]["in_flight_mean"] / (v[1] * cfg.rollout.concurrency))}
                      for name, v in variants.items()},
         "repeats": spread,
         "setup": {"steps": cfg.trainer.steps, "trajectories_per_step": per_step, "quick": args.quick,

@@ -21,15 +21,20 @@ def async_figures(trainer: dict[str, Any], rollout: list[dict[str, Any]]) -> dic
             "in_flight_mean": sum(x.get("in_flight_mean", 0.0) for x in rollout)}
 
 
-def pipeline_bound(trainer_idle_frac: float, window_bound_frac: float) -> str:
+def pipeline_bound(trainer_idle_frac: float, window_bound_frac: float, in_flight_frac: float | None = None) -> str:
     """What limits an async run, read from its balance figures (`async_figures`):
 
     - "trainer": the trainer rarely waits (idle under 20 %): more trainer GPUs (or a cheaper step) pay;
     - "staleness window": the trainer waits and the rollout ranks spent at least half their time at the
       staleness bound with room for more episodes: more engines cannot help, a larger `algo.max_staleness`
       (or more trajectories per step) does;
+    - "rollout concurrency": the trainer waits, the window is open, and the ranks keep their
+      `rollout.concurrency` episodes in flight (`in_flight_frac`, episodes in flight over the ranks' caps,
+      0.9 or more): that cap holds admission back; a higher one pays while the engines' batches have room;
     - "rollout": the trainer waits although admission was open: the engines (or the envs) are the bottleneck.
     """
     if trainer_idle_frac < 0.2:
         return "trainer"
-    return "staleness window" if window_bound_frac >= 0.5 else "rollout"
+    if window_bound_frac >= 0.5:
+        return "staleness window"
+    return "rollout concurrency" if in_flight_frac is not None and in_flight_frac >= 0.9 else "rollout"

@@ -63,6 +63,10 @@ def test_the_bound_is_named_from_trainer_idle_and_the_window() -> None:
     assert pipeline_bound(0.1, 0.9) == "trainer"  # a busy trainer is the bottleneck, whatever the window
     assert pipeline_bound(0.76, 1.0) == "staleness window"  # the 2-core bench at max_staleness 1
     assert pipeline_bound(0.5, 0.1) == "rollout"  # waiting with admission open: engines or envs
+    assert pipeline_bound(0.5, 0.1, 0.5) == "rollout"  # ... and room under the ranks' concurrency
+    # the 2-core bench at max_staleness 8: 62 of 64 episodes in flight, the cap holds admission back
+    assert pipeline_bound(0.23, 0.01, 62 / 64) == "rollout concurrency"
+    assert pipeline_bound(0.1, 0.01, 62 / 64) == "trainer" and pipeline_bound(0.5, 0.8, 1.0) == "staleness window"
 
 
 @pytest.mark.slow
