@@ -174,6 +174,12 @@ class _Preemptible(submitit.helpers.Checkpointable):
                 time.sleep(0.5)
         fresh = type(self).__new__(type(self))
         fresh.__dict__.update({k: v for k, v in self.__dict__.items() if k != "trainer"})
+        # submitit requeues next, with `scontrol requeue` run from this process: the requeue sends SIGTERM
+        # to every process of the job, scontrol too, and a scontrol that has not exited by then dies of it;
+        # submitit then records the job as failed although it was requeued (seen on a loaded 2-core node:
+        # `job.result()` raised CalledProcessError). An ignored signal stays ignored across exec, so scontrol
+        # finishes; this process loses nothing (submitit's own SIGTERM handler only logged it).
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         return submitit.helpers.DelayedSubmission(fresh, *args, **kwargs)
 
 

@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 
 import pytest
-import submitit
 from slurm_tools import job_gone, sbatch_script, wait_until
 
 from agentrl.config import load_config
 from agentrl.launch import sbatch, topology
+from agentrl.launch.submit import _Preemptible
 
 pytestmark = [pytest.mark.slurm]
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,8 +133,9 @@ def test_submitit_smoke_run_as_jobs_per_role(slurm, job_env, tmp_path: Path,
         "controller-0.log", "env_worker-0.log", "rollout-0.log", "trainer-0.log"]
 
 
-class Counter(submitit.helpers.Checkpointable):
-    """A stateful job for submitit's own checkpoint/requeue: consumes t0, t1, ... one per step."""
+class Counter(_Preemptible):
+    """A stateful job for submitit's checkpoint/requeue through our `checkpoint` (the one `HetRun` has):
+    consumes t0, t1, ... one per step."""
 
     def __init__(self) -> None:
         self.state: tuple[int, tuple[str, ...]] = (0, ())  # one assignment per step: a signal sees old or new
