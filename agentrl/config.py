@@ -322,7 +322,8 @@ class TransportConfig:
     group_timeout_s: float = 600.0
     """A group still missing members this long after its first arrived is dropped (counted group_timeout)."""
     queue_capacity: int = 0
-    """Trajectories the trainer's queue holds before it stops receiving; 0: 4 × max_groups × group size."""
+    """Trajectories in complete groups at which the trainer's queue stops receiving (back-pressure); 0:
+    4 × max_groups × group size. At least min_groups × group size, so that a full queue can release a batch."""
     channel: Literal["mpi", "files"] = "mpi"
     """Asynchronous schedule: how trajectories and notices travel. mpi: one MPI world (mpiexec, or srun
     across het groups); files: no MPI, the shard segments and a notice file in the run dir, polled every
@@ -717,6 +718,10 @@ class RunConfig:
             _check(self.transport.min_groups == 0 and self.transport.max_groups == 0, "transport.min_groups",
                    "min_groups and max_groups must be 0 with cluster.schedule=sync (each step takes one step's "
                    "groups: rollout.prompts_per_step x tasks)")
+        shape = self.pipeline
+        _check(shape.capacity >= shape.min_groups * shape.group_size, "transport.queue_capacity",
+               f"must be 0 or >= min_groups x rollout.samples_per_prompt ({shape.min_groups * shape.group_size}): "
+               "a full queue must hold a batch, or the trainer stops receiving with none to take")
         # Trainer and rollout ranks start, stop and requeue together: one MPMD srun step across het groups (MPI
         # channel), or steps of the same job (file channel). Jobs of their own (cluster.hetjob=false) need the
         # file channel, whose rollout ranks follow a requeued trainer by starting again.

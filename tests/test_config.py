@@ -127,6 +127,7 @@ def test_the_synchronous_schedule_is_the_pipeline_with_fixed_numbers() -> None:
     (["cluster.schedule=sync", "transport.min_groups=3"], "transport.min_groups: min_groups and max_groups must be 0"),
     (["cluster.schedule=sync", "cluster.rollout.ranks=2"], "cluster.rollout.ranks: the synchronous schedule runs one"),
     (["cluster.hetjob=false"], "cluster.hetjob: false (one job per role) needs transport.channel=files"),
+    (["transport.queue_capacity=3"], "transport.queue_capacity: must be 0 or >= min_groups x"),
 ])
 def test_contradictions_of_the_schedule_fail_at_load_naming_the_field(overrides: list[str], field: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(field)):

@@ -21,8 +21,13 @@ accounts for every trajectory:
     orphaned               sampled by a version newer than the trainer's: weights published after the
                            checkpoint a restarted trainer resumed from, so that lineage no longer exists.
 
-Bounded: the caller stops receiving while `full` (depth ≥ capacity), which leaves data in MPI and the
-shards: back-pressure, not loss. `put` itself never refuses, so the overshoot is one receive.
+Bounded: the caller stops receiving while `full`, which leaves data in MPI and the shards: back-pressure,
+not loss. `put` itself never refuses, so the overshoot is one receive. `full` counts only the members of
+complete groups (`ready_depth` ≥ capacity): then `take` can always release a batch, so back-pressure never
+deadlocks. Counting incomplete groups too would: with more episodes in flight than `capacity`, the queue
+can fill with members of groups none of which is complete, whose missing members wait unreceived behind
+the back-pressure until `group_timeout_s` drops them all. Incomplete groups are bounded by the rollout
+instead: each has members still running (the ranks' `rollout.concurrency`) or times out.
 Not thread-safe: one trainer loop owns it. Pure Python: no MPI, no torch.
 """
 from __future__ import annotations
@@ -72,7 +77,7 @@ class TrajectoryQueue:
 
     Args:
         group_size: members per group (`samples_per_prompt`).
-        capacity: trajectories held (complete and incomplete groups) at which `full` turns true.
+        capacity: trajectories in complete groups at which `full` turns true (>= group_size).
         max_staleness: versions a trajectory's oldest action token of the current pool may lag; None
             disables the filter.
         lagging_max_staleness: the same for tokens of the lagging pool (cross-policy sampling), which are
@@ -233,16 +238,21 @@ class TrajectoryQueue:
         return [t.traj_id for g in self._groups.values() for t in g.members]
 
     @property
+    def ready_depth(self) -> int:
+        """Trajectories in complete groups (what `full` and `free` count)."""
+        return sum(len(self._groups[gid].members) for gid in self._ready)
+
+    @property
     def ready_groups(self) -> int:
         return len(self._ready)
 
     @property
     def full(self) -> bool:
-        return self.depth >= self.capacity
+        return self.ready_depth >= self.capacity
 
     @property
     def free(self) -> int:
-        return max(self.capacity - self.depth, 0)
+        return max(self.capacity - self.ready_depth, 0)
 
     def metrics(self) -> dict[str, float]:
         """Stable names for TensorBoard (design §9): depth, ready groups, and cumulative counts by reason."""

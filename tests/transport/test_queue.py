@@ -111,14 +111,16 @@ def test_exactly_once_by_traj_id_and_through_a_checkpoint() -> None:
     assert q2.counts["env_error"] == 1 and q2.counts["consumed"] == 5
 
 
-def test_capacity_and_metrics() -> None:
+def test_capacity_counts_complete_groups_and_metrics() -> None:
     q, _ = queue(capacity=3)
-    q.put_many([traj("a1", "A"), traj("b1", "B")])
-    assert not q.full and q.free == 1
-    q.put_many([traj("c1", "C"), traj("d1", "D")])  # put never refuses: the caller stops receiving
-    assert q.full and q.free == 0
+    q.put_many([traj("a1", "A"), traj("b1", "B"), traj("c1", "C"), traj("d1", "D")])
+    assert not q.full and q.free == 3  # four held, none in a complete group: receiving must go on
+    q.put(traj("a2", "A"))
+    assert not q.full and q.free == 1 and q.ready_depth == 2
+    q.put_many([traj("b2", "B"), traj("c2", "C")])  # put never refuses: the caller stops receiving
+    assert q.full and q.free == 0 and q.ready_depth == 6
     m = q.metrics()
-    assert m["pipeline/queue_depth"] == 4.0 and m["pipeline/queue_ready_groups"] == 0.0
+    assert m["pipeline/queue_depth"] == 7.0 and m["pipeline/queue_ready_groups"] == 3.0
     assert {k.rsplit("/", 1)[1] for k in m if "/excluded/" in k} == set(EXCLUSION_REASONS)
     with pytest.raises(ValueError):
         TrajectoryQueue(group_size=4, capacity=3, max_staleness=0, group_timeout_s=1.0)
@@ -198,3 +200,31 @@ def test_lagging_pool_tokens_have_their_own_staleness_bound() -> None:
     q1, _ = queue(version=10, max_staleness=2)  # no lagging bound given: the same bound for both pools
     assert q1.put(mixed("e", "g", (10,), (4,))) == "stale"
 
+
+
+@pytest.mark.parametrize("in_flight_groups", [8, 32, 64])
+def test_back_pressure_never_stalls_with_more_in_flight_than_capacity(in_flight_groups: int) -> None:
+    """The trainer's receive rule (receive only while not `full`, then `take`) against a rollout with more
+    episodes in flight than the queue's capacity, finishing interleaved across groups (first members of every
+    group, then second members, ...): every group is trained, none waits for its timeout, and what the queue
+    holds in complete groups stays bounded (capacity plus the groups one receive completes).
+    Before `full` counted complete groups only, 32 groups of 4 against a capacity of 64 stalled: 64 members
+    held, no group complete, the rest unreceived until `group_timeout_s`."""
+    group_size, max_groups, batch = 4, 4, 8  # bench_pipeline's shape; one MPI message = `batch` trajectories
+    capacity = 4 * max_groups * group_size  # the default: 64
+    q, clock = queue(group_size=group_size, capacity=capacity, group_timeout_s=600.0)
+    arrivals = [traj(f"g{g}-{m}", f"g{g}") for m in range(group_size) for g in range(in_flight_groups)]
+    trained, polls, peak_ready = [], 0, 0
+    while len(trained) < in_flight_groups:
+        polls += 1
+        assert polls < 10 * in_flight_groups, f"stalled: {len(trained)} groups trained, queue {q.depth}"
+        if not q.full and arrivals:
+            q.put_many(arrivals[:batch])
+            del arrivals[:batch]
+        peak_ready = max(peak_ready, q.ready_depth)
+        trained += q.take(1, max_groups)
+        clock.now += 0.1
+    assert q.counts["group_timeout"] == 0 and q.counts["consumed"] == in_flight_groups * group_size
+    assert peak_ready <= capacity - 1 + batch * group_size  # each received member completes at most one group
+    assert sorted(t.traj_id for g in trained for t in g) == sorted(f"g{g}-{m}" for g in range(in_flight_groups)
+                                                                   for m in range(group_size))
