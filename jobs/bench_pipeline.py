@@ -18,7 +18,8 @@ own cost (`jobs.bench_agent_loop` on the last async run's model, with the same r
 tokens/s over vLLM `generate` on exactly the requests our loop made, envs in process, every side on one
 engine).
 
-The async run splits the cores between trainer and engine (`--threads`, default half each): on a small
+The async run splits the cores between trainer and engine (`--threads`, default half each; a list measures
+each split as a side and names the fastest): on a small
 machine a trainer and an engine that both start a thread per core oversubscribe it while they run at
 once; the sync run's phases take turns, so each gets every core. Both schedules run on the same `--cpus`
 (this process's affinity, which every role inherits) with the same vLLM OpenMP binding (`--vllm-bind`).
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.bench import repeat
-from agentrl.bench.pipeline import async_variants, ratio_tag, throughput
+from agentrl.bench.pipeline import async_variants, best_splits, parse_splits, ratio_tag, throughput
 from agentrl.monitor.balance import async_figures, pipeline_bound
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", default="",
                     help="TRAINER:ENGINE threads of the async run (default: the cores split in two, so trainer "
                          "and engine never share a core while both run; the sync run's phases take turns and "
-                         "each gets every core)")
+                         "each gets every core); a list (1:1,1:2) measures each split as a side of its own and "
+                         "names the one with the highest throughput (`best_split`)")
     ap.add_argument("--sync-engine-threads", default="",
                     help="cluster.engine_threads of the sync run (default: every core, its trainer too); a list "
                          "(2,1) adds one more sync side per further value (sync-e1, ...), each with its ratio to "
@@ -145,8 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bench: {cfg.trainer.steps} steps x {per_step} trajectories, env latency lognormal median "
           f"{args.latency}s sigma {args.sigma}, {args.repeats} repeats of each schedule on CPUs {cpus}", flush=True)
     cores = len(cpus)
-    t_train, t_engine = (int(x) for x in args.threads.split(":")) if args.threads else (max(cores // 2, 1),
-                                                                                         max(cores - cores // 2, 1))
+    try:
+        splits = parse_splits(args.threads, (max(cores // 2, 1), max(cores - cores // 2, 1)))
+    except ValueError as e:
+        ap.error(str(e))
+    t_train, t_engine = splits[0]
     try:
         sync_engine = [int(x) for x in args.sync_engine_threads.split(",") if x] or [cores]
         if any(e < 1 for e in sync_engine) or len(set(sync_engine)) != len(sync_engine):
@@ -158,13 +163,13 @@ def main(argv: list[str] | None = None) -> int:
                  for i, e in enumerate(sync_engine)}
     sync_sides = list(schedules)
     try:
-        variants = async_variants(args.staleness, args.ranks)
+        variants = async_variants(args.staleness, args.ranks, splits)
     except ValueError as e:
         ap.error(str(e))
-    for name, (staleness, ranks) in variants.items():
+    for name, (staleness, ranks, threads, engine) in variants.items():
         schedules[name] = common + ["cluster.schedule=async", f"cluster.rollout.ranks={ranks}",
-                                    f"algo.max_staleness={staleness}", f"trainer.threads={t_train}",
-                                    f"cluster.engine_threads={t_engine}"]
+                                    f"algo.max_staleness={staleness}", f"trainer.threads={threads}",
+                                    f"cluster.engine_threads={engine}"]
 
     def side(name: str) -> Any:
         def run(i: int) -> dict[str, float]:
@@ -216,19 +221,21 @@ def main(argv: list[str] | None = None) -> int:
         "agent_loop": loop, "async_rollout_tokens_per_s": round(med["async"]["rollout_tokens_per_s"], 1),
         "rollout_idle_frac": round(med["async"]["rollout_idle_frac"], 3),
         "window_bound_frac": round(med["async"]["window_bound_frac"], 3),
-        "variants": {name: {"max_staleness": v[0], "rollout_ranks": v[1],
+        "variants": {name: {"max_staleness": v[0], "rollout_ranks": v[1], "threads": f"{v[2]}:{v[3]}",
                             **{k: round(x, 3) for k, x in med[name].items()},
                             "async_over_sync": round(ratios[f"async_over_sync{ratio_tag(name)}"]["median"], 3),
                             "async_over_sync_e2e": round(ratios[f"async_over_sync_e2e{ratio_tag(name)}"]["median"], 3),
                             "bound": pipeline_bound(med[name]["trainer_idle_frac"], med[name]["window_bound_frac"],
                                                     med[name]["in_flight_mean"] / (v[1] * cfg.rollout.concurrency))}
                      for name, v in variants.items()},
+        "best_split": best_splits(variants, {name: med[name]["traj_per_s"] for name in variants}),
         "repeats": spread,
         "setup": {"steps": cfg.trainer.steps, "trajectories_per_step": per_step, "quick": args.quick,
                   "seed": args.seed, "loop_episodes": args.loop_episodes, "repeats": args.repeats,
                   "env_latency_median_s": args.latency, "env_latency_sigma": args.sigma,
                   "async_max_staleness": variants["async"][0], "async_rollout_ranks": variants["async"][1],
-                  "async_variants": {k: {"max_staleness": v[0], "rollout_ranks": v[1]} for k, v in variants.items()},
+                  "async_variants": {k: {"max_staleness": v[0], "rollout_ranks": v[1], "threads": f"{v[2]}:{v[3]}"}
+                                     for k, v in variants.items()},
                   "async_threads": {"trainer": t_train, "engine": t_engine}, "sync_threads": cores,
                   "sync_engine_threads": sync_engine,
                   "cpus": cpus},
@@ -237,9 +244,12 @@ def main(argv: list[str] | None = None) -> int:
     (root / "pipeline.json").write_text(json.dumps(result, indent=2))
     print(repeat.table(spread))
     for name, v in result["variants"].items():
-        print(f"{name} (max_staleness {v['max_staleness']}, {v['rollout_ranks']} rollout rank(s)): "
+        print(f"{name} (max_staleness {v['max_staleness']}, {v['rollout_ranks']} rollout rank(s), threads "
+              f"{v['threads']}): "
               f"{v['async_over_sync']}x sync steady, {v['async_over_sync_e2e']}x end to end, trainer idle "
               f"{v['trainer_idle_frac']}, at the staleness window {v['window_bound_frac']}: bound by {v['bound']}")
+    for key, v in result["best_split"].items():
+        print(f"split at {key}: best {v['best']} (trainer:engine threads) of steady traj/s {v['traj_per_s']}")
     for name, v in result["sync_variants"].items():
         if name != "sync":
             print(f"{name} (sync, {v['engine_threads']} engine thread(s)): {v['over_sync']}x the first sync side")

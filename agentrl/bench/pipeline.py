@@ -25,12 +25,44 @@ def ratio_tag(name: str) -> str:
     return "" if name == "async" else name[len("async"):].replace("-", "_")
 
 
-def async_variants(staleness: str, ranks: str) -> dict[str, tuple[int, int]]:
-    """The async sides: every (max_staleness, rollout ranks) pair of the two lists; the first is "async"
-    (its run dir is runs/bench/async, what `jobs.plan_pipeline --check-bench` reads), the others
-    "async-s<S>-r<R>"."""
-    pairs = [(int(s), int(r)) for s in staleness.split(",") for r in ranks.split(",")]
-    if any(s < 0 or r < 1 for s, r in pairs) or len(set(pairs)) != len(pairs):
+def parse_splits(text: str, default: tuple[int, int]) -> list[tuple[int, int]]:
+    """"1:1,1:2" -> [(1, 1), (1, 2)]: (trainer threads, engine threads) of each async split; "" -> [default]."""
+    if not text:
+        return [default]
+    try:
+        splits = [(int(a), int(b)) for a, b in (x.split(":") for x in text.split(","))]
+    except ValueError:
+        raise ValueError(f"--threads {text!r}: TRAINER:ENGINE thread counts, comma-separated (e.g. 1:1,1:2)") from None
+    if any(t < 1 or e < 1 for t, e in splits) or len(set(splits)) != len(splits):
+        raise ValueError(f"--threads {text!r}: distinct splits, each count >= 1")
+    return splits
+
+
+def async_variants(staleness: str, ranks: str, splits: list[tuple[int, int]] | None = None
+                   ) -> dict[str, tuple[int, int, int, int]]:
+    """The async sides: (max_staleness, rollout ranks, trainer threads, engine threads) for every combination
+    of the lists; the first is "async" (its run dir is runs/bench/async, what `jobs.plan_pipeline
+    --check-bench` reads), the others "async-s<S>-r<R>", with "-t<T>x<E>" added when several splits are
+    measured."""
+    splits = splits or [(1, 1)]
+    combos = [(int(s), int(r), t, e) for s in staleness.split(",") for r in ranks.split(",") for t, e in splits]
+    if any(s < 0 or r < 1 for s, r, _, _ in combos) or len(set(combos)) != len(combos):
         raise ValueError(f"--staleness {staleness!r} / --ranks {ranks!r}: need distinct values, staleness >= 0, "
                          "ranks >= 1")
-    return {("async" if i == 0 else f"async-s{s}-r{r}"): (s, r) for i, (s, r) in enumerate(pairs)}
+    tagged = len(splits) > 1
+    return {("async" if i == 0 else f"async-s{s}-r{r}" + (f"-t{t}x{e}" if tagged else "")): (s, r, t, e)
+            for i, (s, r, t, e) in enumerate(combos)}
+
+
+def best_splits(variants: dict[str, tuple[int, int, int, int]], traj_per_s: dict[str, float]
+                ) -> dict[str, dict[str, object]]:
+    """For each (max_staleness, ranks) measured with several thread splits: the split whose median steady
+    throughput was highest (the measured decision), keyed "s<S>-r<R>", with every split's throughput."""
+    out: dict[str, dict[str, object]] = {}
+    for name, (s, r, t, e) in variants.items():
+        entry = out.setdefault(f"s{s}-r{r}", {"traj_per_s": {}})
+        entry["traj_per_s"][f"{t}:{e}"] = traj_per_s[name]  # type: ignore[index]
+    for entry in out.values():
+        rates: dict[str, float] = entry["traj_per_s"]  # type: ignore[assignment]
+        entry["best"] = max(rates, key=rates.__getitem__)
+    return {k: v for k, v in out.items() if len(v["traj_per_s"]) > 1}  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.bench.pipeline import async_variants, ratio_tag, throughput
+from agentrl.bench.pipeline import async_variants, best_splits, parse_splits, ratio_tag, throughput
 from agentrl.monitor.balance import async_figures, pipeline_bound
 from agentrl.rollout.env_latency import lognormal_delay
 
@@ -37,11 +37,28 @@ def test_throughput_counts_the_steady_state_and_the_whole_run() -> None:
 
 def test_async_sides_are_every_staleness_and_rank_pair_the_first_named_async() -> None:
     sides = async_variants("1,4", "1,2")
-    assert sides == {"async": (1, 1), "async-s1-r2": (1, 2), "async-s4-r1": (4, 1), "async-s4-r2": (4, 2)}
+    assert sides == {"async": (1, 1, 1, 1), "async-s1-r2": (1, 2, 1, 1), "async-s4-r1": (4, 1, 1, 1),
+                     "async-s4-r2": (4, 2, 1, 1)}
     assert [ratio_tag(n) for n in sides] == ["", "_s1_r2", "_s4_r1", "_s4_r2"]
     for bad in (("1,1", "1"), ("-1", "1"), ("1", "0")):
         with pytest.raises(ValueError):
             async_variants(*bad)
+
+
+def test_thread_splits_are_sides_of_their_own_and_the_fastest_is_named() -> None:
+    assert parse_splits("", (1, 1)) == [(1, 1)] and parse_splits("1:1,1:2", (9, 9)) == [(1, 1), (1, 2)]
+    for bad in ("1:1,1:1", "0:2", "2", "a:b"):
+        with pytest.raises(ValueError, match="--threads"):
+            parse_splits(bad, (1, 1))
+    sides = async_variants("8", "1,2", [(1, 1), (1, 2)])
+    assert sides == {"async": (8, 1, 1, 1), "async-s8-r1-t1x2": (8, 1, 1, 2), "async-s8-r2-t1x1": (8, 2, 1, 1),
+                     "async-s8-r2-t1x2": (8, 2, 1, 2)}
+    assert ratio_tag("async-s8-r1-t1x2") == "_s8_r1_t1x2"
+    rates = {"async": 18.2, "async-s8-r1-t1x2": 14.6, "async-s8-r2-t1x1": 11.0, "async-s8-r2-t1x2": 12.5}
+    assert best_splits(sides, rates) == {
+        "s8-r1": {"traj_per_s": {"1:1": 18.2, "1:2": 14.6}, "best": "1:1"},
+        "s8-r2": {"traj_per_s": {"1:1": 11.0, "1:2": 12.5}, "best": "1:2"}}
+    assert best_splits(async_variants("1,4", "1"), {"async": 1.0, "async-s4-r1": 2.0}) == {}  # one split: no choice
 
 
 def test_async_figures_read_the_balance_from_the_reports() -> None:
