@@ -19,9 +19,9 @@ tokens/s over vLLM `generate` on exactly the requests our loop made, envs in pro
 engine).
 
 The async run splits the cores between trainer and engine (`--threads`, default half each; a list measures
-each split as a side and names the fastest): on a small
-machine a trainer and an engine that both start a thread per core oversubscribe it while they run at
-once; the sync run's phases take turns, so each gets every core. Both schedules run on the same `--cpus`
+each split as a side and names the fastest): on a small machine a trainer and an engine that both start a
+thread per core oversubscribe it while they run at once; the sync run's phases take turns, so each gets
+every core. Both schedules run on the same `--cpus`
 (this process's affinity, which every role inherits) with the same vLLM OpenMP binding (`--vllm-bind`).
 
 Results: a table of the median and min-max over the repeats of each schedule's figures and of the per-repeat
