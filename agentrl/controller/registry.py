@@ -191,6 +191,15 @@ class Registry:
                 self.tombstones.popitem(last=False)
         return entry
 
+    def excuse(self, seconds: float, now: float) -> None:
+        """Time the controller could not listen (its event loop stalled) is nobody's silence: every live worker's
+        last heartbeat and every session's last use move `seconds` later (never past `now`)."""
+        for w in self.workers.values():
+            if w.alive:
+                w.last_heartbeat = min(now, w.last_heartbeat + seconds)
+        for s in self.sessions.values():
+            s.last_used = min(now, s.last_used + seconds)
+
     def expire(self, now: float, dead_after_s: float, session_idle_s: float,
                tombstone_ttl_s: float, sessions: bool = True) -> tuple[list[str], list[SessionEntry]]:
         """One sweep: workers silent past `dead_after_s` die, sessions idle past `session_idle_s` end.

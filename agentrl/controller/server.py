@@ -130,9 +130,18 @@ class Controller:
     async def _janitor(self) -> None:
         cfg = self.cfg
         period = min(cfg.heartbeat_s, cfg.dead_after_s / 2, cfg.session_idle_s / 2)
+        due = time.monotonic() + period
         while True:
-            await asyncio.sleep(period)
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            now = time.monotonic()
+            late, due = now - due, now + period
             try:
+                if late > period:
+                    # This loop did not run for `late` seconds (a loaded node, a GC pause, the process
+                    # descheduled): heartbeats and calls that arrived meanwhile are still unread, so that
+                    # time is not the workers' or the sessions' silence.
+                    self.registry.excuse(late, now)
+                    log.info("controller loop stalled %.2fs: not counted against workers or sessions", late)
                 self._sweep()
             except Exception:  # a bug here must not stop expiry for the rest of the run
                 log.exception("controller sweep failed")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable
 from typing import Any
 
@@ -197,6 +198,31 @@ def test_most_free_slots_wins() -> None:
             assert {w.worker.worker_id: len(w.worker.sessions) for w in workers} == {"w0": 4, "w1": 8}
         for w in workers:
             await w.stop()
+        await ctrl.stop()
+    run(main())
+
+
+def test_a_stalled_controller_counts_the_stall_against_no_worker_or_session() -> None:
+    """The controller's loop blocked longer than dead_after_s and session_idle_s (a loaded node, a GC pause): the
+    heartbeats and calls that waited unread meanwhile are not silence, so the worker stays alive and its session
+    open. (CI caught a worker declared dead this way: 12 sessions started at once on a loaded 2-core machine.)"""
+    async def main() -> None:
+        cfg = ControllerConfig(heartbeat_s=0.05, dead_after_s=0.4, session_idle_s=1.5, request_timeout_s=5.0)
+        ctrl = await start_controller(cfg)
+        w0 = await add_worker(ctrl, "w0", cfg=cfg)
+        reg = ctrl.controller.registry
+        async with GatewayClient(ctrl.url) as env:
+            a = await env.start_sample("lookup", "train-0")
+            time.sleep(2.0)  # blocks the one loop: controller, worker and client alike
+            for _ in range(10):  # half a second of sweeps once it runs again
+                await asyncio.sleep(0.05)
+                assert reg.workers["w0"].alive and a.session_id in reg.sessions
+            assert (await env.expert(a.session_id))["role"] == "assistant"  # the session still works
+            assert reg.ended_by == {} and (await env.status())["workers"][0]["alive"]
+            # the worker's own silence is still seen: stop its heartbeats and it dies on time
+            await w0.stop_heartbeats()
+            await wait_until(lambda: not reg.workers["w0"].alive)
+        await w0.stop()
         await ctrl.stop()
     run(main())
 
