@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentrl.config import ModelConfig
 from agentrl.envs.inprocess import InProcessClient
 from agentrl.envs.tasks import get_task, task_name
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
@@ -57,11 +58,12 @@ def _details(fmt: ChatFormat, traj: Any) -> list[str]:
         if n else []
 
 
-def check(model_dir: str | Path, tasks: list[str], tool_parser: str = "auto", stop_tokens: tuple[str, ...] = (),
-          template_kwargs: dict[str, Any] | None = None, task_options: dict[str, dict[str, Any]] | None = None,
+def check(model_dir: str | Path, tasks: list[str], model: ModelConfig | None = None,
+          task_options: dict[str, dict[str, Any]] | None = None,
           max_model_len: int = 32768) -> tuple[ChatFormat, list[TaskCheck | tuple[str, str]]]:
-    """(the model's format, per task a TaskCheck or (task, why it could not run))."""
-    fmt = ChatFormat.load(model_dir, tool_parser, stop_tokens, "strict", template_kwargs)
+    """(the model's format under the `model` settings, per task a TaskCheck or (task, why it could not run))."""
+    m = model or ModelConfig()
+    fmt = ChatFormat.load(model_dir, m.tool_parser, m.stop_tokens, "strict", m.template_kwargs, m.chat_template)
     out: list[TaskCheck | tuple[str, str]] = []
     for spec in tasks:
         try:
@@ -75,3 +77,32 @@ def check(model_dir: str | Path, tasks: list[str], tool_parser: str = "auto", st
         except Exception as e:  # noqa: BLE001 - strict mode raises TemplateMismatch with the details
             out.append((task_name(spec), f"{type(e).__name__}: {e}"))
     return fmt, out
+
+
+async def prompt_lengths(client: Any, fmt: ChatFormat, task: str, samples: int = 8) -> list[int]:
+    """The first prompt's length in tokens for the first `samples` train indices of `task` (sessions cancelled)."""
+    out = []
+    for index in (await client.indices(task, "train"))[:samples]:
+        start = await client.start_sample(task, index)
+        try:
+            out.append(len(fmt.prompt_ids(start.messages, start.tools)))
+        finally:
+            await client.cancel(start.session_id)
+    return out
+
+
+async def check_prompts_fit(client: Any, fmt: ChatFormat, tasks: list[str] | tuple[str, ...], max_model_len: int,
+                            max_new_tokens: int, samples: int = 8) -> dict[str, int]:
+    """Each task's longest first prompt (of `samples` train indices); ValueError naming both numbers when one
+    and a turn of `max_new_tokens` cannot fit `max_model_len` (every such episode would end as context_limit
+    before the model said anything, and a warm start on them would have nothing to learn from)."""
+    longest = {t: max(await prompt_lengths(client, fmt, t, samples), default=0) for t in tasks}
+    over = {t: n for t, n in longest.items() if n + max_new_tokens > max_model_len}
+    if over:
+        need = max(over.values()) + max_new_tokens
+        raise ValueError(f"rollout.max_model_len: {max_model_len} tokens cannot hold the first prompt and one turn "
+                         f"(rollout.max_new_tokens {max_new_tokens}) of "
+                         + ", ".join(f"{t} (prompt {n} tokens)" for t, n in over.items())
+                         + f"; set rollout.max_model_len >= {need} (in this model's chat format: "
+                         "python -m jobs.check_model prints each task's prompt)")
+    return longest
