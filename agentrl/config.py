@@ -261,6 +261,8 @@ class TrainerConfig:
     steps: int = 20
     """RL steps (one optimizer step per batch)."""
     lr: float = 1e-4
+    """RL learning rate. This default is tuned for the tiny model trained from scratch; a run from a pretrained
+    `model.path` that sets none gets `PRETRAINED_DEFAULTS`' (1e-6, the paper's)."""
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     micro_batch_tokens: int = 8192
@@ -268,6 +270,8 @@ class TrainerConfig:
     sft_steps: int = 200
     """Warm-start optimizer steps on the scripted expert's trajectories (0: none)."""
     sft_lr: float = 3e-3
+    """Warm-start learning rate; tuned for the tiny model from scratch, 1e-5 for a pretrained `model.path` that
+    sets none (`PRETRAINED_DEFAULTS`)."""
     sft_batch: int = 32
     sft_all_tokens: bool = False
     """Warm start on every token of the demonstrations (prompt and observations too), not only the
@@ -892,10 +896,47 @@ def _looks_numeric(s: str) -> bool:
     return True
 
 
+# Where the model comes from decides the scale of its learning rates. The dataclass defaults train our tiny
+# model from scratch (a warm start at 3e-3); the same rates destroy a pretrained model within a few steps.
+PRETRAINED_DEFAULTS: dict[str, Any] = {"trainer.lr": 1e-6, "trainer.sft_lr": 1e-5}
+"""What a run from a pretrained `model.path` gets for the fields neither its preset nor its overrides set."""
+SCRATCH_TUNED = ("trainer.lr", "trainer.sft_lr", "trainer.sft_all_tokens")
+"""Fields a preset for the tiny model tunes to its scale: with another `model.path` they must be set again."""
+
+
+def _get_dotted(tree: dict[str, Any], dotted: str) -> Any:
+    node: Any = tree
+    for k in dotted.split("."):
+        if not isinstance(node, dict) or k not in node:
+            return None
+        node = node[k]
+    return node
+
+
 def config_from_dict(data: dict[str, Any]) -> RunConfig:
+    """The config of `data` (a preset's tree with overrides). A pretrained `model.path` gets
+    `PRETRAINED_DEFAULTS` for the fields `data` does not set."""
+    if _get_dotted(data, "model.path"):
+        data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+        for key, value in PRETRAINED_DEFAULTS.items():
+            if _get_dotted(data, key) is None:
+                _set_dotted(data, key, value)
     cfg = _build(RunConfig, data, "")
     cfg.validate()
     return cfg
+
+
+def _check_source(preset: str, preset_data: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """A preset written for the tiny model (no model.path) run with a pretrained `model.path`: the fields it tunes
+    to the tiny model's scale (`SCRATCH_TUNED`) must come from the command line too, not silently from it."""
+    if _get_dotted(preset_data, "model.path") or not overrides.get("model.path"):
+        return
+    tuned = [k for k in SCRATCH_TUNED if _get_dotted(preset_data, k) is not None and k not in overrides]
+    _check(not tuned, ", ".join(tuned),
+           f"preset {preset!r} sets {', '.join(f'{k}={_get_dotted(preset_data, k)}' for k in tuned)} for the tiny "
+           f"model it trains from scratch; with model.path={overrides['model.path']} set them for a pretrained model "
+           "(e.g. trainer.lr=1e-6 trainer.sft_lr=1e-5 trainer.sft_all_tokens=false), or use a preset that leaves "
+           "them to the pretrained defaults (smoke, smollm2-135m)")
 
 
 def load_config(preset: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
@@ -910,8 +951,10 @@ def load_config(preset: str | None = None, overrides: list[str] | tuple[str, ...
             raise ConfigError(f"preset: no preset {preset!r} (known: {', '.join(known)})")
         data = yaml.safe_load(path.read_text()) or {}
         _check(isinstance(data, dict), "preset", f"{path} is not a mapping")
-    for item in overrides:
-        key, value = parse_override(item)
+    given = dict(parse_override(item) for item in overrides)
+    if preset:
+        _check_source(preset, data, given)
+    for key, value in given.items():
         _set_dotted(data, key, value)
     return config_from_dict(data)
 
