@@ -80,7 +80,6 @@ class ToolCallParser:
         except Exception as e:  # e.g. llama3_json without <|python_tag|> in the vocabulary
             raise ValueError(f"model.tool_parser: vLLM's {name!r} parser does not fit this tokenizer: {e}") from e
         self._module = cls.__module__
-        self._quiet = False
         self.name = name
         self.markers = _MARKERS.get(name, ())
         self._requests: dict[int, tuple[Any, Any]] = {}
@@ -104,12 +103,13 @@ class ToolCallParser:
 
     def parse(self, text: str, tools: list[dict[str, Any]], call_id_prefix: str = "call") -> ParsedTurn:
         """Content and calls of one turn's text (stop tokens already removed). Never raises on model output."""
-        if not self._quiet:
+        quiet = logging.getLogger(self._module)
+        if quiet.level != logging.CRITICAL:
             # vLLM's parsers log a traceback for every call they cannot read; here that is the model's everyday
-            # mistake, answered with an error observation, so their logs would bury the run's own. Set at the
-            # first parse, not at construction: starting a vLLM engine configures its loggers again.
-            logging.getLogger(self._module).setLevel(logging.CRITICAL)
-            self._quiet = True
+            # mistake, answered with an error observation, so their logs would bury the run's own. Checked at
+            # every parse, not set once: starting a vLLM engine (after the format was loaded and its parser
+            # probed) configures its loggers again.
+            quiet.setLevel(logging.CRITICAL)
         if "<tool_call>" in self.markers and text.count("<tool_call>") != text.count("</tool_call>"):
             # A call cut short: some parsers read what they can of it (GLM's drops the unclosed argument),
             # which would send the env a call the model never finished.
