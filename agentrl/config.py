@@ -309,6 +309,10 @@ class TrainerConfig:
     """Keep only each decoder layer's input for the backward pass and recompute the rest (Hugging Face's
     gradient checkpointing, non-reentrant): activation memory falls from every layer's to about one layer's,
     for about one more forward pass per step. The same update either way."""
+    freeze_layers: int = 0
+    """The token embedding (and an output head tied to it) and the first this many decoder layers are not trained:
+    the backward pass stops above them, for a step that costs a fraction of a full one on a small machine
+    (warm start and RL alike). 0: every parameter is trained."""
     checkpoint_every: int = 10
     """Write ckpt/step-<N> every this many RL steps (and after the last); 0: never."""
     keep_checkpoints: int = 2
@@ -325,6 +329,7 @@ class TrainerConfig:
         _check(self.sft_check_every >= 1, f"{p}.sft_check_every", "must be >= 1")
         _check(self.sft_holdout >= 1, f"{p}.sft_holdout", "must be >= 1")
         _check(self.warmup_steps >= 0, f"{p}.warmup_steps", "must be >= 0")
+        _check(self.freeze_layers >= 0, f"{p}.freeze_layers", "must be >= 0 (0: train every layer)")
         _check(self.checkpoint_every >= 0, f"{p}.checkpoint_every", "must be >= 0 (0: never)")
         _check(self.keep_checkpoints >= 1, f"{p}.keep_checkpoints", "must be >= 1")
 

@@ -90,7 +90,7 @@ class Learner:
         self.hyper = RLHyper.from_config(cfg.algo, t, cfg.rollout.temperature)
         seed = cfg.seed + t.seed
         torch.manual_seed(seed)
-        self.model = load_policy(model_dir, t.threads, par, t.activation_checkpointing)
+        self.model = load_policy(model_dir, t.threads, par, t.activation_checkpointing, t.freeze_layers)
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(str(model_dir))
