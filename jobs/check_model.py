@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--template-kwargs", help="JSON, the same as model.template_kwargs, e.g. "
                                               "'{\"enable_thinking\": false}'")
     ap.add_argument("--json", type=Path, help="also write the results here")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)  # overrides may come before or after the options
     overrides = list(args.overrides)
     if args.model_dir is not None and "=" in str(args.model_dir):  # only overrides were given
         overrides.insert(0, str(args.model_dir))

@@ -87,7 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--bootstrap", type=int, default=0, help="bootstrap resamples for a second interval (0: off)")
     ap.add_argument("--progress", choices=("auto", "bars", "lines"), default="auto")
     add_slurm_arguments(ap)
-    return ap.parse_args(argv)
+    return ap.parse_intermixed_args(argv)  # overrides may come before or after the options
 
 
 def task_options(items: list[str]) -> dict[str, dict[str, object]]:
