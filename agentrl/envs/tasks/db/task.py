@@ -106,6 +106,9 @@ class DbTask:
         if sqlite_affinity not in ("text", "auto"):
             raise ValueError(f"db: unknown sqlite_affinity {sqlite_affinity!r} (text | auto)")
         self.backend = backend
+        # SQLite runs in the worker's process: each session gets a process of its own (memory, the GIL);
+        # MariaDB's work runs on its server, and its sessions share the server this task may start.
+        self.isolation = "thread" if backend == "mariadb" else "process"
         self.timeout_s = float(statement_timeout_s)
         self.affinity = sqlite_affinity
         self._address = (ServerAddress.parse(mariadb_address, mariadb_user, mariadb_password)

@@ -422,6 +422,8 @@ class OsTask:
     name = "os"
     max_turns = MAX_ROUNDS
     blocking = True
+    isolation = "thread"
+    """Its work runs in the session's sandbox; the live-sandbox count is the task's, shared by sessions."""
 
     def __init__(self, source: str = "ours", agentbench_dir: str | Path | None = None,
                  data_dir: str | Path | None = None, sandbox: SandboxConfig | dict[str, Any] | None = None,
