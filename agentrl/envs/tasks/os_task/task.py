@@ -20,8 +20,9 @@ with the image's pristine tools first on PATH (the session's /usr/bin is its own
 stdout only, and every process the agent left running stopped (SIGSTOP) while a grader runs.
 
 Two protocols (task option `protocol`):
-  * "strict" (default with `source="ours"`): this project's prompt; every tool call of a message runs
-    in order until one ends the episode; calls are checked against the schemas by the shared layer
+  * "strict" (default with `source="ours"`): this project's prompt; the first tool call of a message
+    runs, the others are answered with a note and not run (one action per round, as the prompt says and
+    AgentBench-FC does); calls are checked against the schemas by the shared layer
     (malformed ones get an "Error: ..." observation); `finish_action` commits no answer (a `match`
     fails, a `check` gets "" as the answer); observations are the raw output (800/780 truncation).
   * "faithful" (default with `source="agentbench"`): AgentBench-FC's own protocol, with the tools and
@@ -52,7 +53,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs.api import Action, StepResult, tool_message
+from agentrl.envs.api import Action, StepResult, message_deadline, tool_message
 from agentrl.envs.protocol import CallPolicy, resolve_protocol
 from agentrl.envs.sandbox import (
     CommandResult,
@@ -80,6 +81,7 @@ STEP_BUDGET_S = 18.0
 deadline for a call (24 s), so that a session that makes its commands or its graders slow (a FIFO where a
 check reads a file) ends by this task's rule, never as the worker's env_error. A bash call gets what is
 left of it (at most `command_timeout_s`), the check scripts share the rest."""
+ONE_CALL = "Error: only the first tool call of a message is executed; this one was not."
 INIT_TIMEOUT_S = 300.0  # init scripts: AgentBench sets none, and some of its train samples `sleep 60`
 
 TOOLS: list[dict[str, Any]] = [
@@ -231,24 +233,28 @@ class OsEpisode:
         ended = self._setup_failed(first.id, first.name)
         if ended is not None:
             return ended
-        messages: list[dict[str, Any]] = []
-        self.deadline = time.monotonic() + self.step_budget_s
-        for call in action.tool_calls:
-            if call.name == "bash_action":
-                left = min(self.cfg.command_timeout_s, self.deadline - time.monotonic())
-                if left < 0.5:
-                    messages.append(tool_message(call.id, call.name, f"Error: this message's {self.step_budget_s:g} "
-                                                 "s are spent; the command did not run."))
-                    continue
-                result = self.bash(call.arguments["script"], left)
-                messages.append(tool_message(call.id, call.name, format_output(result, left)))
-                continue
-            answer = call.arguments["answer"] if call.name == "answer_action" else None
-            reward = 1.0 if self.judge(answer) else 0.0
-            messages.append(tool_message(call.id, call.name, "Your answer has been recorded." if answer is not None
-                                         else "The task has been marked as finished."))
-            return self.verdict(messages, reward)
-        return StepResult(messages=messages, metrics=self._metrics(0.0))
+        self.deadline = self._message_deadline()
+        # One action per message, as the prompt says and AgentBench-FC does: more calls would multiply the
+        # round limit. The others are answered, not run.
+        messages = [tool_message(c.id, c.name, ONE_CALL) for c in action.tool_calls[1:]]
+        if first.name == "bash_action":
+            left = min(self.cfg.command_timeout_s, self.deadline - time.monotonic())
+            if left < 0.5:
+                return StepResult(messages=[tool_message(first.id, first.name, "Error: this message's time is "
+                                                         "spent; the command did not run."), *messages],
+                                  metrics=self._metrics(0.0))
+            result = self.bash(first.arguments["script"], left)
+            return StepResult(messages=[tool_message(first.id, first.name, format_output(result, left)), *messages],
+                              metrics=self._metrics(0.0))
+        answer = first.arguments["answer"] if first.name == "answer_action" else None
+        reward = 1.0 if self.judge(answer) else 0.0
+        text = "Your answer has been recorded." if answer is not None else "The task has been marked as finished."
+        return self.verdict([tool_message(first.id, first.name, text), *messages], reward)
+
+    def _message_deadline(self) -> float:
+        """When this message's work must be done: `step_budget_s` from now, or the worker's message budget
+        (`agentrl.envs.api.message_deadline`) when that ends first."""
+        return min(time.monotonic() + self.step_budget_s, message_deadline())
 
     def verdict(self, messages: list[dict[str, Any]], reward: float) -> StepResult:
         """The episode's end after a judged answer: `grader_failed` when a grader could not finish."""
@@ -365,7 +371,7 @@ class FaithfulOsEpisode(OsEpisode):
         if act.kind == "crash":  # AgentBench's task raises here: the sample ends as a task error, failed
             return StepResult([tool_message(call_id, act.name, "Error: the call has no arguments.")],
                               done=True, reward=0.0, status=Status.INVALID_ACTION, metrics=self._metrics(0.0))
-        self.deadline = time.monotonic() + self.step_budget_s
+        self.deadline = self._message_deadline()
         if act.kind == "bash":
             # AgentBench runs nothing for a non-string script and shows an empty output.
             output = self.bash(act.content).output if isinstance(act.content, str) else ""
