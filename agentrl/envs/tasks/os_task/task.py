@@ -131,23 +131,30 @@ def format_output(result: CommandResult, timeout_s: float) -> str:
 
 
 class SessionBudget:
-    """Live sandboxes of one task, at most `limit` (the host's PID budget over per-session nproc)."""
+    """Live sandboxes of one task, at most `limit` (the host's PID budget over per-session nproc), each with a
+    slot number of its own (the lowest free): its uid range (`SandboxConfig.uid_range`)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.live = 0
+        self.taken: set[int] = set()
         self._lock = threading.Lock()
 
-    def acquire(self) -> None:
+    @property
+    def live(self) -> int:
+        return len(self.taken)
+
+    def acquire(self) -> int:
         with self._lock:
             if self.live >= self.limit:
                 raise RuntimeError(f"os: {self.live} sandboxes are live, the host's process budget allows "
                                    f"{self.limit} (sandbox.pid_fraction of pid_max over sandbox.nproc)")
-            self.live += 1
+            slot = next(i for i in range(len(self.taken) + 1) if i not in self.taken)
+            self.taken.add(slot)
+            return slot
 
-    def release(self) -> None:
+    def release(self, slot: int) -> None:
         with self._lock:
-            self.live -= 1
+            self.taken.discard(slot)
 
 
 class OsEpisode:
@@ -168,6 +175,7 @@ class OsEpisode:
         self.deadline = float("inf")  # of the message being handled (`STEP_BUDGET_S`)
         self.grader_failure: str | None = None
         self._shell: Shell | None = None
+        self.slot = 0  # this session's uid range, from the task's budget
         self.closed = False
         self.setup_error: str | None = None
         self.last_output = ""
@@ -184,12 +192,12 @@ class OsEpisode:
             if self.closed:
                 raise RuntimeError("the episode is closed")
             if self.budget is not None:
-                self.budget.acquire()
+                self.slot = self.budget.acquire()
             try:
-                shell = Shell(self.cfg)
+                shell = Shell(self.cfg, uid_slot=self.slot)
             except BaseException:
                 if self.budget is not None:
-                    self.budget.release()
+                    self.budget.release(self.slot)
                 raise
             self._shell = shell
             for n, script in enumerate(self.problem.init):
@@ -330,7 +338,7 @@ class OsEpisode:
         if self._shell is not None:
             self._shell.close()
             if self.budget is not None:
-                self.budget.release()
+                self.budget.release(self.slot)
 
 
 class FaithfulOsEpisode(OsEpisode):
