@@ -56,6 +56,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentrl.envs import cgroups
 from agentrl.envs.cgroups import SessionCgroup
 from agentrl.envs.sandbox_config import (
     BACKENDS,
@@ -233,9 +234,13 @@ class Shell:
                 self.cgroup = SessionCgroup(support, "agentrl-session", self.cfg.session_memory_mb << 20,
                                             self.cfg.nproc + CGROUP_EXTRA_PIDS)
             except OSError as e:
-                if self.cfg.cgroup_required:
-                    raise SandboxError(f"could not make the session's cgroup: {e}") from e
-                log.warning("os session without a cgroup of its own: %s", e)
+                # This worker makes cgroups (probed at start), so a failure now is the host running out of
+                # them (sessions that left theirs behind: `cgroups.pending()`): a session must not start
+                # without its limits. It fails to start (env_error); a worker failing every start reports
+                # the task unhealthy and the controller sends its sessions elsewhere.
+                raise SandboxError(f"could not make the session's cgroup ({e}; {cgroups.pending()} cgroups of "
+                                   f"ended sessions are still being removed): the session does not start "
+                                   f"without its limits") from e
         uid = self.uid if self.uid is not None and not self.cfg.many_uids(self.backend) else None
         cgroup = self.cgroup
 
