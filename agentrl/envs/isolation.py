@@ -219,10 +219,16 @@ def _session_main(sock: socket.socket, task: Task, toolbox: ToolBox, settings: d
 # ------------------------------------------------------------------------------------------ the zygote
 
 def _zygote(ctl: socket.socket, tasks: Mapping[str, tuple[Task, ToolBox]], settings: dict[str, Any]) -> None:
-    """Fork a session process per request on `ctl` until the worker closes it; then kill them all."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGCHLD):
+    """Fork a session process per request on `ctl` until the worker closes it; then kill them all.
+
+    The zygote and its sessions ignore the signals a job's processes get together (Slurm's SIGTERM to the
+    step, the terminal's SIGINT, the warning signals): a draining worker finishes its sessions, and they go
+    when it goes (the end of `ctl` here, PR_SET_PDEATHSIG there)."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
         with contextlib.suppress(OSError, ValueError):
-            signal.signal(sig, signal.SIG_DFL)
+            signal.signal(sig, signal.SIG_IGN)
+    with contextlib.suppress(OSError, ValueError):
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     with contextlib.suppress(ValueError, OSError):
         signal.set_wakeup_fd(-1)  # the worker's event loop's, which is not ours to write
     gc.freeze()  # what the worker built stays shared: the collector never writes to those pages

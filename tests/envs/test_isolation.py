@@ -166,6 +166,11 @@ def test_the_wire_behaves_as_for_a_session_in_the_worker() -> None:
         assert sid not in worker.sessions
         live = await start(http)
         pid = worker.sessions[live].session.pid  # type: ignore[union-attr]
+        assert worker.host is not None
+        for target in (worker.host.pid, pid):  # the job's SIGTERM (a drain) reaches every process of the step
+            os.kill(target, signal.SIGTERM)
+        await asyncio.sleep(0.2)
+        assert not (await interact(http, live, act("hello")))["done"]  # the session finishes its work
         r = await http.post("/cancel", json={"session_id": live})
         assert r.status == 200
         assert _gone(pid)
