@@ -65,7 +65,7 @@ def db_resource_attacks() -> list[Attack]:
                        "SET SESSION max_recursive_iterations = 4294967295",
                        "WITH RECURSIVE c(x, s) AS (SELECT 1, REPEAT('x', 100000) UNION ALL SELECT x + 1, s FROM c) "
                        "SELECT COUNT(*) FROM c",
-                       "SELECT a.seq FROM seq_1_to_10000000 a ORDER BY REPEAT(a.seq, 100) LIMIT 1"]), WRONG_COMMIT)),
+                       "SELECT REPEAT(a.seq, 1000) AS x FROM seq_1_to_100000000 a ORDER BY x"]), WRONG_COMMIT)),
         Attack("db_disk_quota", "db", "a session's own tables grown past its quota, statement after statement",
                (_sqls(["CREATE TABLE big (a LONGTEXT)"] +
                       ["INSERT INTO big SELECT REPEAT('x', 1000000) FROM seq_1_to_100"] * 15),

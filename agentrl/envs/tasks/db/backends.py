@@ -44,7 +44,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,10 @@ GROUP_CONCAT_MAX = 1024
 # MySQL 8's default sql_mode: AgentBench-FC's mysql:8 container sets none (environment.py, see above)
 KILL_GRACE_S = 2.0  # past a statement's deadline, our watchdog KILLs it (the server's own limit comes first)
 WATCH_PERIOD_S = 0.5  # how often the watchdog checks the size of a session's database while a statement runs
+SERVER_TEMP_BYTES = 512 << 20
+"""MariaDB: while the server's temporary files (sort files, spilled temporary tables) pass this, every running
+statement of ours is stopped, with an observation. MariaDB 10.11 cannot bound them per session (11.5's
+max_tmp_session_space_usage can); one `ORDER BY` over 10^8 generated rows wrote 1.65 GB in 10 s here."""
 TEMP_LIMITS = {"tmp_disk_table_size": 64 << 20, "tmp_memory_table_size": 16 << 20, "max_heap_table_size": 16 << 20}
 """MariaDB: the most one internal temporary table (a GROUP BY's, a recursive CTE's) may take on disk and in
 memory, and one MEMORY table. A private server of ours makes them each session's maximum (`--maximum-*`:
@@ -414,11 +418,12 @@ class MariaDBDatabase:
 
     def __init__(self, server: ServerAddress, tables: list[Table], timeout_s: float = 10.0,
                  own_user: bool = True, allow_shared_account: bool = False, sql_mode: str = MYSQL8_SQL_MODE,
-                 quota_bytes: int = 256 << 20) -> None:
+                 quota_bytes: int = 256 << 20, temp_usage: Callable[[], int] | None = None) -> None:
         self.server = server
         self.sql_mode = sql_mode
         self.timeout_s = timeout_s
         self.quota_bytes = quota_bytes
+        self.temp_usage = temp_usage  # the server's temporary files, where this process can see them
         self._monitor: Any = None  # the server's account, for the watchdog's size checks (one user at a time)
         self.name = f"agentrl_{secrets.token_hex(6)}"
         self.user: str | None = None
@@ -511,6 +516,9 @@ class MariaDBDatabase:
         finally:
             if watchdog is not None:
                 watchdog.finish()
+        if watchdog is not None and watchdog.reason == "temp":
+            text = (f"Error: the server's temporary files passed {SERVER_TEMP_BYTES >> 20} MB while the statement "
+                    "ran; it was stopped")
         if watchdog is not None and watchdog.reason == "quota" or self.usage() > self.quota_bytes:
             raise BudgetExceeded(f"the session's database grew past its quota of {self.quota_bytes >> 20} MB")
         return truncate(text)
@@ -644,8 +652,9 @@ class MariaDBDatabase:
 
 
 class _Watchdog(threading.Thread):
-    """Ends one statement of a session (`KILL QUERY` from the server's account): at `after_s`, or as soon as
-    the session's database passes its quota (checked every `WATCH_PERIOD_S`). `reason` says which."""
+    """Ends one statement of a session (`KILL QUERY` from the server's account): at `after_s`, as soon as the
+    session's database passes its quota, or while the server's temporary files pass `SERVER_TEMP_BYTES`
+    (checked every `WATCH_PERIOD_S`). `reason` says which."""
 
     def __init__(self, db: MariaDBDatabase, thread_id: int, after_s: float) -> None:
         super().__init__(daemon=True, name="db-watchdog")
@@ -660,6 +669,8 @@ class _Watchdog(threading.Thread):
                 self.reason = "time"
             elif self.db.usage() > self.db.quota_bytes:
                 self.reason = "quota"
+            elif self.db.temp_usage is not None and self.db.temp_usage() > SERVER_TEMP_BYTES:
+                self.reason = "temp"
             else:
                 continue
             self.db._kill("QUERY", self.thread_id)
@@ -668,6 +679,42 @@ class _Watchdog(threading.Thread):
     def finish(self) -> None:
         self.done.set()
         self.join()
+
+
+def server_temp_usage(address: ServerAddress) -> Callable[[], int] | None:
+    """A function giving the bytes the server at `address` holds in temporary files (sort files of a huge
+    ORDER BY, spilled temporary tables: created and unlinked, so only its open descriptors show them), or
+    None where this process cannot see them (another host, another user's server)."""
+    try:
+        conn = address.connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT @@pid_file, @@tmpdir, @@hostname")
+                pid_file, tmpdir, _ = cur.fetchone()
+        finally:
+            conn.close()
+        pid = int(Path(pid_file).read_text().split()[0])
+        os.listdir(f"/proc/{pid}/fd")
+    except Exception as e:  # noqa: BLE001 - not ours to see: no bound on its temporary files
+        log.info("db: the MariaDB server's temporary files are not visible here (%s); no bound on them", e)
+        return None
+    dirs = tuple(d.rstrip("/") + "/" for d in str(tmpdir).split(":") if d)
+
+    def usage() -> int:
+        total = 0
+        try:
+            fds = os.scandir(f"/proc/{pid}/fd")
+        except OSError:
+            return 0
+        with fds:
+            for fd in fds:
+                try:
+                    if os.readlink(fd.path).startswith(dirs):
+                        total += os.stat(fd.path).st_size
+                except OSError:
+                    continue
+        return total
+    return usage
 
 
 def _mysql_error(e: Exception) -> str:
@@ -719,7 +766,9 @@ class MariaDBServer:
         as_root = ["--user=root"] if os.geteuid() == 0 else []
         subprocess.run([install, "--no-defaults", f"--datadir={data}", "--auth-root-authentication-method=normal",
                         "--skip-test-db", *as_root], check=True, capture_output=True, timeout=timeout_s)
+        (self.dir / "tmp").mkdir(exist_ok=True)
         argv = [self.binary, "--no-defaults", f"--datadir={data}", f"--socket={self.socket}", "--skip-networking",
+                f"--tmpdir={self.dir / 'tmp'}",
                 f"--pid-file={self.dir / 'mysqld.pid'}", f"--log-error={self.dir / 'error.log'}", *as_root,
                 "--character-set-server=utf8mb4", "--collation-server=utf8mb4_general_ci",
                 f"--group-concat-max-len={GROUP_CONCAT_MAX}", f"--sql-mode={MYSQL8_SQL_MODE}", "--skip-log-bin",

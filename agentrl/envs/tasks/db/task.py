@@ -40,6 +40,7 @@ import atexit
 import copy
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ from agentrl.envs.tasks.db.backends import (
     SharedAccountRefused,
     SqliteDatabase,
     Table,
+    server_temp_usage,
 )
 from agentrl.envs.tasks.db.episode import MAX_ROUNDS, TOOLS, DbEpisode
 from agentrl.envs.tasks.db.faithful import PROMPTS, FaithfulDbEpisode
@@ -195,11 +197,19 @@ class DbTask:
         if sqlite_file is not None:
             raise ValueError("this sample is an SQLite database file; use backend='sqlite'")
         try:
-            return MariaDBDatabase(self.server_address(), tables, self.timeout_s,
-                                   allow_shared_account=self.shared_account, sql_mode=self.sql_mode,
-                                   quota_bytes=self.database_bytes)
+            address = self.server_address()
+            return MariaDBDatabase(address, tables, self.timeout_s, allow_shared_account=self.shared_account,
+                                   sql_mode=self.sql_mode, quota_bytes=self.database_bytes,
+                                   temp_usage=self._temp_usage(address))
         except SharedAccountRefused as e:
             raise EnvError("env_error", f"db: {e}") from e
+
+    def _temp_usage(self, address: ServerAddress) -> Callable[[], int] | None:
+        """The server's temporary files (`server_temp_usage`), looked up once per task."""
+        with self._lock:
+            if not hasattr(self, "_temp"):
+                self._temp = server_temp_usage(address)
+            return self._temp
 
     def reference_hash(self, sample: DbSample) -> str:
         """The table hash after the gold SQL, on a fresh database (samples without `answer_md5`)."""
