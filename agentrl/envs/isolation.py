@@ -133,7 +133,8 @@ def recv_frame(sock: socket.socket, deadline: float = float("inf")) -> Any:
 def _address_space() -> int:
     """This process's virtual size in bytes (0 where unknown)."""
     try:
-        found = re.search(r"^VmSize:\s+(\d+) kB", open("/proc/self/status").read(), re.M)
+        with open("/proc/self/status") as f:
+            found = re.search(r"^VmSize:\s+(\d+) kB", f.read(), re.M)
     except OSError:
         return 0
     return int(found.group(1)) << 10 if found else 0

@@ -209,7 +209,8 @@ def test_an_agent_fault_inside_a_step_is_the_agents_failure() -> None:
 
 
 def _rss() -> int:
-    return int(re.search(r"VmRSS:\s+(\d+)", open("/proc/self/status").read()).group(1)) << 10  # type: ignore[union-attr]
+    with open("/proc/self/status") as f:
+        return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1)) << 10  # type: ignore[union-attr]
 
 
 def _gone(pid: int, wait_s: float = 5.0) -> bool:
@@ -219,7 +220,8 @@ def _gone(pid: int, wait_s: float = 5.0) -> bool:
             os.kill(pid, 0)
         except ProcessLookupError:
             return True
-        if open(f"/proc/{pid}/stat").read().split()[2] == "Z":  # ended, not yet reaped by the zygote
-            return True
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().split()[2] == "Z":  # ended, not yet reaped by the zygote
+                return True
         time.sleep(0.05)
     return False
