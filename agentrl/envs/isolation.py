@@ -206,6 +206,8 @@ def _serve_session(sock: socket.socket, task: Task, toolbox: ToolBox, settings: 
 
 def _session_main(sock: socket.socket, task: Task, toolbox: ToolBox, settings: dict[str, Any]) -> None:
     _die_with_parent()
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)  # a group of its own: whatever a tool starts goes with the session (`ProcessSession.kill`)
     faulthandler.disable()  # a crash here is the agent's input's doing, told by the worker (not a traceback)
     try:
         _bound_memory(int(settings["memory_mb"]))
@@ -491,6 +493,8 @@ class ProcessSession:
                 os.kill(self.pid, signal.SIGKILL)
         except (ProcessLookupError, OSError):
             pass
+        with contextlib.suppress(ProcessLookupError, OSError):
+            os.killpg(self.pid, signal.SIGKILL)  # what its tools started (the session is the group's leader)
 
     def close(self) -> None:
         """End the session: its process closes the episode and exits (killed if it does not). Idempotent."""

@@ -42,6 +42,11 @@ class HostileEpisode:
             os.kill(os.getpid(), signal.SIGSEGV)
         elif what == "sleep":
             time.sleep(60)
+        elif what == "spawn":  # a tool that leaves a process behind
+            import subprocess
+
+            child = subprocess.Popen(["sleep", "300"])
+            return StepResult([tool_message(call_.id, call_.name, f"child {child.pid}")])
         elif what == "bug":
             raise KeyError("a broken task")
         elif what == "end":
@@ -171,9 +176,10 @@ def test_the_wire_behaves_as_for_a_session_in_the_worker() -> None:
             os.kill(target, signal.SIGTERM)
         await asyncio.sleep(0.2)
         assert not (await interact(http, live, act("hello")))["done"]  # the session finishes its work
+        spawned = int((await interact(http, live, act("spawn")))["messages"][0]["content"].split()[1])
         r = await http.post("/cancel", json={"session_id": live})
         assert r.status == 200
-        assert _gone(pid)
+        assert _gone(pid) and _gone(spawned)  # what a tool started goes with its session
     play(script)
 
 
