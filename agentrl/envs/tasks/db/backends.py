@@ -68,7 +68,7 @@ GROUP_CONCAT_MAX = 1024
 # MySQL 8's default sql_mode: AgentBench-FC's mysql:8 container sets none (environment.py, see above)
 KILL_GRACE_S = 2.0  # past a statement's deadline, our watchdog KILLs it (the server's own limit comes first)
 WATCH_PERIOD_S = 0.5  # how often the watchdog checks the size of a session's database while a statement runs
-SERVER_TEMP_BYTES = 512 << 20
+SERVER_TEMP_BYTES = 256 << 20
 """MariaDB: while the server's temporary files (sort files, spilled temporary tables) pass this, every running
 statement of ours is stopped, with an observation. MariaDB 10.11 cannot bound them per session (11.5's
 max_tmp_session_space_usage can); one `ORDER BY` over 10^8 generated rows wrote 1.65 GB in 10 s here."""
