@@ -124,6 +124,13 @@ class EnvsConfig:
     """On SIGTERM a worker stops taking sessions and waits up to this long for its own to end."""
     max_tool_calls: int = 16
     """Tool calls in one assistant message beyond this: one error observation, none of them run."""
+    message_budget_s: float = 18.0
+    """Wall time for the work one assistant message asks for (all its calls, the grading of its answer): the
+    agent's budget. Work cut at it is an observation; a message whose work cannot be stopped in time ends the
+    episode as the agent's failure (docs/tasks.md). Capped at 3/4 of the worker's deadline for a call."""
+    process_memory_mb: int = 1024
+    """How much a session of a task that runs in its own process (`isolation: process`, the default) may grow
+    that process; past it the message fails inside its own session (the agent's failure)."""
     expert_route: Literal["auto", "enabled", "disabled"] = "auto"
     """Whether workers answer /expert (the task's scripted expert hands out answers): auto | enabled |
     disabled (words YAML keeps as strings; `on`/`off` would turn into booleans).
@@ -141,6 +148,8 @@ class EnvsConfig:
         _check(self.max_output_chars >= 256, f"{p}.max_output_chars", "must be >= 256")
         _check(self.drain_s >= 0, f"{p}.drain_s", "must be >= 0")
         _check(self.max_tool_calls >= 1, f"{p}.max_tool_calls", "must be >= 1")
+        _check(self.message_budget_s > 0, f"{p}.message_budget_s", "must be > 0")
+        _check(self.process_memory_mb >= 64, f"{p}.process_memory_mb", "must be >= 64")
 
 
 @dataclass(frozen=True)

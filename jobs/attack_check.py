@@ -1,6 +1,6 @@
 """Play hostile-policy episodes against tasks: does any earn reward without the answer, or hurt the worker?
 
-    python -m jobs.attack_check                               # the built-in tasks: os, db, db:mariadb, kg, lookup
+    python -m jobs.attack_check                               # the built-in tasks (BUILTIN)
     python -m jobs.attack_check --tasks db,kg                 # some of them
     PYTHONPATH=. python -m jobs.attack_check mypkg.mytask:MyTask --option split=dev   # a task of your own
     srun -n1 python -m jobs.attack_check --tasks os           # on a node with the os sandbox
@@ -22,7 +22,9 @@ from agentrl.envs.sandbox import SandboxUnavailable
 from agentrl.envs.tasks import get_task, parse_task_options
 from agentrl.envs.tasks.db.backends import find_mariadbd
 
-BUILTIN = ("os", "db", "db:mariadb", "kg", "lookup")
+BUILTIN = ("os", "db", "db:mariadb", "kg", "lookup", "bfcl", "alfworld", "webshop")
+OPTIONAL = {"bfcl": "bfcl_eval", "alfworld": "textworld"}
+"""Built-in tasks whose package may be missing here (install.sh installs them): skipped with the reason."""
 VARIANTS = {"db:mariadb": ("db", {"backend": "mariadb"})}
 """Built-in tasks played again with other options: db on AgentBench's engine."""
 
@@ -50,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{spec}: skipped, its sandbox cannot run here: {e}")
             continue
         except (ImportError, AttributeError, KeyError, TypeError, ValueError, FileNotFoundError) as e:
+            if isinstance(e, ImportError) and spec in OPTIONAL:
+                print(f"{spec}: skipped, {OPTIONAL[spec]} is not installed ({e})")
+                continue
             print(f"cannot build task {spec!r}: {type(e).__name__}: {e}", file=sys.stderr)
             return 2
         attacks = [a for a in attacks_for(task.name, task.tools()) if args.only in a.name]

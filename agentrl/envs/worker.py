@@ -47,6 +47,7 @@ from agentrl.envs.api import (
     MAX_ARGUMENT_BYTES,
     MAX_OUTPUT_CHARS,
     MAX_TOOL_CALLS,
+    MESSAGE_BUDGET_S,
     EnvError,
     InteractResult,
     Session,
@@ -56,6 +57,7 @@ from agentrl.envs.api import (
     require,
     shown,
 )
+from agentrl.envs.isolation import DEFAULT_MEMORY_MB, ProcessSession, SessionHost, isolation_of
 from agentrl.envs.wire import Handler, auth_middleware, check_exposure, error_response, read_json
 from agentrl.types import Status
 
@@ -82,7 +84,7 @@ class CallTimedOut(Exception):
 
 @dataclass
 class _Live:
-    session: Session
+    session: Session | ProcessSession
     task: str
     last_used: float
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -94,10 +96,22 @@ class EnvWorker:
     def __init__(self, tasks: Mapping[str, Task], slots: int, worker_id: str, session_idle_s: float = 600.0,
                  max_argument_bytes: int = MAX_ARGUMENT_BYTES, max_output_chars: int = MAX_OUTPUT_CHARS,
                  max_tool_calls: int = MAX_TOOL_CALLS, call_timeout_s: float = 24.0, expert_route: bool = False,
-                 max_body_bytes: int = 4 * 1024 * 1024, body_timeout_s: float = 10.0) -> None:
+                 max_body_bytes: int = 4 * 1024 * 1024, body_timeout_s: float = 10.0,
+                 message_budget_s: float = MESSAGE_BUDGET_S, process_memory_mb: int = DEFAULT_MEMORY_MB) -> None:
         self.tasks = dict(tasks)
         self.toolboxes = {name: ToolBox(t.tools(), max_argument_bytes, max_tool_calls)
                           for name, t in self.tasks.items()}
+        # The agent's budget per message lies well inside this worker's deadline for a call: a session
+        # process that has not answered by `kill_after_s` is killed (the agent's failure) before the call
+        # could time out here (the environment's).
+        self.message_budget_s = min(message_budget_s, 0.75 * call_timeout_s)
+        self.kill_after_s = min(self.message_budget_s + 2.0, 0.9 * call_timeout_s)
+        isolated = {name: (t, self.toolboxes[name]) for name, t in self.tasks.items()
+                    if isolation_of(t) == "process"}
+        # forked now, before this worker serves or starts threads: see agentrl.envs.isolation
+        self.host = SessionHost(isolated, process_memory_mb, max_output_chars, self.message_budget_s) \
+            if isolated else None
+        self.isolated = set(isolated)
         self.slots = slots
         self.worker_id = worker_id
         self.session_idle_s = session_idle_s
@@ -268,6 +282,8 @@ class EnvWorker:
     def shutdown(self) -> None:
         """Stop taking task work; threads still running finish in the background (never joined)."""
         self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.host is not None:
+            self.host.close()
 
     # ------------------------------------------------------------------------------------ routes
     async def start_sample(self, request: web.Request) -> web.Response:
@@ -280,8 +296,13 @@ class EnvWorker:
             raise EnvError("no_capacity", f"worker {self.worker_id} is full ({self.slots} slots)")
         self.starting += 1
         try:
-            session = await self._run(task, Session, task, index, self.toolboxes[task.name], self.max_output_chars,
-                                      late=self._close_started)
+            if self.host is not None and task.name in self.isolated:
+                session: Session | ProcessSession = await self._run(
+                    task, ProcessSession, self.host, task, index, self.kill_after_s, self.kill_after_s,
+                    self.message_budget_s, late=self._close_started)
+            else:
+                session = await self._run(task, Session, task, index, self.toolboxes[task.name],
+                                          self.max_output_chars, self.message_budget_s, late=self._close_started)
         except CallTimedOut as e:
             self._start_failed(task.name, e)
             raise EnvError("env_error", str(e)) from None
@@ -294,7 +315,7 @@ class EnvWorker:
             self.changed.set()  # healthy again: say so now
         sid = uuid.uuid4().hex
         self.sessions[sid] = _Live(session=session, task=task.name, last_used=time.monotonic())
-        start = StartResult(sid, session.messages, session.toolbox.tools, task.max_turns)
+        start = StartResult(sid, session.messages, session.tools, task.max_turns)
         return web.json_response(start.to_wire())
 
     async def interact(self, request: web.Request) -> web.Response:
@@ -530,7 +551,8 @@ async def start_worker(envs: EnvsConfig, controller: ControllerConfig, controlle
                        max_argument_bytes=envs.max_argument_bytes, max_output_chars=envs.max_output_chars,
                        max_tool_calls=envs.max_tool_calls, call_timeout_s=call_timeout_s(controller.request_timeout_s),
                        expert_route=envs.expert_route == "enabled" if expert_route is None else expert_route,
-                       max_body_bytes=controller.max_body_bytes, body_timeout_s=controller.body_timeout_s)
+                       max_body_bytes=controller.max_body_bytes, body_timeout_s=controller.body_timeout_s,
+                       message_budget_s=envs.message_budget_s, process_memory_mb=envs.process_memory_mb)
     runner = web.AppRunner(create_worker_app(worker, secret), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

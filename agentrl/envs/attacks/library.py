@@ -32,6 +32,12 @@ class Attack:
     after: Callable[[Any], str] | None = field(default=None, hash=False, compare=False)
     """A look at the task once the episode ended (its session closed): "" when nothing of the session
     outlived it, else what did (the player reports the worker hurt)."""
+    probe: Callable[[Any], str] | None = field(default=None, hash=False, compare=False)
+    """A look at the task from outside while the session still lives, after its messages: "" when its
+    neighbours are unharmed, else how they are (the player reports the worker hurt)."""
+    max_acts: int = 0
+    """When > 0: the most tool results of one message that may have acted (an answer not starting with
+    "Error"); more is a finding (a protocol that acts on one call per message acted on several)."""
 
 
 def call(name: str, args: Any, call_id: str = "c0") -> dict[str, Any]:
@@ -221,4 +227,6 @@ TASK_ATTACKS: dict[str, Callable[[], list[Attack]]] = {"os": os_attacks, "db": d
 
 def attacks_for(task: str, tools: list[dict[str, Any]]) -> list[Attack]:
     """The generic attacks on `task` (from its tool schemas), then those aimed at it, if any."""
-    return generic(task, tools) + TASK_ATTACKS.get(task, list)()
+    from agentrl.envs.attacks.resources import resource_attacks  # it builds on this module's helpers
+
+    return generic(task, tools) + TASK_ATTACKS.get(task, list)() + resource_attacks(task)
