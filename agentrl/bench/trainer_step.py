@@ -21,7 +21,9 @@ import numpy as np
 import torch
 
 from agentrl.bench.repeat import Ratio, interleave, summarize
+from agentrl.trainer import attention
 from agentrl.trainer.batch import MicroBatch, collate, layout, padding_fraction, plan_micro_batches
+from agentrl.trainer.head import head_logprobs
 from agentrl.trainer.parallel import Parallel
 from agentrl.trainer.step import RLHyper, advantages, rl_step
 from agentrl.types import Status, Trajectory, TrajectoryBuilder
@@ -50,6 +52,10 @@ class StepBench:
     warmup: int = 1
     device: str = "cpu"
     mixed_precision: str = "fp32"
+    attn_implementation: str = "auto"
+    bare_head: str = "lean"
+    """The bare step's head: lean (the tiled head on action tokens, as ours) | full (every position's float32
+    log-softmax: the trainer before issue 32)."""
     seed: int = 0
 
 
@@ -82,17 +88,45 @@ def make_trajectories(n: int, group: int, min_len: int, max_len: int, vocab: int
     return out
 
 
-def bare_step(model: torch.nn.Module, opt: torch.optim.Optimizer, mbs: list[MicroBatch], total: int,
-              grad_clip: float) -> None:
-    """The least any policy-gradient trainer does: per micro-batch logits, log-softmax, the sampled tokens'
-    log-probs, a masked token sum of −logp·A over the batch's `total` action tokens, backward; then
-    gradient clipping and one optimizer step."""
+@dataclass
+class BareBatch:
+    """A micro-batch as the bare step consumes it: model inputs, and the advantages of its action tokens both at
+    the selected positions ([N], for the tiled head) and on the [R, L-1] grid (for the full-vocabulary head)."""
+
+    mb: MicroBatch
+    decoder: dict[str, Any]
+    adv: torch.Tensor  # [N]
+    adv_rows: torch.Tensor  # [R, L-1], 0 off action tokens
+
+
+def bare_batch(mb: MicroBatch, impl: str) -> BareBatch:
+    R, L = mb.tokens.shape
+    adv = mb.targets["adv"].reshape(-1)[mb.dest]  # [N]
+    rows = adv.new_zeros(R * L).index_copy(0, mb.select, adv).view(R, L)[:, :-1]
+    kwargs = attention.decoder_inputs(impl, (R, L), mb.attention, mb.position_ids, mb.cu_seqlens, mb.max_seqlen)
+    return BareBatch(mb, kwargs, adv, rows)
+
+
+def bare_step(model: torch.nn.Module, opt: torch.optim.Optimizer, bbs: list[BareBatch], total: int,
+              grad_clip: float, head: str = "lean") -> None:
+    """The least any policy-gradient trainer does: per micro-batch, the sampled tokens' log-probs, a token sum of
+    −logp·A over the batch's `total` action tokens, backward; then gradient clipping and one optimizer step.
+
+    head="lean": the decoder, then the tiled head (`trainer.head`) on the action tokens only, as our step does;
+    head="full": the model's logits at every position, float32 log-softmax, gather (the trainer before issue 32)."""
     opt.zero_grad(set_to_none=True)
-    for mb in mbs:
-        out = model(input_ids=mb.tokens, attention_mask=mb.attention, position_ids=mb.position_ids, use_cache=False)
-        logits = out.logits[:, :-1].float()  # [R, L-1, V]
-        logp = torch.log_softmax(logits, -1).gather(-1, mb.tokens[:, 1:, None]).squeeze(-1)  # [R, L-1]
-        loss = -(logp * mb.targets["adv"] * mb.targets["mask"]).sum() / total
+    for b in bbs:
+        mb = b.mb
+        if head == "lean":
+            hidden = model.model(input_ids=mb.tokens, use_cache=False, **b.decoder).last_hidden_state  # [R, L, D]
+            picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.select)  # [N, D]
+            logp = head_logprobs(picked, model.lm_head.weight, None, mb.next_tokens, entropy="none")[0]  # [N]
+            loss = -(logp * b.adv).sum() / total
+        else:
+            out = model(input_ids=mb.tokens, use_cache=False, **b.decoder)
+            logits = out.logits[:, :-1].float()  # [R, L-1, V]
+            logp = torch.log_softmax(logits, -1).gather(-1, mb.tokens[:, 1:, None]).squeeze(-1)  # [R, L-1]
+            loss = -(logp * b.adv_rows).sum() / total
         loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     opt.step()
@@ -106,6 +140,7 @@ def compare_steps(s: StepBench) -> dict[str, Any]:
     h = RLHyper(micro_batch_tokens=s.micro_batch_tokens, packing=s.packing, kl_coef=s.kl_coef)
     par = Parallel(device=device, mixed_precision=s.mixed_precision)
     base = make_model(s.hidden, s.layers, s.heads, s.vocab, s.max_len, s.seed)
+    impl = attention.apply(base, s.attn_implementation, device)
     ours_model, bare_model = par.wrap(copy.deepcopy(base)), copy.deepcopy(base).to(device)
     ref = par.wrap_frozen(copy.deepcopy(base)) if s.kl_coef > 0 else None
     ours_opt = torch.optim.AdamW(ours_model.parameters(), lr=1e-5)
@@ -114,7 +149,7 @@ def compare_steps(s: StepBench) -> dict[str, Any]:
     # the bare step's inputs, laid out once (outside its timing): the same plan and packing as ours
     plan = plan_micro_batches(batch.lengths, h.micro_batch_tokens, s.packing)
     per_target = {"mask": batch.mask, "adv": advantages(batch, h)}
-    mbs = [layout(batch, rows, per_target, s.packing).to(device) for rows in plan]
+    bbs = [bare_batch(layout(batch, rows, per_target, s.packing).to(device), impl) for rows in plan]
     tokens = sum(batch.lengths)
 
     def timed(fn: Callable[[], None]) -> float:
@@ -131,7 +166,7 @@ def compare_steps(s: StepBench) -> dict[str, Any]:
 
     def bare() -> None:
         with par.autocast():
-            bare_step(bare_model, bare_opt, mbs, batch.num_action_tokens, h.grad_clip)
+            bare_step(bare_model, bare_opt, bbs, batch.num_action_tokens, h.grad_clip, s.bare_head)
 
     for _ in range(s.warmup):
         ours()
@@ -159,6 +194,7 @@ def compare_steps(s: StepBench) -> dict[str, Any]:
         "micro_batches": len(plan), "padding_frac": padding_fraction(plan, batch.lengths, s.packing),
         "padding_frac_padded_layout": padding_fraction(plan_micro_batches(batch.lengths, h.micro_batch_tokens, False),
                                                        batch.lengths, False),
+        "attention": impl, "bare_head": s.bare_head,
         "device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
         "host": platform.node(), "params": sum(p.numel() for p in base.parameters()),
     }
