@@ -156,14 +156,21 @@ def segment_loop_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, 
 
 def varlen_kernel(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int,
                   scale: float | None) -> Tensor:
-    """Causal attention within the segments of the flattened tokens: torch's varlen_attn on CUDA (KV heads
-    repeated where it has no enable_gqa), the segment loop elsewhere. q [T, H, d], k, v [T, Hkv, d] → [T, H, d]."""
+    """Causal attention within the segments of the flattened tokens: torch's varlen_attn on CUDA, the segment loop
+    elsewhere. q [T, H, d], k, v [T, Hkv, d] → [T, H, d]."""
     fn = torch_varlen()
     if not q.is_cuda or fn is None:
         return segment_loop_attention(q, k, v, cu_seqlens, scale)
+    return call_torch_varlen(fn, q, k, v, cu_seqlens, max_seqlen, scale)
+
+
+def call_torch_varlen(fn: Callable[..., Tensor], q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
+                      max_seqlen: int, scale: float | None) -> Tensor:
+    """`fn` (torch's varlen_attn) causal over the segments, whichever torch: a `window_size` of (-1, 0) (2.11 on)
+    or `is_causal` (2.10); KV heads repeated where it has no `enable_gqa` (2.11)."""
     params = inspect.signature(fn).parameters
     kwargs: dict[str, Any] = {"scale": scale}
-    kwargs.update({"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True})  # 2.11+ | 2.10
+    kwargs.update({"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True})
     if k.shape[1] != q.shape[1]:
         if "enable_gqa" in params:
             kwargs["enable_gqa"] = True
