@@ -147,10 +147,9 @@ def segment_loop_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, 
     bounds = cu_seqlens.tolist()
     gqa = k.shape[1] != q.shape[1]
     for a, b in zip(bounds[:-1], bounds[1:]):
-        o = torch.nn.functional.scaled_dot_product_attention(
-            q[a:b].transpose(0, 1), k[a:b].transpose(0, 1), v[a:b].transpose(0, 1), is_causal=True, scale=scale,
-            enable_gqa=gqa)  # [H, s, d]
-        out[a:b] = o.transpose(0, 1)
+        qs, ks, vs = (x[None, a:b].transpose(1, 2) for x in (q, k, v))  # [1, H, s, d]: 4-D for the fused kernels
+        o = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=gqa)
+        out[a:b] = o[0].transpose(0, 1)
     return out
 
 

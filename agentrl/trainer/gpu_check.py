@@ -121,7 +121,7 @@ def synthetic_trajectories(n: int, group: int, min_len: int, max_len: int, vocab
     return out
 
 
-class _ShardedAlone(Parallel):
+class ShardedAlone(Parallel):
     """`Parallel` with FSDP2 on a one-rank process group (see the module docstring)."""
 
     @property
@@ -175,7 +175,7 @@ def run_check(check: CheckConfig, env: DistEnv, device: torch.device) -> dict[st
     """Train `check.steps` timed RL steps (after `check.warmup`) and return the report (the same on every
     rank except the memory figures, which are this rank's). The process group must exist (see
     `start_process_group`)."""
-    par_cls = _ShardedAlone if env.world_size == 1 else Parallel
+    par_cls = ShardedAlone if env.world_size == 1 else Parallel
     par = par_cls("fsdp2", env, device, "bf16")
     nccl = nccl_status(device)
     s = check.shape
