@@ -20,8 +20,9 @@ from typing import Any
 import torch
 
 from agentrl.trainer.batch import MicroBatch, TrainBatch, collate, layout, plan_micro_batches
-from agentrl.trainer.gpu_check import ModelShape, ShardedAlone, build_model, start_process_group, synthetic_trajectories
+from agentrl.trainer.gpu_check import ShardedAlone, build_model, start_process_group, synthetic_trajectories
 from agentrl.trainer.logprobs import entropy_from_log_probs, full_vocab_logprobs
+from agentrl.trainer.memory import Shape
 from agentrl.trainer.parallel import DistEnv, Parallel, close_distributed
 from agentrl.trainer.step import PG_LOSSES, RLHyper, advantages, rl_step
 
@@ -85,8 +86,8 @@ def _peak_gib() -> float:
 def measure(side: str, b: HeadBench) -> dict[str, Any]:
     """One step of `side` (full | lean) in this process, which must be fresh (peak RSS is the process's)."""
     device = torch.device("cpu")
-    shape = ModelShape(hidden=b.hidden, layers=b.layers, heads=2, kv_heads=1, intermediate=2 * b.hidden,
-                       vocab=b.vocab, max_len=max(4096, b.tokens))
+    shape = Shape(hidden=b.hidden, layers=b.layers, heads=2, kv_heads=1, intermediate=2 * b.hidden, vocab=b.vocab,
+                  tied=True)
     env = DistEnv()
     if b.parallel == "fsdp2":
         start_process_group(env, device)
@@ -94,7 +95,7 @@ def measure(side: str, b: HeadBench) -> dict[str, Any]:
     else:
         par = Parallel("none", env, device, "fp32")
     try:
-        model = par.wrap(build_model(shape, device, b.seed))
+        model = par.wrap(build_model(shape, device, b.seed, max(4096, b.tokens)))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
         n = b.tokens // b.trajectories
         trajs = synthetic_trajectories(b.trajectories, b.trajectories, n, n, b.vocab, b.seed)

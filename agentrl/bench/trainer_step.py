@@ -17,16 +17,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from agentrl.bench.repeat import Ratio, interleave, summarize
 from agentrl.trainer import attention
-from agentrl.trainer.batch import MicroBatch, collate, layout, padding_fraction, plan_micro_batches
-from agentrl.trainer.head import head_logprobs
+from agentrl.trainer.bare import bare_batches, bare_step
+from agentrl.trainer.batch import collate, padding_fraction, plan_micro_batches
+from agentrl.trainer.gpu_check import synthetic_trajectories
 from agentrl.trainer.parallel import Parallel
 from agentrl.trainer.step import RLHyper, advantages, rl_step
-from agentrl.types import Status, Trajectory, TrajectoryBuilder
 
 
 @dataclass(frozen=True)
@@ -69,73 +68,10 @@ def make_model(hidden: int, layers: int, heads: int, vocab: int, max_len: int, s
     return Qwen2ForCausalLM(cfg)
 
 
-def make_trajectories(n: int, group: int, min_len: int, max_len: int, vocab: int, seed: int) -> list[Trajectory]:
-    """Multi-turn trajectories of lengths spread over [min_len, max_len]: alternating observation and action
-    segments, about half the tokens actions; rewards 0/1 within groups of `group`."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for j in range(n):
-        target = int(rng.integers(min_len, max_len + 1))
-        b = TrajectoryBuilder()
-        while len(b) < target:
-            ctx = int(min(rng.integers(8, 64), target - len(b)))
-            b.add_context(rng.integers(0, vocab, ctx).tolist())
-            act = int(min(rng.integers(8, 64), target - len(b)))
-            if act > 0:
-                b.add_action(rng.integers(0, vocab, act).tolist(), (-rng.random(act) * 3).tolist(), 0, 0)
-        out.append(b.build(traj_id=str(j), task="bench", index=str(j // group), group_id=str(j // group),
-                           reward=float(rng.integers(0, 2)), status=Status.COMPLETED, num_turns=1))
-    return out
-
-
-@dataclass
-class BareBatch:
-    """A micro-batch as the bare step consumes it: model inputs, and the advantages of its action tokens both at
-    the selected positions ([N], for the tiled head) and on the [R, L-1] grid (for the full-vocabulary head)."""
-
-    mb: MicroBatch
-    decoder: dict[str, Any]
-    adv: torch.Tensor  # [N]
-    adv_rows: torch.Tensor  # [R, L-1], 0 off action tokens
-
-
-def bare_batch(mb: MicroBatch, impl: str) -> BareBatch:
-    R, L = mb.tokens.shape
-    adv = mb.targets["adv"].reshape(-1)[mb.dest]  # [N]
-    rows = adv.new_zeros(R * L).index_copy(0, mb.select, adv).view(R, L)[:, :-1]
-    kwargs = attention.decoder_inputs(impl, (R, L), mb.attention, mb.position_ids, mb.cu_seqlens, mb.max_seqlen)
-    return BareBatch(mb, kwargs, adv, rows)
-
-
-def bare_step(model: torch.nn.Module, opt: torch.optim.Optimizer, bbs: list[BareBatch], total: int,
-              grad_clip: float, head: str = "lean") -> None:
-    """The least any policy-gradient trainer does: per micro-batch, the sampled tokens' log-probs, a token sum of
-    −logp·A over the batch's `total` action tokens, backward; then gradient clipping and one optimizer step.
-
-    head="lean": the decoder, then the tiled head (`trainer.head`) on the action tokens only, as our step does;
-    head="full": the model's logits at every position, float32 log-softmax, gather (the trainer before issue 32)."""
-    opt.zero_grad(set_to_none=True)
-    for b in bbs:
-        mb = b.mb
-        if head == "lean":
-            hidden = model.model(input_ids=mb.tokens, use_cache=False, **b.decoder).last_hidden_state  # [R, L, D]
-            picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.select)  # [N, D]
-            logp = head_logprobs(picked, model.lm_head.weight, None, mb.next_tokens, entropy="none")[0]  # [N]
-            loss = -(logp * b.adv).sum() / total
-        else:
-            out = model(input_ids=mb.tokens, use_cache=False, **b.decoder)
-            logits = out.logits[:, :-1].float()  # [R, L-1, V]
-            logp = torch.log_softmax(logits, -1).gather(-1, mb.tokens[:, 1:, None]).squeeze(-1)  # [R, L-1]
-            loss = -(logp * b.adv_rows).sum() / total
-        loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    opt.step()
-
-
 def compare_steps(s: StepBench) -> dict[str, Any]:
     """Time our step and the bare one on the same batch; tokens/s of each, their ratio and the batch's layout."""
     device = torch.device(s.device)
-    trajs = make_trajectories(s.trajectories, s.group, s.min_len, s.max_len, s.vocab, s.seed)
+    trajs = synthetic_trajectories(s.trajectories, s.group, s.min_len, s.max_len, s.vocab, s.seed)
     batch = collate(trajs, [t.reward for t in trajs], pad_id=0)
     h = RLHyper(micro_batch_tokens=s.micro_batch_tokens, packing=s.packing, kl_coef=s.kl_coef)
     par = Parallel(device=device, mixed_precision=s.mixed_precision)
@@ -148,8 +84,7 @@ def compare_steps(s: StepBench) -> dict[str, Any]:
 
     # the bare step's inputs, laid out once (outside its timing): the same plan and packing as ours
     plan = plan_micro_batches(batch.lengths, h.micro_batch_tokens, s.packing)
-    per_target = {"mask": batch.mask, "adv": advantages(batch, h)}
-    bbs = [bare_batch(layout(batch, rows, per_target, s.packing).to(device), impl) for rows in plan]
+    bbs = bare_batches(batch, advantages(batch, h), h.micro_batch_tokens, s.packing, impl, par)
     tokens = sum(batch.lengths)
 
     def timed(fn: Callable[[], None]) -> float:
@@ -166,7 +101,7 @@ def compare_steps(s: StepBench) -> dict[str, Any]:
 
     def bare() -> None:
         with par.autocast():
-            bare_step(bare_model, bare_opt, bbs, batch.num_action_tokens, h.grad_clip, s.bare_head)
+            bare_step(bare_model, bare_opt, bbs, batch.num_action_tokens, h.grad_clip, s.bare_head, par)
 
     for _ in range(s.warmup):
         ours()
