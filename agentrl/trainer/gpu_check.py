@@ -183,31 +183,34 @@ def build_model(shape: Shape, device: torch.device, seed: int, max_len: int = 40
         return Qwen2ForCausalLM(cfg)
 
 
-class _Mem:
-    """This rank's memory in bytes: allocated by torch on a GPU; the process's RSS on a CPU (peaks cannot be reset
-    there: `peak` is the process's high-water mark)."""
+def _local_bytes(ts) -> float:
+    return float(sum((t.to_local() if hasattr(t, "to_local") else t).nbytes for t in ts if t is not None))
 
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.device = device
 
-    def now(self) -> float:
-        if self.cuda:
-            return float(torch.cuda.memory_allocated(self.device))
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024.0
-        return float("nan")
+def _state_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer | None) -> float:
+    """This rank's parameters, gradients and optimizer state, counted tensor by tensor."""
+    params = list(model.parameters())
+    total = _local_bytes(params) + _local_bytes(p.grad for p in params)
+    if opt is not None:
+        total += _local_bytes(v for st in opt.state.values() for v in st.values() if torch.is_tensor(v))
+    return total
 
-    def reset(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
 
-    def peak(self) -> float:
-        if self.cuda:
-            return float(torch.cuda.max_memory_allocated(self.device))
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
+def _profiled_peak(fn) -> float | None:
+    """The most bytes of live CPU tensors during `fn` (torch.profiler's memory timeline: parameters, gradients,
+    optimizer state, activations and temporaries), or None where this torch's profiler cannot say."""
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        from torch.profiler._memory_profiler import MemoryProfileTimeline
+
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
+                     with_stack=True) as prof:
+            fn()
+        _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline("cpu")
+        return float(max(sum(x) for x in sizes))
+    except Exception:  # a private API: a report without the figure beats no report
+        return None
 
 
 def _timed(fn, device: torch.device) -> float:
@@ -235,8 +238,7 @@ def run_check(check: CheckConfig, env: DistEnv, device: torch.device) -> dict[st
     par_cls = ShardedAlone if env.world_size == 1 else Parallel
     par = par_cls("fsdp2", env, device, "bf16")
     nccl = nccl_status(device)
-    s, mem = check.shape, _Mem(device)
-    base = mem.now()
+    s, cuda = check.shape, device.type == "cuda"
     t0 = time.perf_counter()
     model = build_model(s, device, check.seed, max(4096, check.max_len))
     impl = attention.apply(model, check.attn, device)
@@ -244,9 +246,11 @@ def run_check(check: CheckConfig, env: DistEnv, device: torch.device) -> dict[st
         checkpoint_activations(model)
     n_params = sum(p.numel() for p in model.parameters())
     model = par.wrap(model)
-    if device.type == "cuda":
+    if cuda:  # from here on, torch.cuda's allocated bytes are this check's
+        torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
-    params_b = mem.now() - base
+        torch.cuda.reset_peak_memory_stats(device)
+    params_b = float(torch.cuda.memory_allocated(device)) if cuda else _state_bytes(model, None)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
     trajs = synthetic_trajectories(check.trajectories, check.group, check.min_len, check.max_len, s.vocab, check.seed)
     batch: TrainBatch = collate(trajs, [t.reward for t in trajs], pad_id=0)
@@ -262,20 +266,24 @@ def run_check(check: CheckConfig, env: DistEnv, device: torch.device) -> dict[st
     def bare() -> None:
         bare_step(model, opt, bbs, batch.num_action_tokens, h.grad_clip, "lean", par)
 
-    mem.reset()
     ours()  # the first step allocates the gradients and AdamW's moments
-    state_b, first_peak = mem.now() - base, mem.peak() - base
+    state_b = float(torch.cuda.memory_allocated(device)) if cuda else _state_bytes(model, opt)
     for _ in range(max(0, check.warmup - 1)):
         ours()
     for _ in range(check.warmup):
         bare()
     times: dict[str, list[list[float]]] = {"ours": [], "bare": []}
-    peaks: dict[str, float] = {}
+    peaks: dict[str, float | None] = {}
     for _ in range(check.repeats):
         for name, fn in (("ours", ours), ("bare", bare)):
-            mem.reset()
+            if cuda:
+                torch.cuda.synchronize(device)
+                torch.cuda.reset_peak_memory_stats(device)
             times[name].append([_timed(fn, device) for _ in range(check.steps)])
-            peaks[name] = max(peaks.get(name, 0.0), mem.peak() - base)
+            if cuda:
+                peaks[name] = max(peaks.get(name) or 0.0, float(torch.cuda.max_memory_allocated(device)))
+    if not cuda:  # one more step of each, untimed, under the profiler's memory timeline
+        peaks = {"ours": _profiled_peak(ours), "bare": _profiled_peak(bare)}
     tokens = sum(batch.lengths)
     flops = train_flops(s, list(batch.lengths), batch.num_action_tokens)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -298,7 +306,7 @@ def run_check(check: CheckConfig, env: DistEnv, device: torch.device) -> dict[st
     c = est.components
     modelled = {"params": c["params"], "params_grads_optimizer": c["params"] + c["grads"] + c["optimizer"],
                 "step_peak": est.peak}
-    measured = {"params": params_b, "params_grads_optimizer": state_b, "step_peak": max(peaks["ours"], first_peak)}
+    measured = {"params": params_b, "params_grads_optimizer": state_b, "step_peak": peaks["ours"]}
     report: dict[str, Any] = {
         "device": name, "world_size": W, "shape": check.shape_name, "params": n_params, "attention": impl,
         "activation_checkpointing": check.checkpointing, "micro_batch_tokens": check.micro_batch_tokens,
@@ -307,16 +315,18 @@ def run_check(check: CheckConfig, env: DistEnv, device: torch.device) -> dict[st
         "tokens_per_s_per_rank": o["tokens_per_s"] / W, "bare": b, "ours_over_bare": statistics.median(ratios),
         "ours_over_bare_rounds": ratios, "model_tflops_per_step": flops / 1e12,
         "bf16_peak_tflops": peak / 1e12 if peak else None,
-        "memory": {"measured_gib": {k: v / GIB for k, v in measured.items()},
+        "memory": {"measured_gib": {k: None if v is None else v / GIB for k, v in measured.items()},
                    "modelled_gib": {k: v / GIB for k, v in modelled.items()},
-                   "components_gib": est.gib(), "bare_step_peak_gib": peaks["bare"] / GIB,
+                   "components_gib": {k: v / GIB for k, v in {**c, "peak": est.peak}.items()},
+                   "bare_step_peak_gib": None if peaks["bare"] is None else peaks["bare"] / GIB,
                    "peak_old_head_gib": est.peak_old_head / GIB,
-                   "measured_as": "torch.cuda allocated" if device.type == "cuda" else "process RSS (CPU)"},
+                   "measured_as": "torch.cuda.max_memory_allocated" if cuda else
+                   "live tensors (state counted; peak: torch.profiler's memory timeline)"},
         "loss": stats["loss"], "grad_norm": stats["grad_norm"], "finite": math.isfinite(stats["loss"])
         and math.isfinite(stats["grad_norm"]), "setup_s": setup_s, "torch": torch.__version__, **nccl,
         "host_peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     }
-    if device.type == "cuda":
+    if cuda:
         report["gpu_peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / GIB
         report["gpu_total_gib"] = torch.cuda.get_device_properties(device).total_memory / GIB
     return report
@@ -328,9 +338,14 @@ def summary(r: dict[str, Any]) -> str:
         return f"MFU {100 * x:.1f}%" if x is not None else f"MFU unknown (no bf16 peak known for {r['device']!r})"
 
     m = r["memory"]
-    mem = "; ".join(f"{k.replace('_', ' ')} {m['modelled_gib'][k]:.2f} | {m['measured_gib'][k]:.2f}"
+    unit, scale = ("GiB", 1.0) if m["modelled_gib"]["step_peak"] >= 1 else ("MiB", 1024.0)
+
+    def amount(x: float | None) -> str:
+        return "?" if x is None else f"{x * scale:.2f}"
+
+    mem = "; ".join(f"{k.replace('_', ' ')} {amount(m['modelled_gib'][k])} | {amount(m['measured_gib'][k])}"
                     for k in m["modelled_gib"])
-    comps = ", ".join(f"{k} {v:.2f}" for k, v in m["components_gib"].items() if k != "peak")
+    comps = ", ".join(f"{k} {amount(v)}" for k, v in m["components_gib"].items() if k != "peak")
     rounds = r["ours_over_bare_rounds"]
     return "\n".join([
         f"device {r['device']} x {r['world_size']}, torch {r['torch']}, shape {r['shape']} ({r['params'] / 1e6:.0f}M "
@@ -343,9 +358,9 @@ def summary(r: dict[str, Any]) -> str:
         f"{mfu(r['mfu'])} of {r['model_tflops_per_step']:.1f} TFLOP the step must do",
         f"bare: step {r['bare']['step_s_median']:.3f} s, {mfu(r['bare']['mfu'])}; ours/bare {r['ours_over_bare']:.3f} "
         f"({min(rounds):.3f}-{max(rounds):.3f} over {len(rounds)} rounds)",
-        f"memory GiB per rank, modelled | measured ({m['measured_as']}): {mem}",
+        f"memory {unit} per rank, modelled | measured ({m['measured_as']}): {mem}",
         f"  modelled components: {comps}; with the old whole-vocabulary head the peak would be "
-        f"{m['peak_old_head_gib']:.1f}",
+        f"{amount(m['peak_old_head_gib'])}",
         f"nccl: {r['nccl']}" + (f" (NCCL {r['nccl_version']})" if "nccl_version" in r else f" ({r['backend']})"),
         f"loss {r['loss']:.4f}, grad norm {r['grad_norm']:.3f}, finite: {r['finite']}; set-up {r['setup_s']:.1f} s",
     ])
