@@ -231,6 +231,26 @@ def _kv_repeated(impl: str, device: torch.device) -> bool:
         "enable_gqa" not in inspect.signature(fn).parameters
 
 
+@torch.no_grad()
+def logprob_agreement(model: torch.nn.Module, batch: TrainBatch, device: torch.device) -> dict[str, float]:
+    """The log-probs of the first two trajectories packed into one row, through the tiled head and the model's
+    attention, against the old path on each alone: SDPA with the padding mask and the whole float32
+    log-softmax. Collective under FSDP2 (every rank runs it)."""
+    from agentrl.trainer.batch import layout
+    from agentrl.trainer.logprobs import full_vocab_logprobs, head_outputs
+
+    idx = [0, 1]
+    width = max(batch.lengths[i] for i in idx)
+    ref = torch.zeros_like(batch.behaviour_logp)
+    ref[idx, : width - 1] = full_vocab_logprobs(model, batch.tokens[idx, :width].to(device),
+                                                batch.attention[idx, :width].to(device))[0].cpu()
+    mb = layout(batch, [idx], {"ref": ref, "mask": batch.mask}, packed=True).to(device)
+    logp = mb.grid(head_outputs(model, mb, 1.0, "none")[0])
+    on = mb.targets["mask"] > 0
+    diff = (logp - mb.targets["ref"])[on].abs()
+    return {"max_abs": float(diff.max()), "mean_abs": float(diff.mean()), "positions": int(on.sum())}
+
+
 def run_check(check: CheckConfig, env: DistEnv, device: torch.device) -> dict[str, Any]:
     """Warm up, then `check.repeats` rounds of `check.steps` timed steps of ours and of the bare step on one model;
     return the report (the same on every rank except the memory figures, which are this rank's). The process group
@@ -284,6 +304,7 @@ def run_check(check: CheckConfig, env: DistEnv, device: torch.device) -> dict[st
                 peaks[name] = max(peaks.get(name) or 0.0, float(torch.cuda.max_memory_allocated(device)))
     if not cuda:  # one more step of each, untimed, under the profiler's memory timeline
         peaks = {"ours": _profiled_peak(ours), "bare": _profiled_peak(bare)}
+    agreement = logprob_agreement(model, batch, device)  # after the peaks: the old path's tensors are large
     tokens = sum(batch.lengths)
     flops = train_flops(s, list(batch.lengths), batch.num_action_tokens)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -322,6 +343,7 @@ def run_check(check: CheckConfig, env: DistEnv, device: torch.device) -> dict[st
                    "peak_old_head_gib": est.peak_old_head / GIB,
                    "measured_as": "torch.cuda.max_memory_allocated" if cuda else
                    "live tensors (state counted; peak: torch.profiler's memory timeline)"},
+        "logprob_agreement": agreement,
         "loss": stats["loss"], "grad_norm": stats["grad_norm"], "finite": math.isfinite(stats["loss"])
         and math.isfinite(stats["grad_norm"]), "setup_s": setup_s, "torch": torch.__version__, **nccl,
         "host_peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
@@ -337,7 +359,7 @@ def summary(r: dict[str, Any]) -> str:
     def mfu(x: float | None) -> str:
         return f"MFU {100 * x:.1f}%" if x is not None else f"MFU unknown (no bf16 peak known for {r['device']!r})"
 
-    m = r["memory"]
+    m, a = r["memory"], r["logprob_agreement"]
     unit, scale = ("GiB", 1.0) if m["modelled_gib"]["step_peak"] >= 1 else ("MiB", 1024.0)
 
     def amount(x: float | None) -> str:
@@ -361,6 +383,8 @@ def summary(r: dict[str, Any]) -> str:
         f"memory {unit} per rank, modelled | measured ({m['measured_as']}): {mem}",
         f"  modelled components: {comps}; with the old whole-vocabulary head the peak would be "
         f"{amount(m['peak_old_head_gib'])}",
+        f"log-probs of 2 packed trajectories ({r['attention']}, tiled head) against each alone through SDPA and the "
+        f"whole float32 log-softmax: max |diff| {a['max_abs']:.2e}, mean {a['mean_abs']:.2e} over {a['positions']}",
         f"nccl: {r['nccl']}" + (f" (NCCL {r['nccl_version']})" if "nccl_version" in r else f" ({r['backend']})"),
         f"loss {r['loss']:.4f}, grad norm {r['grad_norm']:.3f}, finite: {r['finite']}; set-up {r['setup_s']:.1f} s",
     ])

@@ -72,5 +72,7 @@ def test_tiny_check_trains_on_cpu_with_fsdp2_and_writes_one_json(tmp_path: Path)
     assert m["measured_gib"]["params"] == pytest.approx(m["modelled_gib"]["params"], rel=0.05)
     assert m["measured_gib"]["params_grads_optimizer"] == pytest.approx(m["modelled_gib"]["params_grads_optimizer"],
                                                                         rel=0.05)
+    agree = r["logprob_agreement"]  # bf16 weights and compute: agreement within bf16's rounding of the logits
+    assert agree["positions"] > 0 and agree["max_abs"] < 0.1 and agree["mean_abs"] < 0.02
     assert "MFU unknown (no bf16 peak known for 'cpu')" in run.stdout and "nccl: not used (gloo)" in run.stdout
     assert "ours/bare" in run.stdout and "modelled | measured" in run.stdout and f"report: {out}" in run.stdout
