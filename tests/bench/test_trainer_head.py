@@ -15,4 +15,4 @@ def test_both_sides_take_the_same_step_and_report_it() -> None:
     assert full["grad_norm"] == pytest.approx(lean["grad_norm"], rel=1e-4) and lean["grad_norm"] > 0
     for r in (full, lean):
         assert r["tokens"] == 256 > r["action_tokens"] > 0 and r["step_s"] > 0 and r["finite"]
-        assert r["peak_rss_gib"] >= r["rss_before_step_gib"] > 0
+        assert r["peak_rss_gib"] >= 0.99 * r["rss_before_step_gib"] > 0  # the kernel updates its high-water lazily
