@@ -76,7 +76,7 @@ def compare_steps(s: StepBench) -> dict[str, Any]:
     h = RLHyper(micro_batch_tokens=s.micro_batch_tokens, packing=s.packing, kl_coef=s.kl_coef)
     par = Parallel(device=device, mixed_precision=s.mixed_precision)
     base = make_model(s.hidden, s.layers, s.heads, s.vocab, s.max_len, s.seed)
-    impl = attention.apply(base, s.attn_implementation, device)
+    impl = attention.apply(base, s.attn_implementation, device, par.dtype)
     ours_model, bare_model = par.wrap(copy.deepcopy(base)), copy.deepcopy(base).to(device)
     ref = par.wrap_frozen(copy.deepcopy(base)) if s.kl_coef > 0 else None
     ours_opt = torch.optim.AdamW(ours_model.parameters(), lr=1e-5)

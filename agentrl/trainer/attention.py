@@ -6,9 +6,9 @@
             the restarting position ids, and the kernel computes the whole row's L² scores. The CPU default.
     varlen  torch's `torch.nn.attention.varlen.varlen_attn` (FlashAttention inside torch, CUDA only) over the
             flattened micro-batch, with the segments' cumulative lengths made once per micro-batch on the host
-            (`segments`): no mask, no host sync. KV heads are repeated where the kernel has no `enable_gqa` (torch
-            2.11). On a CPU the same plumbing runs an exact loop of SDPA calls, one per segment (tests; slow rows).
-            The CUDA default.
+            (`MicroBatch.cu_seqlens`): no mask, no host sync. KV heads are repeated where the kernel has no
+            `enable_gqa` (torch 2.11). On a CPU the same plumbing runs an exact loop of SDPA calls, one per segment
+            (tests; slow rows). The default on CUDA in bf16 (FlashAttention has no float32).
     flex    `flex_attention` (compiled once, dynamic shapes) with a block mask made by arithmetic from the segment
             boundaries: only the blocks on the diagonal bands are computed. CUDA only for training (torch has no
             flex backward on CPU).
@@ -50,23 +50,30 @@ def _sliding(config: Any) -> bool:
     return "sliding_attention" in (getattr(config, "layer_types", None) or ())
 
 
-def resolve(choice: str, device: torch.device, config: Any) -> str:
-    """The implementation `choice` means on `device` for a model of `config`: sdpa | varlen | flex."""
+def resolve(choice: str, device: torch.device, config: Any, dtype: torch.dtype | None = torch.bfloat16) -> str:
+    """The implementation `choice` means on `device` for a model of `config` computing in `dtype` (None: float32):
+    sdpa | varlen | flex."""
     if choice not in ATTN_IMPLEMENTATIONS:
         raise ValueError(f"trainer.attn_implementation must be one of {ATTN_IMPLEMENTATIONS}, got {choice!r}")
+    half = dtype in (torch.bfloat16, torch.float16)  # FlashAttention's dtypes
     if choice == "auto":
-        ok = device.type == "cuda" and torch_varlen() is not None and not _sliding(config)
+        ok = device.type == "cuda" and torch_varlen() is not None and half and not _sliding(config)
         return "varlen" if ok else "sdpa"
     if choice != "sdpa" and _sliding(config):
         raise ValueError(f"trainer.attn_implementation={choice}: the model has sliding-window layers; use sdpa")
+    if choice == "varlen" and device.type == "cuda" and not half:
+        raise ValueError("trainer.attn_implementation=varlen on CUDA computes in bf16 or fp16 only "
+                         "(trainer.mixed_precision=fp32 asks for float32): use sdpa")
     if choice == "flex" and device.type != "cuda":
         raise ValueError("trainer.attn_implementation=flex trains on CUDA only (torch has no flex backward on CPU)")
     return choice
 
 
-def apply(model: torch.nn.Module, choice: str, device: torch.device) -> str:
-    """Set `model`'s attention to `choice` (resolved for `device`) before it is wrapped; returns and logs it."""
-    impl = resolve(choice, device, model.config)
+def apply(model: torch.nn.Module, choice: str, device: torch.device, dtype: torch.dtype | None = torch.bfloat16
+          ) -> str:
+    """Set `model`'s attention to `choice` (resolved for `device` and the compute `dtype`) before it is wrapped;
+    returns and logs it."""
+    impl = resolve(choice, device, model.config, dtype)
     if impl != "sdpa":
         _register()
     model.set_attn_implementation(HF_NAMES[impl])

@@ -44,7 +44,7 @@ def load_policy(model_dir: str | Path, threads: int, par: Parallel, activation_c
         return _sharded(model_dir, threads, par, torch.float32, frozen=False,
                         activation_checkpointing=activation_checkpointing, attn_implementation=attn_implementation)
     model = load_model(model_dir, threads)
-    attention.apply(model, attn_implementation, par.device)
+    attention.apply(model, attn_implementation, par.device, par.dtype)
     if activation_checkpointing:
         checkpoint_activations(model)
     return par.wrap(model)
@@ -70,7 +70,7 @@ def load_reference(model_dir: str | Path, threads: int, par: Parallel, weights: 
         return _sharded(model_dir, threads, par, dtype, frozen=True, weights=weights,
                         attn_implementation=attn_implementation)
     ref = load_model(model_dir, threads, dtype)
-    attention.apply(ref, attn_implementation, par.device)
+    attention.apply(ref, attn_implementation, par.device, par.dtype)
     if weights is not None:
         fill_from_files(ref, [Path(weights)])
     return par.wrap_frozen(ref)
@@ -85,7 +85,7 @@ def _sharded(model_dir: str | Path, threads: int, par: Parallel, dtype: torch.dt
     config = AutoConfig.from_pretrained(str(model_dir))
     with _parameters_on_meta():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    attention.apply(model, attn_implementation, par.device)
+    attention.apply(model, attn_implementation, par.device, par.dtype)
     buffers = {n: b.clone() for n, b in model.named_buffers()}  # rotary tables: computed, not in the files
     if frozen:
         model.requires_grad_(False).eval()

@@ -109,9 +109,12 @@ def test_the_choice_resolves_per_device_and_refuses_what_cannot_run() -> None:
         attention.resolve("varlen", cpu, sliding)
     with pytest.raises(ValueError, match="one of"):
         attention.resolve("flash", cpu, cfg)
+    cuda = torch.device("cuda")
     if attention.torch_varlen() is not None:
-        assert attention.resolve("auto", torch.device("cuda"), cfg) == "varlen"
-    assert attention.resolve("auto", torch.device("cuda"), sliding) == "sdpa"
+        assert attention.resolve("auto", cuda, cfg) == "varlen"
+    assert attention.resolve("auto", cuda, sliding) == attention.resolve("auto", cuda, cfg, None) == "sdpa"
+    with pytest.raises(ValueError, match="bf16 or fp16"):
+        attention.resolve("varlen", cuda, cfg, None)
 
 
 @pytest.mark.slow
