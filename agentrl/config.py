@@ -257,6 +257,10 @@ class TrainerConfig:
     (parameters, gradients and optimizer state sharded per decoder layer) | none (one rank only)."""
     mixed_precision: Literal["auto", "bf16", "fp32"] = "auto"
     """auto: bf16 compute on GPUs that support it, float32 elsewhere | bf16 | fp32."""
+    attn_implementation: Literal["auto", "sdpa", "flex", "varlen"] = "auto"
+    """Attention over packed rows (`agentrl.trainer.attention`): auto (varlen on CUDA in bf16, sdpa elsewhere) |
+    sdpa (a materialised block-diagonal mask: the row's L² computed) | varlen (torch's varlen_attn: Σ sᵢ² over the
+    trajectories; on a CPU an exact per-trajectory loop) | flex (flex_attention with a block mask; CUDA only)."""
     activation_checkpointing: bool = False
     """Keep only each decoder layer's input for the backward pass and recompute the rest (Hugging Face's
     gradient checkpointing, non-reentrant): activation memory falls from every layer's to about one layer's,
