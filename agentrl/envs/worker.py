@@ -56,6 +56,7 @@ from agentrl.envs.api import (
     require,
     shown,
 )
+from agentrl.envs.json_args import clean_message
 from agentrl.envs.listener import GUARD_KEY, ConnectionGuard, ConnectionLimits, GuardedSite, runner_args
 from agentrl.envs.wire import Handler, auth_middleware, check_exposure, error_response, read_json
 from agentrl.types import Status
@@ -307,7 +308,7 @@ class EnvWorker:
         if sid in self.ended:  # this worker ended it (a call timed out): say so on every later call
             return web.json_response(InteractResult.ended(Status.ENV_ERROR, self.ended[sid]).to_wire())
         sid, live = self._live(body)
-        message = require(body, "message", dict)
+        message = clean_message(require(body, "message", dict))  # no unpaired surrogate reaches a task
         self._busy(sid, live)
         async with live.lock:
             try:

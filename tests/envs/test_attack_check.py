@@ -21,14 +21,18 @@ def held(task: Task) -> tuple[int, list[str]]:
     return len(results), [f"{r.attack}: reward {r.reward}, {r.status}, {r.detail}" for r in results if not r.held]
 
 
+GENERIC = 8
+"""The generic attacks every task gets (`library.generic`, `library.wire_attacks`)."""
+
+
 def test_every_attack_holds_on_the_built_in_tasks() -> None:
-    assert held(LookupTask()) == (5, [])
-    assert held(KGTask()) == (7, [])
-    assert held(DbTask(statement_timeout_s=1.0)) == (11, [])
+    assert held(LookupTask()) == (GENERIC, [])
+    assert held(KGTask()) == (GENERIC + 2, [])
+    assert held(DbTask(statement_timeout_s=1.0)) == (GENERIC + 6, [])
     if missing_sandbox() is None or os.environ.get("CI"):  # os needs bubblewrap and its rootfs (CI has both)
         from agentrl.envs.tasks.os_task import OsTask
 
-        assert held(OsTask(sandbox={"backend": "bwrap", "command_timeout_s": 5.0})) == (15, [])
+        assert held(OsTask(sandbox={"backend": "bwrap", "command_timeout_s": 5.0})) == (GENERIC + 10, [])
 
 
 def test_every_db_attack_holds_on_mariadb() -> None:
@@ -41,7 +45,7 @@ def test_every_db_attack_holds_on_mariadb() -> None:
     server = MariaDBServer().start()
     try:
         task = DbTask(backend="mariadb", mariadb_address=f"unix:{server.socket}", statement_timeout_s=1.0)
-        assert held(task) == (11, [])
+        assert held(task) == (GENERIC + 6, [])
     finally:
         server.stop()
 
@@ -57,4 +61,4 @@ def test_a_failed_attack_is_reported() -> None:
             return episode
 
     results = play_attacks(Generous(), attacks_for("generous", LookupTask().tools()))
-    assert [r.attack for r in results if not r.held] == ["forged_markers", "huge_text"]
+    assert [r.attack for r in results if not r.held] == ["forged_markers", "huge_text", "lone_surrogates"]
