@@ -1,9 +1,10 @@
 """Play hostile-policy episodes against tasks: does any earn reward without the answer, or hurt the worker?
 
     python -m jobs.attack_check                               # the built-in tasks: os, db, db:mariadb, kg, lookup,
-                                                              # and the network floods (http)
+                                                              # the network floods (http), the agent loop (rollout)
     python -m jobs.attack_check --tasks db,kg                 # some of them
     python -m jobs.attack_check --tasks http --only half      # one flood (--flood-seconds, --connections)
+    python -m jobs.attack_check --tasks rollout --model DIR   # hostile texts through your model's chat format
     PYTHONPATH=. python -m jobs.attack_check mypkg.mytask:MyTask --option split=dev   # a task of your own
     srun -n1 python -m jobs.attack_check --tasks os           # on a node with the os sandbox
 
@@ -14,7 +15,9 @@ db:mariadb: db on a private MariaDB server, started and stopped here) is skipped
 The attacks and the player are `agentrl.envs.attacks`. `http` is not a task: it starts a controller and an env worker
 process (serving `lookup`, in a temporary run dir, with a 2 s head deadline) and floods both from other
 processes, without the run's secret, while the run's own client plays episodes through them
-(`agentrl.envs.attacks.flood`).
+(`agentrl.envs.attacks.flood`). `rollout` plays hostile texts (the policy's own calls, env texts that echo
+it) through the agent loop in the chat formats of the tiny model and the stand-ins of three families, or of
+`--model DIR` (`agentrl.rollout.hostile`).
 """
 from __future__ import annotations
 
@@ -27,7 +30,8 @@ from agentrl.envs.sandbox import SandboxUnavailable
 from agentrl.envs.tasks import get_task, parse_task_options
 from agentrl.envs.tasks.db.backends import find_mariadbd
 
-BUILTIN = ("os", "db", "db:mariadb", "kg", "lookup", "http")
+BUILTIN = ("os", "db", "db:mariadb", "kg", "lookup", "http", "rollout")
+NOT_TASKS = ("http", "rollout")
 VARIANTS = {"db:mariadb": ("db", {"backend": "mariadb"})}
 """Built-in tasks played again with other options: db on AgentBench's engine."""
 
@@ -42,10 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flood-seconds", type=float, default=5.0, help="how long each http flood lasts")
     ap.add_argument("--connections", type=int, default=1100, help="connections of each http flood, per server")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every attack's detail, held or not")
+    ap.add_argument("--model", default=None, help="rollout: a Hugging Face model directory (default: the tiny "
+                    "model's format and the stand-in families)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     names = [t for t in (args.tasks or ("" if args.task else ",".join(BUILTIN))).split(",") if t]
-    specs = [VARIANTS.get(n, (n, {})) for n in names if n != "http"]
+    specs = [VARIANTS.get(n, (n, {})) for n in names if n not in NOT_TASKS]
     specs += [(t, parse_task_options(args.option)) for t in args.task]
     failed = played = 0
     for spec, options in specs:
@@ -75,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         for r in _play_floods(args.only, args.flood_seconds, args.connections):
             played += 1
             failed += not _report(r, "http", args.verbose)
+    if "rollout" in names:
+        for r in _play_rollout(args.only, args.model):
+            played += 1
+            failed += not _report(r, r.task, args.verbose)
     print(f"{played} attacks played, {played - failed} held, {failed} succeeded")
     return 1 if failed else 0
 
@@ -110,6 +120,32 @@ def _play_floods(only: str, seconds: float, connections: int) -> list[AttackResu
             return play_floods(url, run_secret(cfg.run_dir), FLOOD_HEAD_TIMEOUT_S, modes, connections, seconds)
         finally:
             launcher.stop_all()
+
+
+def _play_rollout(only: str, model: str | None) -> list[AttackResult]:
+    """The agent-loop attacks in each chat format (module docstring)."""
+    import tempfile
+    from pathlib import Path
+
+    from agentrl.rollout.chat import ChatFormat
+    from agentrl.rollout.hostile import ATTACKS, play_rollout_attacks
+
+    attacks = tuple(a for a in ATTACKS if only in a.name)
+    if not attacks:
+        return []
+    if model is not None:
+        return play_rollout_attacks(ChatFormat.load(model), Path(model).name, attacks)
+    from agentrl.models import standins, tiny_chat
+    from agentrl.models.tiny_policy import build_tokenizer, expert_conversations
+
+    tok = build_tokenizer(["lookup"], expert_conversations("lookup", 50, seed=0), 800)
+    stops = tuple(tok.convert_tokens_to_ids(t) for t in (tiny_chat.IM_END, tiny_chat.EOS))
+    out = play_rollout_attacks(ChatFormat.of(tok, "hermes", stops), "tiny", attacks)
+    with tempfile.TemporaryDirectory(prefix="agentrl-standins-") as root:
+        for family in standins.FAMILIES:
+            fmt = ChatFormat.load(standins.build(family, Path(root) / family))
+            out += play_rollout_attacks(fmt, family, attacks)
+    return out
 
 
 def _report(r: AttackResult, label: str, verbose: bool = False) -> bool:
