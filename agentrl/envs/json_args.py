@@ -28,7 +28,12 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class ArgumentsError(ValueError):
-    """Why a call's arguments are refused; its text completes "arguments are ..."."""
+    """Why a call's arguments are refused; its text completes "arguments are ...". `decode` is the parser's
+    own error where the text is not JSON at all (callers that always said it their way keep doing so)."""
+
+    def __init__(self, message: str, decode: json.JSONDecodeError | None = None) -> None:
+        super().__init__(message)
+        self.decode = decode
 
 
 def json_depth(text: str) -> int:
@@ -105,7 +110,7 @@ def loads_arguments(text: str, max_depth: int = MAX_ARGUMENT_DEPTH, finite: bool
     except ArgumentsError:
         raise
     except json.JSONDecodeError as e:
-        raise ArgumentsError(f"not valid JSON ({e.msg} at position {e.pos})") from None
+        raise ArgumentsError(f"not valid JSON ({e.msg} at position {e.pos})", e) from None
     except (ValueError, TypeError, RecursionError) as e:  # not reached under the bounds above; kept so that
         raise ArgumentsError(f"not valid JSON ({type(e).__name__})") from None  # no input is our exception
     bad = _with_surrogate(value)

@@ -75,8 +75,8 @@ def parse_lenient(raw: Any, i: int, max_bytes: int) -> tuple[str, str, Any, str 
         return call_id, name, None, f"arguments are too long (limit {max_bytes} bytes)"
     try:  # AgentBench's json.loads, but nothing a policy writes raises past this (issue 34)
         return call_id, name, loads_arguments(arguments, finite=False), None
-    except ArgumentsError as e:  # in this protocol's own words ("not JSON (...)")
-        return call_id, name, None, f"arguments are {str(e).replace('not valid JSON', 'not JSON', 1)}"
+    except ArgumentsError as e:  # not JSON: in this protocol's own words, as before
+        return call_id, name, None, f"arguments are not JSON ({e.decode})" if e.decode else f"arguments are {e}"
 
 
 def first_value(arguments: Any) -> Any:

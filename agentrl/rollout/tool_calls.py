@@ -141,7 +141,8 @@ class ToolCallParser:
             try:  # the env's own rule (a 4,301-digit integer once raised out of the rank here)
                 args = loads_arguments(arguments) if isinstance(arguments, str) else None
             except ArgumentsError as e:
-                errors.append(ToolCallError(arguments, f"tool call arguments are {e}"))
+                why = f"not valid JSON ({e.decode.msg})" if e.decode is not None else str(e)
+                errors.append(ToolCallError(arguments, f"tool call arguments are {why}"))
                 continue
             if not isinstance(name, str) or not name:
                 errors.append(ToolCallError(arguments, 'a tool call needs a string "name"'))
@@ -195,6 +196,8 @@ def diagnose(text: str) -> str | None:
     try:  # one level more than the arguments: the call's own object
         obj = loads_arguments(body, MAX_ARGUMENT_DEPTH + 1)
     except ArgumentsError as e:
+        if e.decode is not None:
+            return f"tool call is not valid JSON ({e.decode.msg} at char {e.decode.pos})"
         return f"tool call is {e}"
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return 'tool call must be a JSON object with a string "name"'
