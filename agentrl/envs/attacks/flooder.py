@@ -63,21 +63,27 @@ async def _wait_closed(reader: asyncio.StreamReader, drip: asyncio.StreamWriter 
     return False
 
 
+async def _connect(host: str, port: int, source: str, tally: _Tally
+                   ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, float] | None:
+    """A new connection from `source` (counted), or None after a short pause when none could be made."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, local_addr=(source, 0)), 2.0)
+    except (OSError, TimeoutError):
+        tally.connect_failed += 1
+        await asyncio.sleep(0.05)
+        return None
+    return reader, writer, tally.up()
+
+
 async def _holder(mode: str, host: str, port: int, source: str, deadline: float, tally: _Tally) -> None:
     head = f"POST /interact HTTP/1.1\r\nHost: {host}\r\n".encode()
     while time.monotonic() < deadline:
-        try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(host, port, local_addr=(source, 0)), 2.0)
-        except (OSError, TimeoutError):
-            tally.connect_failed += 1
-            await asyncio.sleep(0.05)
+        opened = await _connect(host, port, source, tally)
+        if opened is None:
             continue
-        since = tally.up()
+        reader, writer, since = opened
         try:
-            if mode == "half_head":
-                writer.write(head)
-            elif mode == "drip_head":
+            if mode in ("half_head", "drip_head"):
                 writer.write(head)
             elif mode == "huge_head":
                 writer.write(head + b"".join(b"X-Pad-%d: %s\r\n" % (i, b"a" * 8000) for i in range(64)))
@@ -96,14 +102,10 @@ async def _asker(host: str, port: int, source: str, deadline: float, tally: _Tal
     request = (f"POST /interact HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {'0' * 64}\r\n"
                "Connection: keep-alive\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}").encode()
     while time.monotonic() < deadline:
-        try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(host, port, local_addr=(source, 0)), 2.0)
-        except (OSError, TimeoutError):
-            tally.connect_failed += 1
-            await asyncio.sleep(0.05)
+        opened = await _connect(host, port, source, tally)
+        if opened is None:
             continue
-        since = tally.up()
+        reader, writer, since = opened
         try:
             while time.monotonic() < deadline:  # as many requests as the server takes on one connection
                 writer.write(request)
