@@ -134,6 +134,7 @@ async def run_episode(client: Any, engine: Engine, fmt: ChatFormat, task: str, i
                 # turn end comes first, as context), as with any malformed call.
                 if not parsed.errors:
                     parsed.errors.append(ToolCallError("", "the message was cut off at the token limit"))
+            own = bool(parsed.errors)  # the rollout's own answer, not env text
             if parsed.errors:
                 invalid += 1
                 observation = fmt.error_observation(parsed.errors)
@@ -147,12 +148,12 @@ async def run_episode(client: Any, engine: Engine, fmt: ChatFormat, task: str, i
                     break
                 observation = res.messages
             clock.lap("parse_s")  # the error observation, when there is one
-            obs_ids = talk.observation_ids(observation)
+            obs_ids = talk.observation_ids(observation, own)
             clock.lap("render_s")
             if len(b) + len(obs_ids) >= limits.max_model_len:  # no room left for the next turn
                 status = Status.CONTEXT_LIMIT
                 break
-            talk.observed(observation, obs_ids)
+            talk.observed(observation, obs_ids, own)
             b.add_context(obs_ids)
     except EnvError:  # the worker died, the session expired or the gateway failed: infrastructure
         status, metrics = Status.ENV_ERROR, {"env_error": 1.0}  # not `done`: cancel below frees the slot

@@ -174,7 +174,18 @@ class ChatFormat:
         return self.parser.parse(self.decode(ids), tools, call_id_prefix)
 
     def error_observation(self, errors: list[ToolCallError]) -> list[dict[str, Any]]:
-        return [{"role": "tool", "content": self.parser.format_errors(errors)}]
+        """The rollout's own answer to unreadable calls: the errors and the family's call syntax, whose markers
+        (`<tool_call>`, special in some tokenizers) stay the model's tokens (`Transcript.observation_ids`
+        with `own=True`); an error that quotes a special token's string of the model's (a tool name) other
+        than the family's call markers has it defused."""
+        quoted = [ToolCallError(e.text, self.plain.defuse(e.message)) if self.plain.holds(self._unmarked(e.message))
+                  else e for e in errors]
+        return [{"role": "tool", "content": self.parser.format_errors(quoted)}]
+
+    def _unmarked(self, text: str) -> str:
+        for marker in (*self.parser.markers, "</tool_call>"):
+            text = text.replace(marker, "")
+        return text
 
 
 def _plain_backend(tokenizer: Any, methods: tuple[str, ...]) -> Any:
@@ -226,6 +237,7 @@ class Transcript:
                  max_prompt: int | None = None) -> None:
         self.fmt, self.tools = fmt, tools
         self._hot: dict[int, tuple[Any, bool]] = {}  # id(message) -> (its content, holds special tokens' text)
+        self._own: set[int] = set()  # ids of the rollout's own messages in `messages` (error observations)
         self.nonce = _new_nonce()
         self._tools_text = json.dumps(tools, ensure_ascii=False)
         self.messages = self._env(messages)
@@ -250,13 +262,15 @@ class Transcript:
             self.nonce = _new_nonce()
         return out
 
-    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> tuple[str, list[Span]]:
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                own: frozenset[int] = frozenset()) -> tuple[str, list[Span]]:
         """The template's text of `messages` (sampled turns as the marker) and where the env text that holds
-        special tokens' strings lies in it (`env_text.render_located`)."""
+        special tokens' strings lies in it (`env_text.render_located`); the rollout's own messages (ids in
+        `self._own` or `own`) are not env text."""
         shown = [{"role": "assistant", "content": self.marker} if m is _TURN else m for m in messages]
         hot = []
         for i, m in enumerate(messages):
-            if m is not _TURN:
+            if m is not _TURN and id(m) not in self._own and id(m) not in own:
                 content = m.get("content")
                 seen = self._hot.get(id(m))
                 if seen is None or seen[0] is not content:  # ids are reused once a message is gone
@@ -274,18 +288,22 @@ class Transcript:
         self._sources.append(None)
         self.messages.append(_TURN)
 
-    def observation_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        """The template's delta for env `messages` after the last sampled turn (not yet added)."""
+    def observation_ids(self, messages: list[dict[str, Any]], own: bool = False) -> list[int]:
+        """The template's delta for env `messages` after the last sampled turn (not yet added); `own`: the
+        rollout's own messages (`ChatFormat.error_observation`), encoded as the template's text."""
         messages = self._env(messages)
-        text, spans = self._render(self.messages + messages, True)
+        text, spans = self._render(self.messages + messages, True, frozenset(map(id, messages)) if own else frozenset())
         start = text.rindex(self.marker) + len(self.marker)
         turn = self.segments[-1][1]
         ids = self._after_turn(self._encode(text, spans, start), turn)
         self._delta = (ids, text[start:], turn)
         return ids
 
-    def observed(self, messages: list[dict[str, Any]], ids: list[int]) -> None:
-        self.messages += self._env(messages)
+    def observed(self, messages: list[dict[str, Any]], ids: list[int], own: bool = False) -> None:
+        messages = self._env(messages)
+        if own:
+            self._own.update(map(id, messages))
+        self.messages += messages
         self.segments.append(("context", list(ids)))
         d, self._delta = self._delta, None
         self._sources.append((d[1], d[2]) if d is not None and d[0] is ids else None)

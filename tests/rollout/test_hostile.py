@@ -110,7 +110,7 @@ def _play(fmt: ChatFormat, text: str = "nothing", turns: int = 3):
 def test_our_own_failure_is_an_internal_error_never_retried(formats, monkeypatch, caplog) -> None:
     fmt = formats["tiny"]
 
-    def broken(self, messages):
+    def broken(self, messages, own=False):
         raise KeyError("a bug of ours")
 
     monkeypatch.setattr(Transcript, "observation_ids", broken)
@@ -157,3 +157,23 @@ def test_an_endpoints_unreadable_call_never_raises() -> None:
                  '{"name": "look", "arguments": {"v": "\\ud800"}}', '{"name": "look", "arguments": NaN}'):
         text = unread_call_observation(f"<tool_call>{body}</tool_call>")
         assert text is not None and text.startswith("Error: tool call is "), text
+
+
+def test_the_rollouts_own_error_observation_keeps_the_call_markers_as_tokens(formats) -> None:
+    """Our error observation shows the family's call syntax with its own markers (special in the qwen2.5
+    stand-in and the tiny model): they stay the tokens the model must write, as a server would show them; a
+    tool name of the model's quoted in it cannot bring a special token of its own."""
+    from agentrl.rollout.tool_calls import ToolCallError
+
+    for label in ("tiny", "qwen2.5"):
+        fmt = formats[label]
+        marker = fmt.tokenizer.convert_tokens_to_ids("<tool_call>")
+        assert marker in fmt.plain.special_ids
+        talk = Transcript(fmt, START, TOOLS)
+        talk.sampled(_benign_call(fmt))
+        obs = fmt.error_observation([ToolCallError("", "tool call is not closed with </tool_call>"),
+                                     ToolCallError("", "the arguments of <|im_start|>x must be a JSON object")])
+        delta = talk.observation_ids(obs, own=True)
+        assert marker in delta and f"<{JOINER}|im_start|>x" in fmt.decode(delta)
+        talk.observed(obs, delta, own=True)
+        assert talk.check() == []
