@@ -6,9 +6,13 @@ size but not how long it may take to arrive, nor how many connections may wait f
 requests once held 1,008 of the controller's sockets for over a minute, it ran out of file descriptors,
 stopped accepting (the run's own client got timeouts, then 503) and declared its healthy worker dead.
 `GuardedSite` serves an aiohttp runner behind `ConnectionGuard`, which counts every connection from the
-moment it is accepted until the auth middleware has seen the run's secret in a whole request head
-(`trust`). Until then a connection is *pending*, and
+moment it is accepted until it has shown the run's secret in a whole request head (`trust`). Until then a
+connection is *pending*, and
 
+  * its bytes wait here until its first request head is complete (at most `PENDING_HEAD_BYTES`, or it is
+    closed): aiohttp never parses, times or schedules anything for a connection that has not finished a
+    head. A complete head without the secret is answered 401 here and closed, before aiohttp makes a
+    handler for it (the auth middleware, `wire.py`, checks every later request of a trusted connection);
   * it must be trusted within `head_timeout_s` of its accept, or it is closed (a request head sent one
     byte at a time, or nothing at all);
   * one peer address holds at most `per_peer` pending connections and all peers `pending` together; past
@@ -21,16 +25,17 @@ moment it is accepted until the auth middleware has seen the run's secret in a w
   * every connection, trusted or not, counts toward `max_connections` (by default half the process's
     file-descriptor limit, which `raise_fd_limit` lifts to the hard limit first): past it the oldest
     pending one of the fullest peer is closed whatever its age, or the newcomer when none is pending,
-    so accept() never fails for want of descriptors.
+    so accept() never fails for want of descriptors. `GuardedSite` accepts at most `ACCEPT_BATCH` per
+    wake-up, so a flood of new connections takes a bounded share of each event-loop turn.
 
-A forged or missing secret gets 401 and the connection is closed by the auth middleware (`wire.py`), and
-the secret is checked before the body is read, so without it nobody sends a slow body or reads a long
+The secret is checked before any body is read, so without it nobody sends a slow body or reads a long
 answer slowly. A trusted connection's next request head must arrive within aiohttp's keep-alive timeout
 (`idle_timeout_s`), and its body within `body_timeout_s` (`wire.read_body`).
 
-Counted in the servers' /status under `connections`: open, pending, trusted, and how many were closed
-for their head deadline (`head_timeouts`), evicted for a pending cap (`evicted`) or refused at the total
-(`refused`).
+Counted in the servers' /status under `connections`: open, pending, trusted, the oldest pending's age, and
+how many were closed for their head deadline (`head_timeouts`), a head past `PENDING_HEAD_BYTES`
+(`head_too_long`), a pending cap (`evicted`) or refused at the total (`refused`). The floods of
+`jobs.attack_check --tasks http` (`agentrl.envs.attacks.flood`) play against all of it.
 """
 from __future__ import annotations
 
@@ -121,7 +126,7 @@ def runner_args(cfg: Any) -> dict[str, Any]:
 
 
 class _Conn:
-    """One accepted connection as the guard sees it (the aiohttp protocol is `inner`)."""
+    """One accepted connection as the guard sees it."""
 
     __slots__ = ("transport", "peer", "since", "trusted", "timer")
 
