@@ -93,17 +93,35 @@ class ControllerConfig:
     body_timeout_s: float = 10.0
     """How long the controller and the workers wait for a request's whole body (408 beyond): a client
     that announces more than it sends holds a socket this long, never a handler forever."""
+    head_timeout_s: float = 10.0
+    """A new connection to the controller or a worker must send a whole request head with the run's secret
+    within this, or it is closed (`agentrl.envs.listener`: half-sent requests from anyone on the network)."""
+    idle_timeout_s: float = 60.0
+    """A keep-alive connection with no request for this long is closed (above the clients' own 15 s)."""
+    max_pending_connections: int = 1024
+    """Connections, of all peers together, that have not yet shown the run's secret: past it the oldest
+    of the peer holding the most is closed to make room."""
+    max_pending_per_peer: int = 256
+    """The same, for one peer address: past it that peer's own oldest is closed."""
+    max_connections: int = 0
+    """All connections one server holds (0: half its file-descriptor limit, after raising it to the hard limit)."""
 
     def validate(self, p: str) -> None:
         _check(0 <= self.port < 65536, f"{p}.port", "must be in [0, 65535]")
         for name in ("heartbeat_s", "dead_after_s", "session_idle_s", "keepalive_s", "request_timeout_s",
-                     "body_timeout_s"):
+                     "body_timeout_s", "head_timeout_s"):
             _check(getattr(self, name) > 0, f"{p}.{name}", "must be positive")
         _check(self.dead_after_s > self.heartbeat_s, f"{p}.dead_after_s", "must exceed heartbeat_s")
         _check(self.session_idle_s >= 2 * self.keepalive_s, f"{p}.session_idle_s",
                "must be at least 2 * keepalive_s (or a held session could expire between keep-alives)")
         _check(self.max_worker_failures >= 1, f"{p}.max_worker_failures", "must be >= 1")
         _check(self.max_body_bytes >= 64 * 1024, f"{p}.max_body_bytes", "must be >= 65536")
+        _check(self.idle_timeout_s > 15.0, f"{p}.idle_timeout_s",
+               "must exceed 15 (the clients keep idle connections 15 s; a server closing them first races them)")
+        _check(self.max_pending_connections >= 1, f"{p}.max_pending_connections", "must be >= 1")
+        _check(1 <= self.max_pending_per_peer <= self.max_pending_connections, f"{p}.max_pending_per_peer",
+               "must be in [1, max_pending_connections]")
+        _check(self.max_connections >= 0, f"{p}.max_connections", "must be >= 0 (0: from the descriptor limit)")
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import jsonschema
 
+from agentrl.envs.json_args import ArgumentsError, loads_arguments
 from agentrl.envs.protocol import STRICT, CallPolicy, parse_lenient, policy_of, select_calls
 from agentrl.types import Status
 
@@ -200,7 +202,10 @@ class InteractResult(StepResult):
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> InteractResult:
-        return cls(messages=list(d["messages"]), done=bool(d["done"]), reward=float(d["reward"]),
+        reward = float(d["reward"])
+        if not math.isfinite(reward):  # NaN would be trained on as a number: the env failed
+            raise ValueError(f"reward {reward} is not a finite number")
+        return cls(messages=list(d["messages"]), done=bool(d["done"]), reward=reward,
                    status=Status(d["status"]), metrics=dict(d.get("metrics") or {}), error=d.get("error"))
 
     @classmethod
@@ -407,21 +412,19 @@ class ToolBox:
         if arguments is None or arguments == "":
             arguments = "{}"
         if isinstance(arguments, dict):  # tolerated: some clients send parsed arguments
-            arguments = json.dumps(arguments)
+            try:
+                arguments = json.dumps(arguments)
+            except (ValueError, RecursionError):  # nested past the recursion limit
+                return "arguments are nested too deeply.", {}
         if not isinstance(arguments, str):
             return "arguments must be a JSON object.", {}
-        size = len(arguments.encode())
+        size = len(arguments.encode(errors="surrogatepass"))
         if size > self.max_argument_bytes:
             return f"arguments are too long ({size} bytes, limit {self.max_argument_bytes}).", {}
-        depth = json_depth(arguments)
-        if depth > MAX_ARGUMENT_DEPTH:
-            return f"arguments are nested too deeply ({depth} levels, limit {MAX_ARGUMENT_DEPTH}).", {}
-        try:
-            args = json.loads(arguments)
-        except json.JSONDecodeError as e:
-            return f"arguments are not valid JSON ({e.msg} at position {e.pos}).", {}
-        except RecursionError:  # not reached under the depth bound; kept so that no input becomes a 5xx
-            return "arguments are nested too deeply.", {}
+        try:  # no input raises anything but the call's own error (huge integers, NaN, lone surrogates, depth)
+            args = loads_arguments(arguments)
+        except ArgumentsError as e:
+            return f"arguments are {e}.", {}
         if not isinstance(args, dict):
             return "arguments must be a JSON object.", {}
         err = jsonschema.exceptions.best_match(self.validators[name].iter_errors(args))
@@ -429,34 +432,6 @@ class ToolBox:
             where = "/".join(str(p) for p in err.absolute_path)
             return f"invalid arguments for {name}{' at ' + where if where else ''}: {err.message}.", {}
         return None, args
-
-
-MAX_ARGUMENT_DEPTH = 32
-"""How deeply a call's JSON arguments may nest. No tool's schema needs more than a few levels; 4,000
-levels (8 KB, within the size bound) once reached the parser's recursion limit and answered 502."""
-
-
-def json_depth(text: str) -> int:
-    """The deepest nesting of arrays and objects in JSON `text`, by one pass that skips strings (valid or
-    not: it only bounds what the parser would recurse into)."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
 
 
 def truncate_messages(messages: list[dict[str, Any]], max_chars: int) -> list[dict[str, Any]]:

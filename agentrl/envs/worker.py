@@ -58,6 +58,8 @@ from agentrl.envs.api import (
     shown,
 )
 from agentrl.envs.isolation import DEFAULT_MEMORY_MB, ProcessSession, SessionHost, isolation_of
+from agentrl.envs.json_args import clean_message
+from agentrl.envs.listener import GUARD_KEY, ConnectionGuard, ConnectionLimits, GuardedSite, runner_args
 from agentrl.envs.wire import Handler, auth_middleware, check_exposure, error_response, read_json
 from agentrl.types import Status
 
@@ -138,6 +140,8 @@ class EnvWorker:
         self._closing: set[asyncio.Task[None]] = set()
         self.changed = asyncio.Event()
         """Set when the controller should hear from us before the next heartbeat is due (a drain)."""
+        self.guard: ConnectionGuard | None = None
+        """Its server's connections by state (`create_worker_app` sets it)."""
 
     # ------------------------------------------------------------------------------------ helpers
     async def _run(self, task: Task, fn: Callable[..., Any], *args: Any,
@@ -244,7 +248,8 @@ class EnvWorker:
             per_task[live.task] += 1
         return {"worker_id": self.worker_id, "tasks": list(self.tasks), "slots": self.slots,
                 "active": len(self.sessions), "free": max(0, self.slots - self.taken), "stuck": self.stuck,
-                "draining": self.draining, "sessions": per_task, "unhealthy": self.unhealthy(), **self.counters}
+                "draining": self.draining, "sessions": per_task, "unhealthy": self.unhealthy(), **self.counters,
+                "connections": self.guard.stats() if self.guard is not None else {}}
 
     def idle_candidates(self, limit: int = 1000) -> list[str]:
         """Sessions quiet here past the idle limit (at most `limit`): the controller says which to drop.
@@ -324,7 +329,7 @@ class EnvWorker:
         if sid in self.ended:  # this worker ended it (a call timed out): say so on every later call
             return web.json_response(InteractResult.ended(Status.ENV_ERROR, self.ended[sid]).to_wire())
         sid, live = self._live(body)
-        message = require(body, "message", dict)
+        message = clean_message(require(body, "message", dict))  # no unpaired surrogate reaches a task
         self._busy(sid, live)
         async with live.lock:
             try:
@@ -399,13 +404,17 @@ def _error_middleware(worker: EnvWorker) -> Any:
     return middleware
 
 
-def create_worker_app(worker: EnvWorker, secret: str | None = None) -> web.Application:
-    """The worker as an aiohttp app; `secret`: required on every route (None: no check, loopback tests)."""
+def create_worker_app(worker: EnvWorker, secret: str | None = None,
+                      limits: ConnectionLimits | None = None) -> web.Application:
+    """The worker as an aiohttp app; `secret`: required on every route (None: no check, loopback tests);
+    `limits`: what a connection may hold before it shows the secret (`agentrl.envs.listener`)."""
     def rejected() -> None:
         worker.counters["unauthorized"] += 1
 
-    app = web.Application(middlewares=[auth_middleware(secret, rejected), _error_middleware(worker)],
+    guard = worker.guard = ConnectionGuard(limits or ConnectionLimits(), secret, rejected)
+    app = web.Application(middlewares=[auth_middleware(secret, rejected, guard.trust), _error_middleware(worker)],
                           client_max_size=worker.max_body_bytes)
+    app[GUARD_KEY] = guard
     app.add_routes([
         web.post("/start_sample", worker.start_sample), web.post("/interact", worker.interact),
         web.post("/cancel", worker.cancel), web.post("/expert", worker.expert),
@@ -553,12 +562,12 @@ async def start_worker(envs: EnvsConfig, controller: ControllerConfig, controlle
                        expert_route=envs.expert_route == "enabled" if expert_route is None else expert_route,
                        max_body_bytes=controller.max_body_bytes, body_timeout_s=controller.body_timeout_s,
                        message_budget_s=envs.message_budget_s, process_memory_mb=envs.process_memory_mb)
-    runner = web.AppRunner(create_worker_app(worker, secret), access_log=None)
+    app = create_worker_app(worker, secret, ConnectionLimits.of(controller))
+    runner = web.AppRunner(app, **runner_args(controller))
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = GuardedSite(runner, host, port, app[GUARD_KEY])
     await site.start()
-    bound_port = runner.addresses[0][1]
-    address = f"http://{advertise_host or host}:{bound_port}"
+    address = f"http://{advertise_host or host}:{site.port}"
     running = RunningWorker(worker, runner, address, controller_url, controller.heartbeat_s, secret)
     running.start_heartbeats()
     return running

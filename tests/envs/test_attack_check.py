@@ -26,14 +26,18 @@ def held(task: Task) -> tuple[int, list[str]]:
     return len(results), [f"{r.attack}: reward {r.reward}, {r.status}, {r.detail}" for r in results if not r.held]
 
 
+GENERIC = 8
+"""The generic attacks every task gets (`library.generic`, `library.wire_attacks`)."""
+
+
 def test_every_attack_holds_on_the_built_in_tasks() -> None:
-    assert held(LookupTask()) == (5, [])
-    assert held(KGTask()) == (8, [])
-    assert held(DbTask(statement_timeout_s=1.0, database_mb=32)) == (17, [])
+    assert held(LookupTask()) == (GENERIC, [])
+    assert held(KGTask()) == (GENERIC + 3, [])
+    assert held(DbTask(statement_timeout_s=1.0, database_mb=32)) == (GENERIC + 12, [])
     if missing_sandbox() is None or os.environ.get("CI"):  # os needs bubblewrap and its rootfs (CI has both)
         from agentrl.envs.tasks.os_task import OsTask
 
-        assert held(OsTask(sandbox={"backend": "bwrap", "command_timeout_s": 5.0})) == (18, [])
+        assert held(OsTask(sandbox={"backend": "bwrap", "command_timeout_s": 5.0})) == (GENERIC + 13, [])
 
 
 def test_every_attack_holds_on_bfcl_alfworld_and_webshop() -> None:
@@ -41,7 +45,7 @@ def test_every_attack_holds_on_bfcl_alfworld_and_webshop() -> None:
     many moves (9)."""
     from agentrl.envs.tasks import get_task
 
-    for name, attacks in (("bfcl", 8), ("alfworld", 6), ("webshop", 6)):
+    for name, attacks in (("bfcl", GENERIC + 3), ("alfworld", GENERIC + 1), ("webshop", GENERIC + 1)):
         try:
             task = get_task(name)
         except ImportError as e:  # bfcl-eval and TextWorld come with install.sh (CI has both)
@@ -62,7 +66,7 @@ def test_every_db_attack_holds_on_mariadb() -> None:
     try:
         task = DbTask(backend="mariadb", mariadb_address=f"unix:{server.socket}", statement_timeout_s=1.0,
                       database_mb=32)
-        assert held(task) == (17, [])
+        assert held(task) == (GENERIC + 12, [])
     finally:
         server.stop()
 
@@ -78,4 +82,4 @@ def test_a_failed_attack_is_reported() -> None:
             return episode
 
     results = play_attacks(Generous(), attacks_for("generous", LookupTask().tools()))
-    assert [r.attack for r in results if not r.held] == ["forged_markers", "huge_text"]
+    assert [r.attack for r in results if not r.held] == ["forged_markers", "huge_text", "lone_surrogates"]

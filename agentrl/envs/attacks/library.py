@@ -74,6 +74,22 @@ def generic(task: str, tools: list[dict[str, Any]]) -> list[Attack]:
     ]
 
 
+def wire_attacks(task: str, tools: list[dict[str, Any]]) -> list[Attack]:
+    """JSON that Python's parser accepts or raises on, in a call's arguments and a message's text (issue 34,
+    5): each is the call's own parse error (an observation), never an env_error."""
+    name = tools[0]["function"]["name"] if tools else "tool"
+    return [
+        Attack("huge_integer", task, "arguments holding a 4,301-digit integer (HTTP 502 on 5d8debb)",
+               (call(name, '{"x": ' + "7" * 4301 + "}"), call(name, '{"x": -' + "9" * 5000 + "}", "c1"))),
+        Attack("lone_surrogates", task, "unpaired surrogates: escaped in the arguments, raw in them, in the text",
+               (call(name, '{"x": "\\ud800"}'), call(name, '{"x": "\udfff"}', "c1"),
+                text("Final Answer: \ud800"))),
+        Attack("non_finite_numbers", task, "NaN, Infinity and 1e999 in the arguments",
+               (call(name, '{"x": NaN}'), call(name, '{"x": [Infinity, -Infinity]}', "c1"),
+                call(name, '{"x": 1e999}', "c2"))),
+    ]
+
+
 # ------------------------------------------------------------------------------------------------ os
 
 WRONG = "this is not a number"
@@ -229,4 +245,5 @@ def attacks_for(task: str, tools: list[dict[str, Any]]) -> list[Attack]:
     """The generic attacks on `task` (from its tool schemas), then those aimed at it, if any."""
     from agentrl.envs.attacks.resources import resource_attacks  # it builds on this module's helpers
 
-    return generic(task, tools) + TASK_ATTACKS.get(task, list)() + resource_attacks(task)
+    return (generic(task, tools) + wire_attacks(task, tools) + TASK_ATTACKS.get(task, list)()
+            + resource_attacks(task))
