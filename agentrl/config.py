@@ -146,17 +146,35 @@ class ControllerConfig:
     body_timeout_s: float = 10.0
     """How long the controller and the workers wait for a request's whole body (408 beyond): a client
     that announces more than it sends holds a socket this long, never a handler forever."""
+    head_timeout_s: float = 10.0
+    """A new connection to the controller or a worker must send a whole request head with the run's secret
+    within this, or it is closed (`agentrl.envs.listener`: half-sent requests from anyone on the network)."""
+    idle_timeout_s: float = 60.0
+    """A keep-alive connection with no request for this long is closed (above the clients' own 15 s)."""
+    max_pending_connections: int = 1024
+    """Connections, of all peers together, that have not yet shown the run's secret: past it the oldest
+    of the peer holding the most is closed to make room."""
+    max_pending_per_peer: int = 256
+    """The same, for one peer address: past it that peer's own oldest is closed."""
+    max_connections: int = 0
+    """All connections one server holds (0: half its file-descriptor limit, after raising it to the hard limit)."""
 
     def validate(self, p: str) -> None:
         _check(0 <= self.port < 65536, f"{p}.port", "must be in [0, 65535]")
         for name in ("heartbeat_s", "dead_after_s", "session_idle_s", "keepalive_s", "request_timeout_s",
-                     "body_timeout_s"):
+                     "body_timeout_s", "head_timeout_s"):
             _check(getattr(self, name) > 0, f"{p}.{name}", "must be positive")
         _check(self.dead_after_s > self.heartbeat_s, f"{p}.dead_after_s", "must exceed heartbeat_s")
         _check(self.session_idle_s >= 2 * self.keepalive_s, f"{p}.session_idle_s",
                "must be at least 2 * keepalive_s (or a held session could expire between keep-alives)")
         _check(self.max_worker_failures >= 1, f"{p}.max_worker_failures", "must be >= 1")
         _check(self.max_body_bytes >= 64 * 1024, f"{p}.max_body_bytes", "must be >= 65536")
+        _check(self.idle_timeout_s > 15.0, f"{p}.idle_timeout_s",
+               "must exceed 15 (the clients keep idle connections 15 s; a server closing them first races them)")
+        _check(self.max_pending_connections >= 1, f"{p}.max_pending_connections", "must be >= 1")
+        _check(1 <= self.max_pending_per_peer <= self.max_pending_connections, f"{p}.max_pending_per_peer",
+               "must be in [1, max_pending_connections]")
+        _check(self.max_connections >= 0, f"{p}.max_connections", "must be >= 0 (0: from the descriptor limit)")
 
 
 @dataclass(frozen=True)
@@ -177,6 +195,13 @@ class EnvsConfig:
     """On SIGTERM a worker stops taking sessions and waits up to this long for its own to end."""
     max_tool_calls: int = 16
     """Tool calls in one assistant message beyond this: one error observation, none of them run."""
+    message_budget_s: float = 18.0
+    """Wall time for the work one assistant message asks for (all its calls, the grading of its answer): the
+    agent's budget. Work cut at it is an observation; a message whose work cannot be stopped in time ends the
+    episode as the agent's failure (docs/tasks.md). Capped at 3/4 of the worker's deadline for a call."""
+    process_memory_mb: int = 1024
+    """How much a session of a task that runs in its own process (`isolation: process`, the default) may grow
+    that process; past it the message fails inside its own session (the agent's failure)."""
     expert_route: Literal["auto", "enabled", "disabled"] = "auto"
     """Whether workers answer /expert (the task's scripted expert hands out answers): auto | enabled |
     disabled (words YAML keeps as strings; `on`/`off` would turn into booleans).
@@ -194,6 +219,8 @@ class EnvsConfig:
         _check(self.max_output_chars >= 256, f"{p}.max_output_chars", "must be >= 256")
         _check(self.drain_s >= 0, f"{p}.drain_s", "must be >= 0")
         _check(self.max_tool_calls >= 1, f"{p}.max_tool_calls", "must be >= 1")
+        _check(self.message_budget_s > 0, f"{p}.message_budget_s", "must be > 0")
+        _check(self.process_memory_mb >= 64, f"{p}.process_memory_mb", "must be >= 64")
 
 
 @dataclass(frozen=True)
@@ -305,6 +332,10 @@ class TrainerConfig:
     (parameters, gradients and optimizer state sharded per decoder layer) | none (one rank only)."""
     mixed_precision: Literal["auto", "bf16", "fp32"] = "auto"
     """auto: bf16 compute on GPUs that support it, float32 elsewhere | bf16 | fp32."""
+    attn_implementation: Literal["auto", "sdpa", "flex", "varlen"] = "auto"
+    """Attention over packed rows (`agentrl.trainer.attention`): auto (varlen on CUDA in bf16, sdpa elsewhere) |
+    sdpa (a materialised block-diagonal mask: the row's L² computed) | varlen (torch's varlen_attn: Σ sᵢ² over the
+    trajectories; on a CPU an exact per-trajectory loop) | flex (flex_attention with a block mask; CUDA only)."""
     activation_checkpointing: bool = False
     """Keep only each decoder layer's input for the backward pass and recompute the rest (Hugging Face's
     gradient checkpointing, non-reentrant): activation memory falls from every layer's to about one layer's,

@@ -51,7 +51,7 @@ def is_lagging_engine(engine: np.ndarray | int) -> np.ndarray | bool:
 class Status(str, enum.Enum):
     """How an episode ended. completed..grader_failed are the agent's doing; truncated is the run's budget
     (`rollout.max_turns`, a global cap below the task's own limit: trained on with the task's reward and no
-    failure penalty, and counted); env_error and cancelled are infrastructure."""
+    failure penalty, and counted); env_error, cancelled and internal_error are infrastructure."""
 
     COMPLETED = "completed"
     INVALID_ACTION = "invalid_action"
@@ -63,12 +63,15 @@ class Status(str, enum.Enum):
     TRUNCATED = "truncated"
     ENV_ERROR = "env_error"
     CANCELLED = "cancelled"
+    INTERNAL_ERROR = "internal_error"
+    """Our own rollout code failed on the episode (a bug, or the template check under `strict`): logged
+    with its cause, counted, never retried and never trained on."""
     RUNNING = "running"  # only on the wire, for an episode that has not ended
 
     @property
     def is_infra(self) -> bool:
-        """Infrastructure outcomes are never trained on as agent failures."""
-        return self in (Status.ENV_ERROR, Status.CANCELLED)
+        """Infrastructure outcomes (ours included) are never trained on as agent failures."""
+        return self in (Status.ENV_ERROR, Status.CANCELLED, Status.INTERNAL_ERROR)
 
     @property
     def is_agent_failure(self) -> bool:

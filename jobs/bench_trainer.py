@@ -5,9 +5,10 @@ forward/backward/step on the same packed micro-batches of the same model, in the
     python -m jobs.bench_trainer --hidden 1024 --layers 8 --vocab 32000 --device cuda --out runs/bench/gpu.json
     srun -p gpu --gpus 1 python -m jobs.bench_trainer --device cuda
 
-The bare step is the least any policy-gradient trainer does: for each micro-batch, the model's logits,
-log-softmax, gather of the sampled tokens' log-probs, a masked token sum of −logp·A divided by the
-batch's action-token count, backward; then gradient clipping and one AdamW step. It gets the micro-batches
+The bare step (`agentrl/trainer/bare.py`) is the least any policy-gradient trainer does: for each micro-batch,
+the sampled tokens' log-probs through the same decoder, attention and tiled head as ours (`--bare-head full`: the
+whole float32 log-softmax at every position instead, the trainer before issue 32), a token sum of −logp·A divided
+by the batch's action-token count, backward; then gradient clipping and one AdamW step. It gets the micro-batches
 already laid out. Our step adds everything else it does each step: group advantages and task
 normalization, planning and laying out the packed micro-batches, the PPO ratio with clip and dual clip,
 the entropy and clip statistics (and, with --kl-coef, the frozen reference's forward pass, which the bare
@@ -53,6 +54,11 @@ def main() -> None:
                     help="torch threads; on shared cores more than 1 makes step times erratic (OpenMP barriers)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--mixed-precision", default="fp32", choices=["auto", "bf16", "fp32"])
+    ap.add_argument("--attn", default="auto", choices=["auto", "sdpa", "varlen", "flex"],
+                    help="trainer.attn_implementation of both sides")
+    ap.add_argument("--bare-head", default="lean", choices=["lean", "full"],
+                    help="the bare step's head: lean (ours: the tiled head on action tokens) | full (every position's "
+                         "float32 log-softmax, the trainer before issue 32)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("runs/bench/trainer.json"))
     repeat.add_args(ap)
@@ -66,7 +72,8 @@ def main() -> None:
                       trajectories=args.trajectories, group=args.group, min_len=args.min_len, max_len=args.max_len,
                       micro_batch_tokens=args.micro_batch_tokens, packing=not args.no_packing, kl_coef=args.kl_coef,
                       steps=args.steps, repeats=args.repeats, warmup=args.warmup, device=args.device,
-                      mixed_precision=args.mixed_precision, seed=args.seed)
+                      mixed_precision=args.mixed_precision, attn_implementation=args.attn, bare_head=args.bare_head,
+                      seed=args.seed)
     result = compare_steps(bench)
     result["config"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     result["machine"] = repeat.machine(args.seed, cpus, env, load_before)

@@ -7,6 +7,8 @@ trainer, calibrated from a run directory or fed with a cluster's rates. Pure Pyt
         --fit runs/bench/async runs/bench/async-s8-r1                         # out of sample: engine curve from two
     python -m jobs.plan_pipeline --preset agentbench-qwen2.5-14b \\
         --engine-tokens-per-s 2500 --trainer-tokens-per-s-per-gpu 4000 --env-median-s 1.0 --totals 16,32,64
+    python -m jobs.plan_pipeline --memory                                     # every preset's trainer per rank
+    python -m jobs.plan_pipeline --memory agentbench-qwen2.5-7b --gpu-gib 40 --set trainer.micro_batch_tokens=32768
 
 No Slurm and no GPU: run it anywhere the package imports (a login node will do).
 """
@@ -98,12 +100,47 @@ def _print_projection(out: dict) -> None:
               f"({b['async']['traj_per_s'] * tok:,.0f} tokens/s); ratio {sw['best_async_over_best_sync']:.2f}")
 
 
+MEMORY_PRESETS = ("agentbench-qwen2.5-3b", "agentbench-qwen2.5-7b", "agentbench-qwen2.5-14b", "agentbench-qwen2.5-32b")
+
+
+def _memory(args: argparse.Namespace) -> list[dict]:
+    """The trainer's memory model (`agentrl.trainer.memory`) per rank for each preset, with --set applied."""
+    from agentrl.trainer.memory import SHAPES, Shape, preset_setup, report
+
+    rows = []
+    for name in args.memory or MEMORY_PRESETS:
+        cfg = load_config(name, args.set)
+        size = args.shape or name.rsplit("-", 1)[-1]
+        if size not in SHAPES and not Path(size).exists():
+            raise SystemExit(f"{name}: no shape named {size!r} (one of {sorted(SHAPES)}, or --shape config.json)")
+        shape = SHAPES[size] if size in SHAPES else Shape.from_config(size)
+        setup, gpu = preset_setup(cfg, args.gpu_gib)
+        rows.append(report(name, shape, setup, gpu))
+    return rows
+
+
+def _print_memory(rows: list[dict]) -> None:
+    order = ("params", "grads", "optimizer", "gathered", "activations", "attention_mask", "head", "reference")
+    keys = [k for k in order if any(k in r["gib"] for r in rows)]
+    print("GiB per trainer rank (agentrl.trainer.memory; peak = the sum; fits: peak <= 85% of the GPU)")
+    print(f"{'preset':24s} {'ranks':>5s} {'mbt':>6s} {'ckpt':>4s} " + " ".join(f"{k[:10]:>10s}" for k in keys)
+          + f" {'peak':>7s} {'old head':>8s} {'gpu':>5s} fits")
+    for r in rows:
+        u, g = r["setup"], r["gib"]
+        ckpt = "on" if u["checkpointing"] else "off"
+        print(f"{r['name']:24s} {u['ranks']:5d} {u['micro_batch_tokens']:6d} {ckpt:>4s} "
+              + " ".join(f"{g.get(k, 0.0):10.2f}" for k in keys)
+              + f" {g['peak']:7.1f} {r['peak_old_head_gib']:8.1f} {r['gpu_gib']:5.0f} {'yes' if r['fits'] else 'NO'}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--calibrate", help="a run directory: fit the rates to its metrics, model it")
     mode.add_argument("--check-bench", help="jobs.bench_pipeline's root (runs/bench): predict both schedules")
     mode.add_argument("--preset", help="project this preset's layout with the rates below")
+    mode.add_argument("--memory", nargs="*", metavar="PRESET",
+                      help="the trainer's memory per rank for these presets (default: every agentbench-qwen2.5-*)")
     mode.add_argument("--predict", type=Path,
                       help="a run directory to predict from its config alone, with rates fitted on --fit's runs")
     ap.add_argument("--fit", type=Path, nargs="+", default=[],
@@ -140,8 +177,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-first-window", action="store_true",
                     help="calibration: fit the engine to the rank's busy rate from its first weight swap on")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--gpu-gib", type=float, default=80.0, help="--memory: each trainer GPU's memory")
+    ap.add_argument("--shape", default="", help="--memory: 0.5b|1.5b|3b|7b|14b|32b or a config.json (default: "
+                                                 "from the preset's name)")
     ap.add_argument("--json", action="store_true", help="print the whole result as JSON")
     args = ap.parse_args(argv)
+    if args.memory is not None:
+        rows = _memory(args)
+        print(json.dumps(rows, indent=2)) if args.json else _print_memory(rows)
+        return 0
     if args.calibrate:
         out = _calibrate(args)
         print(json.dumps(out, indent=2, default=str))

@@ -17,14 +17,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from agentrl.bench.repeat import Ratio, interleave, summarize
-from agentrl.trainer.batch import MicroBatch, collate, layout, padding_fraction, plan_micro_batches
+from agentrl.trainer import attention
+from agentrl.trainer.bare import bare_batches, bare_step
+from agentrl.trainer.batch import collate, padding_fraction, plan_micro_batches
+from agentrl.trainer.gpu_check import synthetic_trajectories
 from agentrl.trainer.parallel import Parallel
 from agentrl.trainer.step import RLHyper, advantages, rl_step
-from agentrl.types import Status, Trajectory, TrajectoryBuilder
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,10 @@ class StepBench:
     warmup: int = 1
     device: str = "cpu"
     mixed_precision: str = "fp32"
+    attn_implementation: str = "auto"
+    bare_head: str = "lean"
+    """The bare step's head: lean (the tiled head on action tokens, as ours) | full (every position's float32
+    log-softmax: the trainer before issue 32)."""
     seed: int = 0
 
 
@@ -63,49 +68,15 @@ def make_model(hidden: int, layers: int, heads: int, vocab: int, max_len: int, s
     return Qwen2ForCausalLM(cfg)
 
 
-def make_trajectories(n: int, group: int, min_len: int, max_len: int, vocab: int, seed: int) -> list[Trajectory]:
-    """Multi-turn trajectories of lengths spread over [min_len, max_len]: alternating observation and action
-    segments, about half the tokens actions; rewards 0/1 within groups of `group`."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for j in range(n):
-        target = int(rng.integers(min_len, max_len + 1))
-        b = TrajectoryBuilder()
-        while len(b) < target:
-            ctx = int(min(rng.integers(8, 64), target - len(b)))
-            b.add_context(rng.integers(0, vocab, ctx).tolist())
-            act = int(min(rng.integers(8, 64), target - len(b)))
-            if act > 0:
-                b.add_action(rng.integers(0, vocab, act).tolist(), (-rng.random(act) * 3).tolist(), 0, 0)
-        out.append(b.build(traj_id=str(j), task="bench", index=str(j // group), group_id=str(j // group),
-                           reward=float(rng.integers(0, 2)), status=Status.COMPLETED, num_turns=1))
-    return out
-
-
-def bare_step(model: torch.nn.Module, opt: torch.optim.Optimizer, mbs: list[MicroBatch], total: int,
-              grad_clip: float) -> None:
-    """The least any policy-gradient trainer does: per micro-batch logits, log-softmax, the sampled tokens'
-    log-probs, a masked token sum of −logp·A over the batch's `total` action tokens, backward; then
-    gradient clipping and one optimizer step."""
-    opt.zero_grad(set_to_none=True)
-    for mb in mbs:
-        out = model(input_ids=mb.tokens, attention_mask=mb.attention, position_ids=mb.position_ids, use_cache=False)
-        logits = out.logits[:, :-1].float()  # [R, L-1, V]
-        logp = torch.log_softmax(logits, -1).gather(-1, mb.tokens[:, 1:, None]).squeeze(-1)  # [R, L-1]
-        loss = -(logp * mb.targets["adv"] * mb.targets["mask"]).sum() / total
-        loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    opt.step()
-
-
 def compare_steps(s: StepBench) -> dict[str, Any]:
     """Time our step and the bare one on the same batch; tokens/s of each, their ratio and the batch's layout."""
     device = torch.device(s.device)
-    trajs = make_trajectories(s.trajectories, s.group, s.min_len, s.max_len, s.vocab, s.seed)
+    trajs = synthetic_trajectories(s.trajectories, s.group, s.min_len, s.max_len, s.vocab, s.seed)
     batch = collate(trajs, [t.reward for t in trajs], pad_id=0)
     h = RLHyper(micro_batch_tokens=s.micro_batch_tokens, packing=s.packing, kl_coef=s.kl_coef)
     par = Parallel(device=device, mixed_precision=s.mixed_precision)
     base = make_model(s.hidden, s.layers, s.heads, s.vocab, s.max_len, s.seed)
+    impl = attention.apply(base, s.attn_implementation, device, par.dtype)
     ours_model, bare_model = par.wrap(copy.deepcopy(base)), copy.deepcopy(base).to(device)
     ref = par.wrap_frozen(copy.deepcopy(base)) if s.kl_coef > 0 else None
     ours_opt = torch.optim.AdamW(ours_model.parameters(), lr=1e-5)
@@ -113,8 +84,7 @@ def compare_steps(s: StepBench) -> dict[str, Any]:
 
     # the bare step's inputs, laid out once (outside its timing): the same plan and packing as ours
     plan = plan_micro_batches(batch.lengths, h.micro_batch_tokens, s.packing)
-    per_target = {"mask": batch.mask, "adv": advantages(batch, h)}
-    mbs = [layout(batch, rows, per_target, s.packing).to(device) for rows in plan]
+    bbs = bare_batches(batch, advantages(batch, h), h.micro_batch_tokens, s.packing, impl, par)
     tokens = sum(batch.lengths)
 
     def timed(fn: Callable[[], None]) -> float:
@@ -131,7 +101,7 @@ def compare_steps(s: StepBench) -> dict[str, Any]:
 
     def bare() -> None:
         with par.autocast():
-            bare_step(bare_model, bare_opt, mbs, batch.num_action_tokens, h.grad_clip)
+            bare_step(bare_model, bare_opt, bbs, batch.num_action_tokens, h.grad_clip, s.bare_head, par)
 
     for _ in range(s.warmup):
         ours()
@@ -159,6 +129,7 @@ def compare_steps(s: StepBench) -> dict[str, Any]:
         "micro_batches": len(plan), "padding_frac": padding_fraction(plan, batch.lengths, s.packing),
         "padding_frac_padded_layout": padding_fraction(plan_micro_batches(batch.lengths, h.micro_batch_tokens, False),
                                                        batch.lengths, False),
+        "attention": impl, "bare_head": s.bare_head,
         "device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
         "host": platform.node(), "params": sum(p.numel() for p in base.parameters()),
     }

@@ -53,6 +53,7 @@ from agentrl.config import ControllerConfig
 from agentrl.controller.registry import Ended, LatencyStats, Registry, WorkerEntry
 from agentrl.controller.upstream import Failed, TimedOut, Unreachable, Upstream
 from agentrl.envs.api import EnvError, InteractResult, require, shown
+from agentrl.envs.listener import GUARD_KEY, ConnectionGuard, ConnectionLimits, GuardedSite, runner_args
 from agentrl.envs.wire import Handler, auth_middleware, check_exposure, error_response, parse_json, read_body
 from agentrl.types import Status
 
@@ -93,6 +94,8 @@ class Controller:
     def __init__(self, cfg: ControllerConfig, secret: str | None = None) -> None:
         self.cfg = cfg
         self.secret = secret
+        self.guard = ConnectionGuard(ConnectionLimits.of(cfg), secret, self._unauthorized)
+        """Connections by state (the listener closes what a flooder holds before the secret is seen)."""
         self.registry = Registry()
         self.latency = LatencyStats()
         self.route_latency = {route: LatencyStats(window=2_000) for route in GATEWAY_ROUTES}
@@ -107,6 +110,9 @@ class Controller:
         self.upstream: Upstream | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._last_idle_sweep = time.monotonic()
+
+    def _unauthorized(self) -> None:
+        self.counters["unauthorized"] += 1
 
     # ---------------------------------------------------------------------------------- lifecycle
     async def on_startup(self, app: web.Application) -> None:
@@ -423,7 +429,7 @@ class Controller:
             "latency_ms_by_route": {r.lstrip("/"): s.summary() for r, s in self.route_latency.items() if s.samples},
             "overhead_ms": self.overhead.summary(),
             "errors": sum(self.errors_by_class().values()), "errors_by_class": self.errors_by_class(),
-            **self.counters, "ended_sessions": len(reg.tombstones)}
+            **self.counters, "ended_sessions": len(reg.tombstones), "connections": self.guard.stats()}
 
     def errors_by_class(self) -> dict[str, int]:
         """Each failure once: sessions ended as env_error by cause, failed starts, our own bugs."""
@@ -512,12 +518,10 @@ def create_controller_app(cfg: ControllerConfig, secret: str | None = None) -> w
     """
     controller = Controller(cfg, secret)
 
-    def rejected() -> None:
-        controller.counters["unauthorized"] += 1
-
-    app = web.Application(middlewares=[auth_middleware(secret, rejected), _make_middleware(controller)],
-                          client_max_size=cfg.max_body_bytes)
+    app = web.Application(middlewares=[auth_middleware(secret, controller._unauthorized, controller.guard.trust),
+                                       _make_middleware(controller)], client_max_size=cfg.max_body_bytes)
     app[CONTROLLER_KEY] = controller
+    app[GUARD_KEY] = controller.guard
     app.on_startup.append(controller.on_startup)
     app.on_cleanup.append(controller.on_cleanup)
     app.add_routes([
@@ -552,9 +556,9 @@ async def start_controller(cfg: ControllerConfig, advertise_host: str | None = N
     `secret`: the run's secret (`agentrl.auth.run_secret`); None only on loopback (refused elsewhere).
     """
     check_exposure(cfg.host, secret)
-    runner = web.AppRunner(create_controller_app(cfg, secret), access_log=None)
+    app = create_controller_app(cfg, secret)
+    runner = web.AppRunner(app, **runner_args(cfg))
     await runner.setup()
-    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=4096)
+    site = GuardedSite(runner, cfg.host, cfg.port, app[GUARD_KEY], backlog=4096)
     await site.start()
-    port = runner.addresses[0][1]
-    return RunningController(runner, f"http://{advertise_host or cfg.host}:{port}")
+    return RunningController(runner, f"http://{advertise_host or cfg.host}:{site.port}")

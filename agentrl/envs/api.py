@@ -19,13 +19,19 @@ and `agentrl.envs.protocol` (the call policies of the faithful protocol).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
+import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import jsonschema
 
+from agentrl.envs.json_args import ArgumentsError, loads_arguments
 from agentrl.envs.protocol import STRICT, CallPolicy, parse_lenient, policy_of, select_calls
 from agentrl.types import Status
 
@@ -40,6 +46,11 @@ MAX_TOOL_CALLS = 16
 generation of 38,000 calls must cost one cheap error observation, not seconds of validation."""
 SHOWN_CHARS = 200
 """An error message quotes at most this much of the caller's input (`shown`)."""
+MESSAGE_BUDGET_S = 18.0
+"""Wall time for the work one assistant message asks for: all its calls and the grading of an answer it
+gives. It is the agent's budget: work that stops at it (a statement cut short, a command stopped) is an
+observation, and a message whose work cannot be stopped in time ends the episode as the agent's failure
+(docs/tasks.md, "Whose failure is it"). The worker's own deadline for a call lies beyond it."""
 
 ERROR_HTTP_STATUS: dict[str, int] = {
     "bad_request": 400,
@@ -85,6 +96,57 @@ class EnvError(Exception):
 def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
     """`repr(value)` for an error message, cut to `limit` characters: errors never echo a huge input back."""
     text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+# ------------------------------------------------------------------------------------- the agent's budget
+
+class BudgetExceeded(Exception):
+    """Raised by task code when the agent's message asked for more than its budget allows (time, memory,
+    size): `Session` ends the episode as the agent's failure, never as env_error."""
+
+
+_message = threading.local()
+
+
+def message_deadline() -> float:
+    """The `time.monotonic()` by which the message being handled on this thread must be answered (inf
+    outside a message). Tasks give each unit of work what is left of it (`time_left`)."""
+    return float(getattr(_message, "deadline", float("inf")))
+
+
+def time_left() -> float:
+    """Seconds left of the current message's budget (inf outside a message)."""
+    return message_deadline() - time.monotonic()
+
+
+@contextlib.contextmanager
+def message_budget(seconds: float) -> Iterator[None]:
+    """The budget of one message on this thread: `message_deadline()` is now + `seconds` inside."""
+    before = getattr(_message, "deadline", None)
+    _message.deadline = time.monotonic() + seconds
+    try:
+        yield
+    finally:
+        _message.deadline = before if before is not None else float("inf")
+
+
+AGENT_FAULTS: tuple[type[BaseException], ...] = (BudgetExceeded, MemoryError, RecursionError, OverflowError)
+"""Exceptions that say the agent's input asked for more than the environment's bounds: memory, depth, the
+size of a number, the message's budget. Out of a step they end the episode as the agent's failure."""
+
+
+def agent_fault(e: BaseException) -> bool:
+    """Whether an exception raised while handling the agent's message means the message exceeded one of the
+    environment's budgets (`AGENT_FAULTS`, or Python's bound on converting a huge integer to or from text,
+    e.g. `Final Answer: #<4,301 digits>`), rather than that the task is broken (env_error)."""
+    if isinstance(e, AGENT_FAULTS):
+        return True
+    return isinstance(e, ValueError) and "integer string conversion" in str(e)
+
+
+def cut(text: str, limit: int = SHOWN_CHARS) -> str:
+    """`text` cut to `limit` characters, saying how long it was."""
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
@@ -140,7 +202,10 @@ class InteractResult(StepResult):
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> InteractResult:
-        return cls(messages=list(d["messages"]), done=bool(d["done"]), reward=float(d["reward"]),
+        reward = float(d["reward"])
+        if not math.isfinite(reward):  # NaN would be trained on as a number: the env failed
+            raise ValueError(f"reward {reward} is not a finite number")
+        return cls(messages=list(d["messages"]), done=bool(d["done"]), reward=reward,
                    status=Status(d["status"]), metrics=dict(d.get("metrics") or {}), error=d.get("error"))
 
     @classmethod
@@ -347,21 +412,19 @@ class ToolBox:
         if arguments is None or arguments == "":
             arguments = "{}"
         if isinstance(arguments, dict):  # tolerated: some clients send parsed arguments
-            arguments = json.dumps(arguments)
+            try:
+                arguments = json.dumps(arguments)
+            except (ValueError, RecursionError):  # nested past the recursion limit
+                return "arguments are nested too deeply.", {}
         if not isinstance(arguments, str):
             return "arguments must be a JSON object.", {}
-        size = len(arguments.encode())
+        size = len(arguments.encode(errors="surrogatepass"))
         if size > self.max_argument_bytes:
             return f"arguments are too long ({size} bytes, limit {self.max_argument_bytes}).", {}
-        depth = json_depth(arguments)
-        if depth > MAX_ARGUMENT_DEPTH:
-            return f"arguments are nested too deeply ({depth} levels, limit {MAX_ARGUMENT_DEPTH}).", {}
-        try:
-            args = json.loads(arguments)
-        except json.JSONDecodeError as e:
-            return f"arguments are not valid JSON ({e.msg} at position {e.pos}).", {}
-        except RecursionError:  # not reached under the depth bound; kept so that no input becomes a 5xx
-            return "arguments are nested too deeply.", {}
+        try:  # no input raises anything but the call's own error (huge integers, NaN, lone surrogates, depth)
+            args = loads_arguments(arguments)
+        except ArgumentsError as e:
+            return f"arguments are {e}.", {}
         if not isinstance(args, dict):
             return "arguments must be a JSON object.", {}
         err = jsonschema.exceptions.best_match(self.validators[name].iter_errors(args))
@@ -369,34 +432,6 @@ class ToolBox:
             where = "/".join(str(p) for p in err.absolute_path)
             return f"invalid arguments for {name}{' at ' + where if where else ''}: {err.message}.", {}
         return None, args
-
-
-MAX_ARGUMENT_DEPTH = 32
-"""How deeply a call's JSON arguments may nest. No tool's schema needs more than a few levels; 4,000
-levels (8 KB, within the size bound) once reached the parser's recursion limit and answered 502."""
-
-
-def json_depth(text: str) -> int:
-    """The deepest nesting of arrays and objects in JSON `text`, by one pass that skips strings (valid or
-    not: it only bounds what the parser would recurse into)."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
 
 
 def truncate_messages(messages: list[dict[str, Any]], max_chars: int) -> list[dict[str, Any]]:
@@ -416,11 +451,17 @@ class Session:
     Every assistant message counts as a turn, valid or not. When the turn limit is reached without an
     ending, the episode ends as `turn_limit` with reward 0.0 (penalties are the trainer's business).
     Metrics are the latest the episode reported, so a task can report e.g. success=0.0 early.
+
+    Each message's work runs under `message_budget_s` (`message_budget`: task code reads what is left with
+    `time_left()`). An exception out of the episode is the agent's failure when it says the message
+    exceeded a budget (`agent_fault`: status invalid_action, an observation saying so, metric
+    `over_budget`), else the task's (env_error).
     """
 
     def __init__(self, task: Task, index: str, toolbox: ToolBox | None = None,
-                 max_output_chars: int = MAX_OUTPUT_CHARS) -> None:
+                 max_output_chars: int = MAX_OUTPUT_CHARS, message_budget_s: float = MESSAGE_BUDGET_S) -> None:
         self.max_output_chars = max_output_chars
+        self.message_budget_s = message_budget_s
         self.task = task
         self.index = index
         self.toolbox = toolbox or ToolBox(task.tools())
@@ -452,7 +493,8 @@ class Session:
         result = StepResult(messages=errors)
         if not message.get("tool_calls") and isinstance(self.episode, AnswersInText):
             try:
-                step = self.episode.text_step(str(message.get("content") or ""))
+                with message_budget(self.message_budget_s):
+                    step = self.episode.text_step(str(message.get("content") or ""))
             except Exception as e:
                 return self._failed(e)
             if step is not None:
@@ -460,7 +502,8 @@ class Session:
         elif calls:
             action = Action(content=str(message.get("content") or ""), tool_calls=calls, message=message)
             try:
-                step = self.episode.step(action)
+                with message_budget(self.message_budget_s):
+                    step = self.episode.step(action)
             except Exception as e:
                 return self._failed(e, errors)
             result = StepResult(messages=errors + list(step.messages), done=step.done, reward=step.reward,
@@ -486,10 +529,16 @@ class Session:
         return self.toolbox.tools
 
     def _failed(self, e: Exception, errors: list[dict[str, Any]] | None = None) -> InteractResult:
-        log.exception("task %s raised in step (index %s)", self.task.name, self.index, exc_info=e)
+        """The episode's end when its step raised: the agent's failure when its message exceeded a budget
+        (`agent_fault`), else env_error (a broken task)."""
         self.done = True
         self.close()
-        text = f"Error: the environment failed ({type(e).__name__}: {e})."
+        if agent_fault(e):
+            log.info("task %s: the agent's message exceeded a budget (index %s): %s", self.task.name, self.index,
+                     shown(f"{type(e).__name__}: {e}"))
+            return over_budget(f"{type(e).__name__}: {cut(str(e))}", errors, self.metrics)
+        log.exception("task %s raised in step (index %s)", self.task.name, self.index, exc_info=e)
+        text = f"Error: the environment failed ({type(e).__name__}: {cut(str(e))})."
         return InteractResult(messages=(errors or []) + [{"role": "user", "content": text}], done=True,
                               status=Status.ENV_ERROR, metrics=self.metrics, error=text)
 
@@ -511,3 +560,12 @@ class Session:
         except Exception as e:
             log.exception("task %s expert failed (index %s)", self.task.name, self.index)
             raise EnvError("env_error", f"expert of {self.task.name} failed: {type(e).__name__}: {e}") from e
+
+
+def over_budget(why: str, errors: list[dict[str, Any]] | None = None,
+                metrics: dict[str, float] | None = None) -> InteractResult:
+    """The end of an episode whose message asked for more than the environment's budgets: the agent's
+    failure (invalid_action, reward 0, metric `over_budget`), with an observation that says `why`."""
+    text = f"Error: your last message asked for more than this environment allows ({why}); the episode ends."
+    return InteractResult(messages=(errors or []) + [{"role": "user", "content": text}], done=True, reward=0.0,
+                          status=Status.INVALID_ACTION, metrics={**(metrics or {}), "over_budget": 1.0})

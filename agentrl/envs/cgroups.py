@@ -15,13 +15,23 @@ Not here: the sandbox itself (`agentrl.envs.sandbox`).
 """
 from __future__ import annotations
 
+import logging
 import os
 import secrets
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+log = logging.getLogger(__name__)
+
 ROOT = Path("/sys/fs/cgroup")
+
+REMOVE_WAIT_S = 20.0
+"""How long closing a session waits for its cgroup to empty (below the worker's deadline for a call)."""
+REAP_FOR_S = 600.0
+"""How long the background reaper keeps trying to remove a cgroup a session left behind."""
 
 
 @dataclass(frozen=True)
@@ -126,17 +136,110 @@ class SessionCgroup:
                     return 0
         return 0
 
-    def remove(self, wait_s: float = 2.0) -> None:
-        """Remove the cgroup once its processes are gone (they were killed: wait a little for them)."""
+    def remove(self, wait_s: float = REMOVE_WAIT_S) -> None:
+        """Kill whatever is left in the cgroup, wait until it is empty and remove it, child groups first.
+
+        A session's processes can take seconds to go after the kill (the kernel frees a tmpfs of a million
+        directories when the last of them exits), so this waits up to `wait_s` (the caller's slot stays
+        taken meanwhile: the session that made the mess pays for it). Past that the cgroup is handed to
+        a background reaper that keeps trying for `REAP_FOR_S` (`pending()` counts them), and OSError says so.
+        """
         deadline = time.monotonic() + wait_s
-        for d in self.dirs:
-            while True:
+        left = _remove_tree(self.dirs, deadline)
+        if left:
+            _reaper.add(left)
+            raise OSError(f"cgroup {self.name} still held processes after {wait_s:g} s; a background reaper "
+                          f"keeps removing it")
+
+
+def _kill_members(d: Path) -> bool:
+    """SIGKILL every process of cgroup `d` and its children (`cgroup.kill` where the kernel has it);
+    True when none is left."""
+    kill = d / "cgroup.kill"
+    if kill.exists():
+        try:
+            kill.write_text("1")
+        except OSError:
+            pass
+    empty = True
+    for sub, _, _ in os.walk(d, topdown=False):
+        try:
+            pids = [int(p) for p in (Path(sub) / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            continue
+        for pid in pids:
+            empty = False
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    return empty
+
+
+def _remove_tree(dirs: list[Path], deadline: float) -> list[Path]:
+    """Remove each cgroup directory of `dirs` with its child groups (deepest first), killing what is in them;
+    retried until `deadline`. Returns those still there."""
+    left = [d for d in dirs if d.exists()]
+    while left:
+        still = []
+        for d in left:
+            _kill_members(d)
+            for sub, _, _ in os.walk(d, topdown=False):
                 try:
-                    d.rmdir()
-                    break
+                    os.rmdir(sub)
                 except FileNotFoundError:
-                    break
+                    pass
                 except OSError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.02)
+                    still.append(d)
+                    break
+        left = [d for d in dict.fromkeys(still) if d.exists()]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    return left
+
+
+class _Reaper:
+    """Removes, in the background, the cgroups sessions left behind (every second, up to `REAP_FOR_S`)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.queue: dict[Path, float] = {}
+        self.thread: threading.Thread | None = None
+
+    def add(self, dirs: list[Path]) -> None:
+        with self.lock:
+            for d in dirs:
+                self.queue.setdefault(d, time.monotonic() + REAP_FOR_S)
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._run, name="cgroup-reaper", daemon=True)
+                self.thread.start()
+
+    def pending(self) -> int:
+        with self.lock:
+            return len(self.queue)
+
+    def _run(self) -> None:
+        while True:
+            with self.lock:
+                work = list(self.queue.items())
+                if not work:
+                    self.thread = None
+                    return
+            for d, until in work:
+                left = _remove_tree([d], time.monotonic() + 1.0)
+                gave_up = bool(left) and time.monotonic() > until
+                if gave_up:
+                    log.error("gave up removing cgroup %s after %g s: it still holds processes", d, REAP_FOR_S)
+                if not left or gave_up:
+                    with self.lock:
+                        self.queue.pop(d, None)
+            time.sleep(1.0)
+
+
+_reaper = _Reaper()
+
+
+def pending() -> int:
+    """Cgroups of ended sessions the background reaper is still removing."""
+    return _reaper.pending()

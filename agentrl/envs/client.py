@@ -70,8 +70,8 @@ class GatewayClient:
             async with self._session().request(method, url, json=body, params=params) as resp:
                 try:
                     data = await resp.json(content_type=None)
-                except ValueError:
-                    data = await resp.text()
+                except (ValueError, RecursionError):  # not JSON, or nested past the parser's recursion
+                    data = (await resp.text(errors="replace"))[:1000]
                 if resp.status != 200:
                     raise EnvError.from_wire(data, resp.status)
                 if not isinstance(data, dict):

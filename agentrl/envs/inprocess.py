@@ -11,6 +11,7 @@ import uuid
 from typing import Any
 
 from agentrl.envs.api import EnvError, InteractResult, Session, StartResult, Task
+from agentrl.envs.json_args import clean_message
 
 
 class InProcessClient:
@@ -41,7 +42,7 @@ class InProcessClient:
         session = self.sessions.get(session_id)
         if session is None:
             raise EnvError("unknown_session", f"no session {session_id!r}")
-        result = session.interact(message)
+        result = session.interact(clean_message(message))  # as the worker does
         if result.done:
             self.sessions.pop(session_id).close()
         return result

@@ -18,13 +18,14 @@ its key. A task reproduces that by giving its episode (or itself) a `call_policy
     with its own (AgentBench's) messages, e.g. through `first_value`.
 
 `Session` reads the policy with `policy_of(episode, task)`; episodes without one get `STRICT`. This
-module imports only the standard library, so `agentrl.envs.api` can import it.
+module imports only the standard library and `json_args`, so `agentrl.envs.api` can import it.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
+
+from agentrl.envs.json_args import ArgumentsError, loads_arguments
 
 PROTOCOLS = ("faithful", "strict")
 
@@ -56,7 +57,9 @@ def select_calls(raw_calls: list[Any], policy: CallPolicy) -> list[Any]:
 
 def parse_lenient(raw: Any, i: int, max_bytes: int) -> tuple[str, str, Any, str | None]:
     """(id, name, arguments, error) of one raw tool call, parsed as AgentBench-FC does: `json.loads` of
-    the arguments string and nothing more (a dict is taken as already parsed). Arguments longer than
+    the arguments string and nothing more (a dict is taken as already parsed; NaN passes), except that
+    nesting, huge integers and unpaired surrogates are the call's error, never an exception
+    (`json_args.loads_arguments`). Arguments longer than
     `max_bytes` are refused unparsed all the same: a bound on the worker's work, not a protocol rule."""
     call_id = str(raw.get("id") or f"call_{i}") if isinstance(raw, dict) else f"call_{i}"
     fn = raw.get("function") if isinstance(raw, dict) else None
@@ -66,12 +69,14 @@ def parse_lenient(raw: Any, i: int, max_bytes: int) -> tuple[str, str, Any, str 
     arguments = fn.get("arguments")
     if isinstance(arguments, (dict, list)):
         return call_id, name, arguments, None
-    if isinstance(arguments, str) and len(arguments.encode()) > max_bytes:
+    if not isinstance(arguments, str):
+        return call_id, name, None, "arguments are not JSON (not a string)"
+    if len(arguments.encode(errors="surrogatepass")) > max_bytes:
         return call_id, name, None, f"arguments are too long (limit {max_bytes} bytes)"
-    try:
-        return call_id, name, json.loads(arguments), None
-    except (TypeError, ValueError) as e:
-        return call_id, name, None, f"arguments are not JSON ({e})"
+    try:  # AgentBench's json.loads, but nothing a policy writes raises past this (issue 34)
+        return call_id, name, loads_arguments(arguments, finite=False), None
+    except ArgumentsError as e:  # not JSON: in this protocol's own words, as before
+        return call_id, name, None, f"arguments are not JSON ({e.decode})" if e.decode else f"arguments are {e}"
 
 
 def first_value(arguments: Any) -> Any:

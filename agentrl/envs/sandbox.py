@@ -56,6 +56,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentrl.envs import cgroups
 from agentrl.envs.cgroups import SessionCgroup
 from agentrl.envs.sandbox_config import (
     BACKENDS,
@@ -87,6 +88,7 @@ from agentrl.envs.sandbox_layout import (
     seed_archive,
     top_links,
 )
+from agentrl.envs.sandbox_seccomp import SeccompUnavailable, filter_fd, seccomp_filter
 
 __all__ = ["BACKENDS", "BASE_ENV", "CAP_SYS_RESOURCE", "CHECK_ENV", "DOCKER_CAPS", "DOCKER_NOFILE", "PYTHON_PRELUDE",
            "TRUSTED_PYTHON", "CommandResult", "SandboxConfig", "SandboxError", "SandboxUnavailable", "Shell",
@@ -154,13 +156,20 @@ class Shell:
 
     Raises SandboxError when the sandbox does not start (a limit that cannot be set included) or its
     driver dies; `close()` kills every process of the sandbox and is idempotent.
+
+    uid_slot: which of the root worker's uid ranges this session's ids map to (`SandboxConfig.uid_range`):
+        live sessions of different slots share no host uid, so nothing the kernel counts or keeps per uid
+        (pipe pages, keys, process counts) is shared between them.
     """
 
-    def __init__(self, cfg: SandboxConfig | None = None) -> None:
+    def __init__(self, cfg: SandboxConfig | None = None, uid_slot: int = 0) -> None:
         self.cfg = cfg or SandboxConfig()
         self.backend = select_backend(self.cfg.backend, self.cfg.isolation)
         check_image(self.cfg, self.backend)
+        self.uid_base = self.cfg.uid_range(uid_slot)
         self.uid = self.cfg.sandbox_uid(self.backend)
+        if self.uid is not None and self.cfg.many_uids(self.backend):
+            self.uid = self.uid_base
         self.closed = False
         self.cgroup: SessionCgroup | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -172,16 +181,17 @@ class Shell:
             self.close()
             raise
 
-    def argv(self) -> list[str]:
-        """The command line that starts this session's sandbox."""
+    def argv(self, seccomp_fd: int | None = None) -> list[str]:
+        """The command line that starts this session's sandbox (bubblewrap: its seccomp filter read from
+        `seccomp_fd`)."""
         command = [*TRUSTED_PYTHON, "-c", BOOT]
         if self.backend == "bwrap":
             image = str(self.cfg.image_dir().absolute())
             many = self.cfg.many_uids(self.backend)
             argv = bwrap_argv(plan_mounts(image, self.cfg.disk_mb), command, self.cfg.hostname,
-                              self.cfg.disk_mb, self.cfg.shm_mb, in_userns=many)
+                              self.cfg.disk_mb, self.cfg.shm_mb, in_userns=many, seccomp_fd=seccomp_fd)
             if many:
-                launch = {"base": self.cfg.uid_base, "count": self.cfg.uid_count, "nproc": self.cfg.nproc,
+                launch = {"base": self.uid_base, "count": self.cfg.uid_count, "nproc": self.cfg.nproc,
                           "nofile": self.cfg.nofile()}
                 argv[0] = shutil.which("bwrap") or "/usr/bin/bwrap"
                 return [sys.executable, "-I", "-S", str(USERNS_LAUNCHER), json.dumps(launch), "--", *argv]
@@ -224,9 +234,13 @@ class Shell:
                 self.cgroup = SessionCgroup(support, "agentrl-session", self.cfg.session_memory_mb << 20,
                                             self.cfg.nproc + CGROUP_EXTRA_PIDS)
             except OSError as e:
-                if self.cfg.cgroup_required:
-                    raise SandboxError(f"could not make the session's cgroup: {e}") from e
-                log.warning("os session without a cgroup of its own: %s", e)
+                # This worker makes cgroups (probed at start), so a failure now is the host running out of
+                # them (sessions that left theirs behind: `cgroups.pending()`): a session must not start
+                # without its limits. It fails to start (env_error); a worker failing every start reports
+                # the task unhealthy and the controller sends its sessions elsewhere.
+                raise SandboxError(f"could not make the session's cgroup ({e}; {cgroups.pending()} cgroups of "
+                                   f"ended sessions are still being removed): the session does not start "
+                                   f"without its limits") from e
         uid = self.uid if self.uid is not None and not self.cfg.many_uids(self.backend) else None
         cgroup = self.cgroup
 
@@ -239,10 +253,16 @@ class Shell:
                 os.setresuid(uid, uid, uid)
 
         self._stderr = tempfile.TemporaryFile()
-        self._proc = subprocess.Popen(self.argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=self._stderr, start_new_session=True, cwd="/",
-                                      env={"PATH": BASE_ENV["PATH"], "LANG": "C.UTF-8"},
-                                      preexec_fn=enter if cgroup is not None or uid is not None else None)
+        seccomp = self._seccomp_fd()
+        try:
+            self._proc = subprocess.Popen(self.argv(seccomp), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=self._stderr, start_new_session=True, cwd="/",
+                                          env={"PATH": BASE_ENV["PATH"], "LANG": "C.UTF-8"},
+                                          pass_fds=() if seccomp is None else (seccomp,),
+                                          preexec_fn=enter if cgroup is not None or uid is not None else None)
+        finally:
+            if seccomp is not None:
+                os.close(seccomp)
         cfg, seed = self._driver_config()
         view, source = VIEW_SOURCE.read_bytes(), DRIVER_SOURCE.read_bytes()
         header = json.dumps(cfg).encode()
@@ -257,6 +277,15 @@ class Shell:
         if "error" in answer:
             log.error("os sandbox refused to start: %s", answer["error"])
             raise SandboxError(f"the {self.backend} sandbox did not start: {answer['error']}")
+
+    def _seccomp_fd(self) -> int | None:
+        """bubblewrap: a descriptor holding the session's seccomp filter (`sandbox_seccomp`), None without one."""
+        if self.backend != "bwrap" or not self.cfg.seccomp:
+            return None
+        try:
+            return filter_fd(seccomp_filter())
+        except SeccompUnavailable as e:
+            raise SandboxError(f"{e}; set sandbox.seccomp to false to run sessions without the filter") from e
 
     def _stderr_tail(self) -> str:
         try:

@@ -74,7 +74,12 @@ class SandboxConfig:
     uid_base: int = 2_000_000_000
     """A root worker's bubblewrap sandboxes: inside ids 0..uid_count-1 are these host uids (no user's)."""
     uid_count: int = 65536
-    """How many ids a root worker maps into its bubblewrap sandboxes (1: only root, as host_uid)."""
+    """How many ids a root worker maps into its bubblewrap sandboxes (1: only root, as host_uid). Each live
+    session gets a range of its own (`uid_range`): the kernel counts pipe pages, keys and processes per
+    host uid, so sessions that shared one would share those budgets."""
+    seccomp: bool = True
+    """bubblewrap: the seccomp filter of `agentrl.envs.sandbox_seccomp` (no kernel keys, inotify, fanotify,
+    pipe growth, message queues, io_uring, ...: kernel objects shared with other sessions and the host)."""
     fakeroot: bool = True
     """Apptainer: `--fakeroot` (root inside, a uid range mapped; needs subuid entries or root)."""
     session_memory_mb: int = 2048
@@ -95,6 +100,12 @@ class SandboxConfig:
         if os.geteuid() != 0 or backend == "none":
             return None
         return self.uid_base if self.many_uids(backend) else self.host_uid
+
+    def uid_range(self, slot: int) -> int:
+        """The first host uid of session slot `slot`'s range (ranges of `uid_count` from `uid_base`, as many
+        as fit below 2**32 - 1; slots beyond wrap around and share)."""
+        ranges = max(1, (2**32 - 2 - self.uid_base) // max(self.uid_count, 1))
+        return self.uid_base + (slot % ranges) * self.uid_count
 
     def nofile(self) -> int:
         """The sessions' RLIMIT_NOFILE (see `open_files`)."""

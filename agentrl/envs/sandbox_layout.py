@@ -162,13 +162,15 @@ PROC_MASKED = ("/proc/tty/driver", "/proc/1/fdinfo", "/proc/1/map_files", "/proc
 
 
 def bwrap_argv(mounts: list[str], command: list[str], hostname: str, disk_mb: int, shm_mb: int,
-               in_userns: bool = False) -> list[str]:
+               in_userns: bool = False, seccomp_fd: int | None = None) -> list[str]:
     """bubblewrap's command line: all namespaces new, the command as PID 1, a bounded tmpfs as root.
 
     in_userns: bubblewrap runs as root of a user namespace `sandbox_userns.py` made (many ids mapped,
         no further user namespace allowed): it makes no user namespace of its own, and the sandbox's
         root keeps Docker's default capabilities there. Otherwise bubblewrap makes one (uid 0 only,
         no capabilities) and disables further ones itself.
+    seccomp_fd: a file descriptor bubblewrap reads the session's seccomp filter from
+        (`agentrl.envs.sandbox_seccomp`), loaded before the command runs.
     """
     masks = [a for path in PROC_MASKED for a in ("--size", "4096", "--tmpfs", path, "--remount-ro", path)]
     if in_userns:
@@ -178,6 +180,8 @@ def bwrap_argv(mounts: list[str], command: list[str], hostname: str, disk_mb: in
     else:
         users = ["--unshare-all", "--unshare-user", "--disable-userns", "--uid", "0", "--gid", "0",
                  "--cap-drop", "ALL", *(a for c in DRIVER_CAPS for a in ("--cap-add", c))]
+    if seccomp_fd is not None:
+        users += ["--seccomp", str(seccomp_fd)]
     return ["bwrap", *users, "--die-with-parent", "--new-session", "--as-pid-1", "--hostname", hostname,
             "--size", str(disk_mb << 20), "--tmpfs", "/", *mounts, "--proc", "/proc", *masks,
             "--dev", "/dev", "--size", str(shm_mb << 20), "--tmpfs", "/dev/shm",

@@ -70,8 +70,12 @@ def error_response(e: Exception, request: web.Request, unhandled_code: str) -> w
     return web.json_response(err.to_wire(), status=err.http_status)
 
 
-def auth_middleware(secret: str | None, rejected: Callable[[], None] = lambda: None) -> Middleware:
-    """Refuse (401) every request without this run's secret, before reading its body; None: no check."""
+def auth_middleware(secret: str | None, rejected: Callable[[], None] = lambda: None,
+                    trusted: Callable[[Any], None] = lambda transport: None) -> Middleware:
+    """Refuse (401) every request without this run's secret, before reading its body; None: no check.
+
+    `trusted(transport)` is told of each connection whose request carried the secret (the listener's
+    guard stops counting it as pending: `agentrl.envs.listener`)."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -82,6 +86,7 @@ def auth_middleware(secret: str | None, rejected: Callable[[], None] = lambda: N
                 status=401)
             response.force_close()  # the body was never read
             return response
+        trusted(request.transport)
         return await handler(request)
 
     return middleware

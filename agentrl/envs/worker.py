@@ -47,6 +47,7 @@ from agentrl.envs.api import (
     MAX_ARGUMENT_BYTES,
     MAX_OUTPUT_CHARS,
     MAX_TOOL_CALLS,
+    MESSAGE_BUDGET_S,
     EnvError,
     InteractResult,
     Session,
@@ -56,6 +57,9 @@ from agentrl.envs.api import (
     require,
     shown,
 )
+from agentrl.envs.isolation import DEFAULT_MEMORY_MB, ProcessSession, SessionHost, isolation_of
+from agentrl.envs.json_args import clean_message
+from agentrl.envs.listener import GUARD_KEY, ConnectionGuard, ConnectionLimits, GuardedSite, runner_args
 from agentrl.envs.wire import Handler, auth_middleware, check_exposure, error_response, read_json
 from agentrl.types import Status
 
@@ -82,7 +86,7 @@ class CallTimedOut(Exception):
 
 @dataclass
 class _Live:
-    session: Session
+    session: Session | ProcessSession
     task: str
     last_used: float
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -94,10 +98,22 @@ class EnvWorker:
     def __init__(self, tasks: Mapping[str, Task], slots: int, worker_id: str, session_idle_s: float = 600.0,
                  max_argument_bytes: int = MAX_ARGUMENT_BYTES, max_output_chars: int = MAX_OUTPUT_CHARS,
                  max_tool_calls: int = MAX_TOOL_CALLS, call_timeout_s: float = 24.0, expert_route: bool = False,
-                 max_body_bytes: int = 4 * 1024 * 1024, body_timeout_s: float = 10.0) -> None:
+                 max_body_bytes: int = 4 * 1024 * 1024, body_timeout_s: float = 10.0,
+                 message_budget_s: float = MESSAGE_BUDGET_S, process_memory_mb: int = DEFAULT_MEMORY_MB) -> None:
         self.tasks = dict(tasks)
         self.toolboxes = {name: ToolBox(t.tools(), max_argument_bytes, max_tool_calls)
                           for name, t in self.tasks.items()}
+        # The agent's budget per message lies well inside this worker's deadline for a call: a session
+        # process that has not answered by `kill_after_s` is killed (the agent's failure) before the call
+        # could time out here (the environment's).
+        self.message_budget_s = min(message_budget_s, 0.75 * call_timeout_s)
+        self.kill_after_s = min(self.message_budget_s + 2.0, 0.9 * call_timeout_s)
+        isolated = {name: (t, self.toolboxes[name]) for name, t in self.tasks.items()
+                    if isolation_of(t) == "process"}
+        # forked now, before this worker serves or starts threads: see agentrl.envs.isolation
+        self.host = SessionHost(isolated, process_memory_mb, max_output_chars, self.message_budget_s) \
+            if isolated else None
+        self.isolated = set(isolated)
         self.slots = slots
         self.worker_id = worker_id
         self.session_idle_s = session_idle_s
@@ -124,6 +140,8 @@ class EnvWorker:
         self._closing: set[asyncio.Task[None]] = set()
         self.changed = asyncio.Event()
         """Set when the controller should hear from us before the next heartbeat is due (a drain)."""
+        self.guard: ConnectionGuard | None = None
+        """Its server's connections by state (`create_worker_app` sets it)."""
 
     # ------------------------------------------------------------------------------------ helpers
     async def _run(self, task: Task, fn: Callable[..., Any], *args: Any,
@@ -230,7 +248,8 @@ class EnvWorker:
             per_task[live.task] += 1
         return {"worker_id": self.worker_id, "tasks": list(self.tasks), "slots": self.slots,
                 "active": len(self.sessions), "free": max(0, self.slots - self.taken), "stuck": self.stuck,
-                "draining": self.draining, "sessions": per_task, "unhealthy": self.unhealthy(), **self.counters}
+                "draining": self.draining, "sessions": per_task, "unhealthy": self.unhealthy(), **self.counters,
+                "connections": self.guard.stats() if self.guard is not None else {}}
 
     def idle_candidates(self, limit: int = 1000) -> list[str]:
         """Sessions quiet here past the idle limit (at most `limit`): the controller says which to drop.
@@ -268,6 +287,8 @@ class EnvWorker:
     def shutdown(self) -> None:
         """Stop taking task work; threads still running finish in the background (never joined)."""
         self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.host is not None:
+            self.host.close()
 
     # ------------------------------------------------------------------------------------ routes
     async def start_sample(self, request: web.Request) -> web.Response:
@@ -280,8 +301,13 @@ class EnvWorker:
             raise EnvError("no_capacity", f"worker {self.worker_id} is full ({self.slots} slots)")
         self.starting += 1
         try:
-            session = await self._run(task, Session, task, index, self.toolboxes[task.name], self.max_output_chars,
-                                      late=self._close_started)
+            if self.host is not None and task.name in self.isolated:
+                session: Session | ProcessSession = await self._run(
+                    task, ProcessSession, self.host, task, index, self.kill_after_s, self.kill_after_s,
+                    self.message_budget_s, late=self._close_started)
+            else:
+                session = await self._run(task, Session, task, index, self.toolboxes[task.name],
+                                          self.max_output_chars, self.message_budget_s, late=self._close_started)
         except CallTimedOut as e:
             self._start_failed(task.name, e)
             raise EnvError("env_error", str(e)) from None
@@ -294,7 +320,7 @@ class EnvWorker:
             self.changed.set()  # healthy again: say so now
         sid = uuid.uuid4().hex
         self.sessions[sid] = _Live(session=session, task=task.name, last_used=time.monotonic())
-        start = StartResult(sid, session.messages, session.toolbox.tools, task.max_turns)
+        start = StartResult(sid, session.messages, session.tools, task.max_turns)
         return web.json_response(start.to_wire())
 
     async def interact(self, request: web.Request) -> web.Response:
@@ -303,7 +329,7 @@ class EnvWorker:
         if sid in self.ended:  # this worker ended it (a call timed out): say so on every later call
             return web.json_response(InteractResult.ended(Status.ENV_ERROR, self.ended[sid]).to_wire())
         sid, live = self._live(body)
-        message = require(body, "message", dict)
+        message = clean_message(require(body, "message", dict))  # no unpaired surrogate reaches a task
         self._busy(sid, live)
         async with live.lock:
             try:
@@ -378,13 +404,17 @@ def _error_middleware(worker: EnvWorker) -> Any:
     return middleware
 
 
-def create_worker_app(worker: EnvWorker, secret: str | None = None) -> web.Application:
-    """The worker as an aiohttp app; `secret`: required on every route (None: no check, loopback tests)."""
+def create_worker_app(worker: EnvWorker, secret: str | None = None,
+                      limits: ConnectionLimits | None = None) -> web.Application:
+    """The worker as an aiohttp app; `secret`: required on every route (None: no check, loopback tests);
+    `limits`: what a connection may hold before it shows the secret (`agentrl.envs.listener`)."""
     def rejected() -> None:
         worker.counters["unauthorized"] += 1
 
-    app = web.Application(middlewares=[auth_middleware(secret, rejected), _error_middleware(worker)],
+    guard = worker.guard = ConnectionGuard(limits or ConnectionLimits(), secret, rejected)
+    app = web.Application(middlewares=[auth_middleware(secret, rejected, guard.trust), _error_middleware(worker)],
                           client_max_size=worker.max_body_bytes)
+    app[GUARD_KEY] = guard
     app.add_routes([
         web.post("/start_sample", worker.start_sample), web.post("/interact", worker.interact),
         web.post("/cancel", worker.cancel), web.post("/expert", worker.expert),
@@ -530,13 +560,14 @@ async def start_worker(envs: EnvsConfig, controller: ControllerConfig, controlle
                        max_argument_bytes=envs.max_argument_bytes, max_output_chars=envs.max_output_chars,
                        max_tool_calls=envs.max_tool_calls, call_timeout_s=call_timeout_s(controller.request_timeout_s),
                        expert_route=envs.expert_route == "enabled" if expert_route is None else expert_route,
-                       max_body_bytes=controller.max_body_bytes, body_timeout_s=controller.body_timeout_s)
-    runner = web.AppRunner(create_worker_app(worker, secret), access_log=None)
+                       max_body_bytes=controller.max_body_bytes, body_timeout_s=controller.body_timeout_s,
+                       message_budget_s=envs.message_budget_s, process_memory_mb=envs.process_memory_mb)
+    app = create_worker_app(worker, secret, ConnectionLimits.of(controller))
+    runner = web.AppRunner(app, **runner_args(controller))
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = GuardedSite(runner, host, port, app[GUARD_KEY])
     await site.start()
-    bound_port = runner.addresses[0][1]
-    address = f"http://{advertise_host or host}:{bound_port}"
+    address = f"http://{advertise_host or host}:{site.port}"
     running = RunningWorker(worker, runner, address, controller_url, controller.heartbeat_s, secret)
     running.start_heartbeats()
     return running

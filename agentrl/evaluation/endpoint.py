@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrl.envs.api import EnvError
+from agentrl.envs.json_args import clean_text
 from agentrl.evaluation.played import Played
 from agentrl.rollout.agent_loop import EpisodeLimits, turn_budget
 from agentrl.rollout.tool_calls import unread_call_observation
@@ -92,6 +93,11 @@ class ChatEndpoint:
         await self._client.close()
 
 
+def _texts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Env messages with unpaired surrogates replaced (an endpoint's client encodes requests as UTF-8)."""
+    return [{**m, "content": clean_text(m["content"])} if isinstance(m.get("content"), str) else m for m in messages]
+
+
 async def play_endpoint_episode(client: Any, endpoint: Any, task: str, index: str, temperature: float,
                                 top_p: float, limits: EpisodeLimits) -> Played:
     """One episode of (task, index) with `endpoint.reply` writing every assistant turn; raises EnvError only
@@ -99,7 +105,7 @@ async def play_endpoint_episode(client: Any, endpoint: Any, task: str, index: st
     t_start = time.perf_counter()
     start = await client.start_sample(task, index)
     sid = start.session_id
-    messages = list(start.messages)
+    messages = _texts(start.messages)
     max_turns, capped = turn_budget(start.max_turns, limits.max_turns)
     status = Status.TRUNCATED if capped else Status.TURN_LIMIT
     reward, metrics, turns, tokens, context = 0.0, {}, 0, 0, 0
@@ -127,7 +133,7 @@ async def play_endpoint_episode(client: Any, endpoint: Any, task: str, index: st
                 if res.done:
                     done, reward, status, metrics = True, float(res.reward), Status(res.status), dict(res.metrics)
                     break
-                observation = list(res.messages)
+                observation = _texts(res.messages)
             messages += observation
     except EnvError:
         status, metrics = Status.ENV_ERROR, {"env_error": 1.0}

@@ -21,7 +21,7 @@ from agentrl.monitor.run_data import RunData
 
 STATUS_COLORS = {"completed": "#4c9a2a", "invalid_action": "#d95f02", "turn_limit": "#e6ab02",
                  "context_limit": "#a6761d", "truncated": "#7570b3", "grader_failed": "#1b9e77", "env_error": "#e7298a",
-                 "cancelled": "#666666"}
+                 "cancelled": "#666666", "internal_error": "#000000"}
 
 
 @dataclass

@@ -5,9 +5,18 @@ format (`agentrl.rollout.chat`): the prompt is the chat template's, each assista
 token ids (never re-tokenized), and each observation appends the template's delta for the env messages. A
 tool call the model wrote badly becomes an error observation (the model learns from it); an env failure
 ends the episode as `env_error`, which the caller retries or counts, never trains on.
+
+Whose failure an exception is, by its cause: reading the model's own text (the tool-call parser) is the
+model's, so a parser that raises on it (a bug of ours, logged with its traceback and counted in
+`parse_failures`) answers the turn as an unreadable call; the env's failures arrive as `EnvError`; any other
+exception is our own code failing on the episode and leaves `run_episode` (`collect` records it as
+`internal_error`: never trained on, never retried), except that the engine's failing is the rank's
+(`EngineFailed`: its engine is gone, every episode would fail alike; the launcher restarts the rank). The
+session is cancelled on every way out.
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -15,8 +24,14 @@ from typing import Any
 from agentrl.envs.api import EnvError
 from agentrl.rollout.chat import ChatFormat, Transcript
 from agentrl.rollout.engine import Engine, SamplingConfig
-from agentrl.rollout.tool_calls import ToolCallError
+from agentrl.rollout.tool_calls import ParsedTurn, ToolCallError
 from agentrl.types import Status, Trajectory, TrajectoryBuilder, new_id
+
+log = logging.getLogger("agentrl.rollout")
+
+
+class EngineFailed(RuntimeError):
+    """The engine raised on a generation: the rank's failure, not the episode's (`collect` lets it through)."""
 
 
 @dataclass(frozen=True)
@@ -66,23 +81,24 @@ def turn_budget(task_max_turns: int | None, cap: int) -> tuple[int, bool]:
 
 async def run_episode(client: Any, engine: Engine, fmt: ChatFormat, task: str, index: str, group_id: str,
                       sampling: SamplingConfig, limits: EpisodeLimits) -> Trajectory:
-    """Play one episode; raises EnvError only if the session could not be started (and `TemplateMismatch`
-    when `rollout.template_check` is strict and the episode's tokens differ from the template's)."""
+    """Play one episode; raises EnvError only if the session could not be started, `TemplateMismatch`
+    when `rollout.template_check` is strict and the episode's tokens differ from the template's, and any
+    exception of our own code (module docstring); the session is cancelled whichever way it ends."""
     clock = _Stages()
     start = await client.start_sample(task, index)
     clock.lap("env_s")
     sid = start.session_id
     b = TrajectoryBuilder()
-    talk = Transcript(fmt, start.messages, start.tools, max_prompt=limits.max_model_len)
-    clock.lap("render_s")
-    b.add_context(talk.prompt)  # an over-long prompt ends at once as context_limit
     max_turns, capped = turn_budget(start.max_turns, limits.max_turns)
     # Reaching max_turns below: the task's own limit ends the episode as turn_limit (turns with unreadable
     # calls count, as the env's Session counts every assistant message); the run's cap, as truncated.
     status = Status.TRUNCATED if capped else Status.TURN_LIMIT
-    reward, metrics, turns, invalid = 0.0, {}, 0, 0
+    reward, metrics, turns, invalid, parse_failures = 0.0, {}, 0, 0, 0
     done = False
     try:
+        talk = Transcript(fmt, start.messages, start.tools, max_prompt=limits.max_model_len)
+        clock.lap("render_s")
+        b.add_context(talk.prompt)  # an over-long prompt ends at once as context_limit
         while turns < max_turns:
             budget = limits.max_model_len - len(b)
             if budget < 2:
@@ -91,13 +107,24 @@ async def run_episode(client: Any, engine: Engine, fmt: ChatFormat, task: str, i
             clock.lap("build_s")
             s = SamplingConfig(min(limits.max_new_tokens, budget - 1), sampling.temperature, sampling.top_p,
                                sampling.stop_token_ids, sampling.seed)
-            gen = await engine.generate(b.tokens, s, session_id=sid, tools=start.tools, fmt=fmt)
+            try:
+                gen = await engine.generate(b.tokens, s, session_id=sid, tools=start.tools, fmt=fmt)
+            except EnvError:  # the expert engine asks the env: its failure is the env's
+                raise
+            except Exception as e:
+                raise EngineFailed(f"{type(e).__name__}: {e}") from e
             clock.lap("generate_s")
             b.add_action(gen.token_ids, gen.logprobs, gen.version, gen.engine_id)
             talk.sampled(gen.token_ids)
             turns += 1
             clock.lap("build_s")
-            parsed = fmt.parse(gen.token_ids, start.tools, call_id_prefix=f"call_{turns}")
+            try:
+                parsed = fmt.parse(gen.token_ids, start.tools, call_id_prefix=f"call_{turns}")
+            except Exception:  # noqa: BLE001 - the model's text made our parser raise: its unreadable call
+                log.exception("%s/%s: reading the model's tool calls raised (answered as an unreadable call)",
+                              task, index)
+                parse_failures += 1
+                parsed = ParsedTurn("", [], [ToolCallError("", "the tool call could not be read")])
             clock.lap("parse_s")
             if gen.finish_reason == "length":
                 if len(b) + 1 >= limits.max_model_len:
@@ -107,6 +134,7 @@ async def run_episode(client: Any, engine: Engine, fmt: ChatFormat, task: str, i
                 # turn end comes first, as context), as with any malformed call.
                 if not parsed.errors:
                     parsed.errors.append(ToolCallError("", "the message was cut off at the token limit"))
+            own = bool(parsed.errors)  # the rollout's own answer, not env text
             if parsed.errors:
                 invalid += 1
                 observation = fmt.error_observation(parsed.errors)
@@ -120,12 +148,12 @@ async def run_episode(client: Any, engine: Engine, fmt: ChatFormat, task: str, i
                     break
                 observation = res.messages
             clock.lap("parse_s")  # the error observation, when there is one
-            obs_ids = talk.observation_ids(observation)
+            obs_ids = talk.observation_ids(observation, own)
             clock.lap("render_s")
             if len(b) + len(obs_ids) >= limits.max_model_len:  # no room left for the next turn
                 status = Status.CONTEXT_LIMIT
                 break
-            talk.observed(observation, obs_ids)
+            talk.observed(observation, obs_ids, own)
             b.add_context(obs_ids)
     except EnvError:  # the worker died, the session expired or the gateway failed: infrastructure
         status, metrics = Status.ENV_ERROR, {"env_error": 1.0}  # not `done`: cancel below frees the slot
@@ -139,6 +167,8 @@ async def run_episode(client: Any, engine: Engine, fmt: ChatFormat, task: str, i
             clock.lap("env_s")
     metrics.setdefault("success", 0.0)
     metrics["invalid_calls"] = float(invalid)
+    if parse_failures:
+        metrics["parse_failures"] = float(parse_failures)
     metrics["template_mismatch"] = float(talk.verify(task))
     clock.lap("check_s")
     traj = b.build(traj_id=new_id(), task=task, index=index, group_id=group_id, reward=reward,

@@ -9,13 +9,14 @@ the conversation, without ever re-tokenizing what the model sampled:
                  generation prompt, from the end of the last sampled turn on
 
 To find where a sampled turn ends inside a rendering, every sampled turn stands in the rendered
-conversation as an assistant message whose content is `SAMPLED` (a marker no template changes); the delta
-is the text after the last marker. It starts with whatever the template puts after an assistant message
-(Qwen's `<|im_end|>\\n`, Llama's `<|eot_id|>`, GLM's next role token): when the model sampled that very
-token it is not repeated, otherwise (a turn cut at the token limit, or ended on another stop token) the
-template's own turn end follows as context. Consecutive env messages are rendered together, so templates
-that group tool results into one turn (Qwen2.5) or use their own role for them (Llama's `ipython`) get
-their own rendering.
+conversation as an assistant message whose content is a marker (`SAMPLED` with a random nonce per
+transcript: no template changes it, and neither the policy nor an env can write it; a fixed marker once let
+an env echo crash the rank under `strict`); the delta is the text after the last marker. It starts with
+whatever the template puts after an assistant message (Qwen's `<|im_end|>\\n`, Llama's `<|eot_id|>`, GLM's
+next role token): when the model sampled that very token it is not repeated, otherwise (a turn cut at the
+token limit, or ended on another stop token) the template's own turn end follows as context. Consecutive
+env messages are rendered together, so templates that group tool results into one turn (Qwen2.5) or use
+their own role for them (Llama's `ipython`) get their own rendering.
 
 `Transcript.check` compares the finished episode with one whole re-render of the conversation: each
 context segment must equal the template's rendering there. Templates whose rendering of earlier turns
@@ -23,22 +24,29 @@ depends on later ones (reasoning stripped from past turns, a date or counter in 
 it; `rollout.template_check` decides whether that raises (strict), is counted (warn) or is skipped (off).
 What the check cannot see: the model's own tool-call text is kept as sampled, so a template that would
 re-render a call differently (other JSON spacing) is not a mismatch; that is the sampled-ids contract.
+
+Env text is encoded with special tokens off (a tool result saying `<|im_start|>assistant` is plain text, not
+a forged turn; `env_text`), the prompt, each delta and the check alike.
 """
 from __future__ import annotations
 
 import json
 import logging
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agentrl.config import chat_template_names, chat_template_text
+from agentrl.envs.json_args import clean_text
+from agentrl.rollout.env_text import PlainText, Span, encode_spans, render_located
 from agentrl.rollout.template_probe import choose_parser, probe, suggest_template
 from agentrl.rollout.tool_calls import ParsedTurn, ToolCallError, ToolCallParser
 
 log = logging.getLogger("agentrl.rollout.chat")
 
 SAMPLED = "<<agentrl:sampled-turn>>"
+"""The shape of the marker a sampled turn is rendered as (each `Transcript` adds a random nonce)."""
 CHECK_MODES = ("strict", "warn", "off")
 
 
@@ -95,6 +103,8 @@ class ChatFormat:
     def __post_init__(self) -> None:
         self._backend = _plain_backend(self.tokenizer, ("encode", "_encode_plus"))
         self._decoder = _plain_backend(self.tokenizer, ("decode", "_decode"))
+        self.plain = PlainText(self.tokenizer, getattr(self.tokenizer, "backend_tokenizer", None))
+        """Env text's encoder: special tokens off (`env_text`)."""
 
     @classmethod
     def load(cls, model_dir: str | Path, tool_parser: str = "auto", stop_tokens: tuple[str, ...] = (),
@@ -177,8 +187,9 @@ class ChatFormat:
         follow = [{"role": "tool", "content": "."}] if msg.get("tool_calls") else [{"role": "user", "content": "."}]
         msg = _canonical_arguments(msg)
         head = self.render(base, tools, add_generation_prompt=True)
-        marked = self.render(base + [{"role": "assistant", "content": SAMPLED}] + follow, tools, False)
-        before, after = marked.split(SAMPLED, 1)
+        marker = f"<<agentrl:sampled-turn:{secrets.token_hex(8)}>>"  # not in any tool's text: a fresh nonce
+        marked = self.render(base + [{"role": "assistant", "content": marker}] + follow, tools, False)
+        before, after = marked.split(marker, 1)
         whole = self.render(base + [msg] + follow, tools, False)
         if not (whole.startswith(before) and whole.endswith(after)) or not before.startswith(head):
             raise ValueError("the chat template renders an assistant message where the marker test cannot find it")
@@ -199,7 +210,18 @@ class ChatFormat:
         return self.parser.parse(self.decode(ids), tools, call_id_prefix)
 
     def error_observation(self, errors: list[ToolCallError]) -> list[dict[str, Any]]:
-        return [{"role": "tool", "content": self.parser.format_errors(errors)}]
+        """The rollout's own answer to unreadable calls: the errors and the family's call syntax, whose markers
+        (`<tool_call>`, special in some tokenizers) stay the model's tokens (`Transcript.observation_ids`
+        with `own=True`); an error that quotes a special token's string of the model's (a tool name) other
+        than the family's call markers has it defused."""
+        quoted = [ToolCallError(e.text, self.plain.defuse(e.message)) if self.plain.holds(self._unmarked(e.message))
+                  else e for e in errors]
+        return [{"role": "tool", "content": self.parser.format_errors(quoted)}]
+
+    def _unmarked(self, text: str) -> str:
+        for marker in (*self.parser.markers, "</tool_call>"):
+            text = text.replace(marker, "")
+        return text
 
 
 def _plain_backend(tokenizer: Any, methods: tuple[str, ...]) -> Any:
@@ -231,15 +253,32 @@ def _canonical_arguments(msg: dict[str, Any]) -> dict[str, Any]:
     return {**msg, "tool_calls": out}
 
 
+_TURN: dict[str, Any] = {"role": "assistant", "content": ""}
+"""A sampled turn's place in `Transcript.messages`: rendered as an assistant message holding the marker."""
+
+
+def _new_nonce() -> str:
+    return secrets.token_hex(8)
+
+
 class Transcript:
-    """One episode's conversation as the template sees it, beside the token segments built from it."""
+    """One episode's conversation as the template sees it, beside the token segments built from it.
+
+    Sampled turns are rendered as an assistant message whose content is this transcript's marker,
+    `<<agentrl:sampled-turn:NONCE>>` with a random nonce: no policy or env can write it (an env text that
+    holds the nonce gets the transcript a new one). Env text is encoded with special tokens off
+    (`env_text`), and loses any unpaired surrogate (U+FFFD) on the way in."""
 
     def __init__(self, fmt: ChatFormat, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
                  max_prompt: int | None = None) -> None:
         self.fmt, self.tools = fmt, tools
-        self.messages = list(messages)
-        text = fmt.render(self.messages, tools, add_generation_prompt=True)
-        prompt = fmt.encode(text)
+        self._hot: dict[int, tuple[Any, bool]] = {}  # id(message) -> (its content, holds special tokens' text)
+        self._own: set[int] = set()  # ids of the rollout's own messages in `messages` (error observations)
+        self.nonce = _new_nonce()
+        self._tools_text = json.dumps(tools, ensure_ascii=False)
+        self.messages = self._env(messages)
+        text, spans = self._render(self.messages, True)
+        prompt = self._encode(text, spans)
         self.prompt = prompt[:max_prompt] if max_prompt is not None else prompt
         self.segments: list[tuple[str, list[int]]] = [("context", list(self.prompt))]
         # What each context segment was encoded from (its text, and for a delta the sampled turn it followed):
@@ -247,22 +286,60 @@ class Transcript:
         self._sources: list[tuple[str, list[int] | None] | None] = [(text, None)]
         self._delta: tuple[list[int], str, list[int]] | None = None  # the last observation_ids: ids, text, turn
 
+    @property
+    def marker(self) -> str:
+        return f"<<agentrl:sampled-turn:{self.nonce}>>"
+
+    def _env(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Env messages as rendered: unpaired surrogates replaced; a new nonce if one of them holds it."""
+        out = [{**m, "content": clean_text(m["content"])} if isinstance(m.get("content"), str) else m
+               for m in messages]
+        while any(self.nonce in str(m.get("content", "")) for m in out) or self.nonce in self._tools_text:
+            self.nonce = _new_nonce()
+        return out
+
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                own: frozenset[int] = frozenset()) -> tuple[str, list[Span]]:
+        """The template's text of `messages` (sampled turns as the marker) and where the env text that holds
+        special tokens' strings lies in it (`env_text.render_located`); the rollout's own messages (ids in
+        `self._own` or `own`) are not env text."""
+        shown = [{"role": "assistant", "content": self.marker} if m is _TURN else m for m in messages]
+        hot = []
+        for i, m in enumerate(messages):
+            if m is not _TURN and id(m) not in self._own and id(m) not in own:
+                content = m.get("content")
+                seen = self._hot.get(id(m))
+                if seen is None or seen[0] is not content:  # ids are reused once a message is gone
+                    seen = self._hot[id(m)] = (content, self.fmt.plain.holds(content))
+                if seen[1]:
+                    hot.append(i)
+        return render_located(lambda ms: self.fmt.render(ms, self.tools, add_generation_prompt), shown, hot,
+                              self.nonce, self.fmt.plain)
+
+    def _encode(self, text: str, spans: list[Span], lo: int = 0, hi: int | None = None) -> list[int]:
+        return encode_spans(self.fmt.encode, self.fmt.plain, text, spans, lo, hi)
+
     def sampled(self, ids: list[int]) -> None:
         self.segments.append(("sampled", list(ids)))
         self._sources.append(None)
-        self.messages.append({"role": "assistant", "content": SAMPLED})
+        self.messages.append(_TURN)
 
-    def observation_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        """The template's delta for env `messages` after the last sampled turn (not yet added)."""
-        text = self.fmt.render(self.messages + list(messages), self.tools, add_generation_prompt=True)
-        tail = text[text.rindex(SAMPLED) + len(SAMPLED):]
+    def observation_ids(self, messages: list[dict[str, Any]], own: bool = False) -> list[int]:
+        """The template's delta for env `messages` after the last sampled turn (not yet added); `own`: the
+        rollout's own messages (`ChatFormat.error_observation`), encoded as the template's text."""
+        messages = self._env(messages)
+        text, spans = self._render(self.messages + messages, True, frozenset(map(id, messages)) if own else frozenset())
+        start = text.rindex(self.marker) + len(self.marker)
         turn = self.segments[-1][1]
-        ids = self._after_turn(self.fmt.encode(tail), turn)
-        self._delta = (ids, tail, turn)
+        ids = self._after_turn(self._encode(text, spans, start), turn)
+        self._delta = (ids, text[start:], turn)
         return ids
 
-    def observed(self, messages: list[dict[str, Any]], ids: list[int]) -> None:
-        self.messages += list(messages)
+    def observed(self, messages: list[dict[str, Any]], ids: list[int], own: bool = False) -> None:
+        messages = self._env(messages)
+        if own:
+            self._own.update(map(id, messages))
+        self.messages += messages
         self.segments.append(("context", list(ids)))
         d, self._delta = self._delta, None
         self._sources.append((d[1], d[2]) if d is not None and d[0] is ids else None)
@@ -273,16 +350,21 @@ class Transcript:
 
     def check(self) -> list[str]:
         """Where this episode's context tokens differ from one whole re-render of its conversation ([] if nowhere)."""
-        ends_open = self.messages[-1]["role"] != "assistant" if self.messages else True
-        whole = self.fmt.render(self.messages, self.tools, add_generation_prompt=ends_open)
-        pieces = whole.split(SAMPLED)
+        ends_open = self.messages[-1] is not _TURN and self.messages[-1]["role"] != "assistant" \
+            if self.messages else True
+        whole, spans = self._render(self.messages, ends_open)
+        cuts, at = [], whole.find(self.marker)
+        while at >= 0:
+            cuts.append(at)
+            at = whole.find(self.marker, at + len(self.marker))
+        bounds = list(zip([0] + [c + len(self.marker) for c in cuts], cuts + [len(whole)]))
         turns = [ids for kind, ids in self.segments if kind == "sampled"]
-        if len(pieces) != len(turns) + 1:
-            return [f"the whole render holds {len(pieces) - 1} sampled turns, the episode {len(turns)}"]
+        if len(bounds) != len(turns) + 1:
+            return [f"the whole render holds {len(bounds) - 1} sampled turns, the episode {len(turns)}"]
         problems = []
         # A piece equal to the text a segment was encoded from encodes to that segment again: skip it.
-        if self._sources[0] is None or pieces[0] != self._sources[0][0]:
-            want0 = self.fmt.encode(pieces[0])
+        if self._sources[0] is None or whole[slice(*bounds[0])] != self._sources[0][0]:
+            want0 = self._encode(whole, spans, *bounds[0])
             if want0[:len(self.prompt)] != self.prompt:
                 problems.append(_diff("prompt", self.prompt, want0, self.fmt))
         turn_i = 0
@@ -290,9 +372,10 @@ class Transcript:
             if kind == "sampled":
                 turn_i += 1
                 continue
-            if source is not None and source[0] == pieces[turn_i] and source[1] == turns[turn_i - 1]:
+            lo, hi = bounds[turn_i]
+            if source is not None and source[0] == whole[lo:hi] and source[1] == turns[turn_i - 1]:
                 continue
-            want = self._after_turn(self.fmt.encode(pieces[turn_i]), turns[turn_i - 1])
+            want = self._after_turn(self._encode(whole, spans, lo, hi), turns[turn_i - 1])
             if ids != want:
                 problems.append(_diff(f"after turn {turn_i}", ids, want, self.fmt))
         return problems

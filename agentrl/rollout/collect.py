@@ -2,6 +2,13 @@
 
 Every caller plays its episodes through `collect`: the rollout rank (one group at a time), its expert
 demonstrations and evaluations, `jobs.eval`'s local players and the agent-loop benchmark.
+
+No episode's exception ends its caller (a rollout rank): an env failure is `env_error`, retried; an
+exception of our own code (`TemplateMismatch` under `rollout.template_check: strict` included) is logged
+with its cause and recorded as an `internal_error` trajectory (metrics `internal_error`, and
+`template_mismatch` for the check), never retried and never trained on. Only a misconfigured run
+(`FATAL_CODES`: a wrong secret, an unknown task), a failed engine (`EngineFailed`) and cancellation leave
+`collect`.
 """
 from __future__ import annotations
 
@@ -13,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrl.envs.api import EnvError
-from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
-from agentrl.rollout.chat import ChatFormat
+from agentrl.rollout.agent_loop import EngineFailed, EpisodeLimits, run_episode
+from agentrl.rollout.chat import ChatFormat, TemplateMismatch
 from agentrl.rollout.engine import Engine, SamplingConfig
 from agentrl.types import Status, Trajectory, new_id
 
@@ -75,6 +82,10 @@ async def collect(client: Any, engine: Engine, fmt: ChatFormat, requests: list[t
                         waited += loop.time() - t0
                         continue
                     log.warning("start_sample %s/%s failed (%s): attempt %d", task, index, e, attempt + 1)
+                except EngineFailed:  # the rank's engine is gone: every episode would fail alike
+                    raise
+                except Exception as e:  # noqa: BLE001 - our own code failed on this episode: record it, go on
+                    return _internal_error(task, index, group, e)
             if traj is not None and traj.status != Status.ENV_ERROR:
                 return traj
             if attempt >= retry.max_retries:
@@ -95,3 +106,16 @@ async def collect(client: Any, engine: Engine, fmt: ChatFormat, requests: list[t
 
     trajs = await asyncio.gather(*(counted(*r) for r in requests))
     return list(trajs), retries
+
+
+def _internal_error(task: str, index: str, group: str, e: Exception) -> Trajectory:
+    """The record of an episode our own code failed on: logged (a mismatch by its diff, anything else with
+    its traceback), counted by its status, never trained on."""
+    metrics = {"internal_error": 1.0, "success": 0.0}
+    if isinstance(e, TemplateMismatch):
+        metrics["template_mismatch"] = 1.0
+        log.error("%s/%s dropped (rollout.template_check: strict): %s", task, index, e)
+    else:
+        log.error("%s/%s: our own code failed on the episode; dropped, not retried", task, index, exc_info=e)
+    return Trajectory(new_id(), task, index, group, [], [], [], [], [], 0.0, Status.INTERNAL_ERROR, 0,
+                      metrics=metrics)

@@ -27,6 +27,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from agentrl.envs.api import EnvError
+
 # vLLM's forward context and current config are module globals: two in-process engines must not run a forward
 # pass (or load weights) at the same time. On CPU they share the cores anyway. Every engine's start-up holds it
 # too: an engine of its own process is started with its own CUDA_VISIBLE_DEVICES in os.environ.
@@ -443,7 +445,11 @@ class ExpertEngine:
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingConfig, **context: Any) -> Generation:
         msg = await self._client.expert(context["session_id"])
-        ids = context["fmt"].assistant_ids(msg, context.get("tools"))
+        try:
+            ids = context["fmt"].assistant_ids(msg, context.get("tools"))
+        except Exception as e:  # a message the chat template cannot render is the env's (its expert's) failure
+            raise EnvError("env_error", f"the expert's message cannot be rendered: {type(e).__name__}: "
+                                        f"{str(e)[:200]}") from e
         return Generation(ids, [0.0] * len(ids), "stop", self.version, self.engine_id)
 
     async def load_weights(self, weights: Callable[[], Any], version: int) -> None:

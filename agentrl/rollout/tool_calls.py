@@ -18,6 +18,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentrl.envs.json_args import MAX_ARGUMENT_DEPTH, ArgumentsError, loads_arguments
+
 log = logging.getLogger("agentrl.rollout.tool_calls")
 
 # model_type (config.json) -> the vLLM tool parser its family's templates call for: Qwen2/2.5 and Qwen3 write
@@ -127,10 +129,11 @@ class ToolCallParser:
         calls, errors = [], []
         for c in info.tool_calls:
             name, arguments = c.function.name, c.function.arguments or "{}"
-            try:
-                args = json.loads(arguments)
-            except json.JSONDecodeError as e:
-                errors.append(ToolCallError(arguments, f"tool call arguments are not valid JSON ({e.msg})"))
+            try:  # the env's own rule (a 4,301-digit integer once raised out of the rank here)
+                args = loads_arguments(arguments) if isinstance(arguments, str) else None
+            except ArgumentsError as e:
+                why = f"not valid JSON ({e.decode.msg})" if e.decode is not None else str(e)
+                errors.append(ToolCallError(arguments, f"tool call arguments are {why}"))
                 continue
             if not isinstance(name, str) or not name:
                 errors.append(ToolCallError(arguments, 'a tool call needs a string "name"'))
@@ -181,10 +184,12 @@ def diagnose(text: str) -> str | None:
     body = after.split(end, 1)[0].strip()
     if body and body[0] not in "{[":  # GLM-style `name<arg_key>…`: nothing to say about JSON
         return None
-    try:
-        obj = json.loads(body)
-    except json.JSONDecodeError as e:
-        return f"tool call is not valid JSON ({e.msg} at char {e.pos})"
+    try:  # one level more than the arguments: the call's own object
+        obj = loads_arguments(body, MAX_ARGUMENT_DEPTH + 1)
+    except ArgumentsError as e:
+        if e.decode is not None:
+            return f"tool call is not valid JSON ({e.decode.msg} at char {e.decode.pos})"
+        return f"tool call is {e}"
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return 'tool call must be a JSON object with a string "name"'
     if not isinstance(obj.get("arguments", obj.get("parameters", {})), dict):

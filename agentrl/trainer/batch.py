@@ -16,6 +16,7 @@ forward/backward passes then run over micro-batches planned by `plan_micro_batch
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -41,8 +42,9 @@ class TrainBatch:
     def num_action_tokens(self) -> int:
         return int(self.mask.sum().item())
 
-    @property
+    @cached_property
     def lengths(self) -> list[int]:
+        """Tokens of each trajectory (computed once: the layout of every micro-batch reads them)."""
         return self.attention.sum(1).tolist()
 
 
@@ -130,66 +132,105 @@ def padding_fraction(plan: Plan, lengths: list[int], packed: bool) -> float:
 
 @dataclass
 class MicroBatch:
-    """Model inputs and per-target tensors of one micro-batch, in the padded or the packed layout."""
+    """Model inputs of one micro-batch, in the padded or the packed layout, and the targets it trains or measures.
+
+    Only the selected positions reach the language-model head (`trainer.head`): `select` holds their flat index in
+    the [R, L] token grid and `next_tokens` the token each one predicts. Per-target values (mask, advantages,
+    behaviour log-probs…) come as a [K, C] grid with one row per trajectory (its selected targets in order, zeros
+    after), so that per-sequence reductions see trajectories, never packed rows; `grid` puts a head output there.
+    """
 
     tokens: torch.Tensor  # [R, L] long
     attention: torch.Tensor | None  # [R, L] long (padded layout); None when packed
     position_ids: torch.Tensor | None  # [R, L] long, restarting at 0 per trajectory (packed layout)
-    targets: dict[str, torch.Tensor]  # name → [R, L-1], aligned to targets, 0 off real targets
+    select: torch.Tensor  # [N] long, r·L + t: positions whose next token is a target
+    next_tokens: torch.Tensor  # [N] long
+    dest: torch.Tensor  # [N] long, k·C + c: where each selected position sits in the [K, C] target grid
+    targets: dict[str, torch.Tensor]  # name → [K, C]
+    cu_seqlens: torch.Tensor  # [S+1] int32: boundaries of the segments (trajectories, padding tails) of the R·L tokens
+    max_seqlen: int
+    shape: tuple[int, int]  # (K, C) of the target grid
+
+    def grid(self, x: torch.Tensor) -> torch.Tensor:  # [N] → [K, C], zeros off the selected positions
+        K, C = self.shape
+        return x.new_zeros(K * C).index_copy(0, self.dest, x).view(K, C)
 
     def to(self, device: torch.device | str) -> MicroBatch:
+        device = torch.device(device)
+
         def mv(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.to(device, non_blocking=True)
+            if t is None or t.device == device:
+                return t
+            return (t.pin_memory() if device.type == "cuda" else t).to(device, non_blocking=True)
 
-        return MicroBatch(mv(self.tokens), mv(self.attention), mv(self.position_ids),
-                          {k: v.to(device, non_blocking=True) for k, v in self.targets.items()})
+        return MicroBatch(mv(self.tokens), mv(self.attention), mv(self.position_ids), mv(self.select),
+                          mv(self.next_tokens), mv(self.dest), {k: mv(v) for k, v in self.targets.items()},
+                          mv(self.cu_seqlens), self.max_seqlen, self.shape)
 
 
-def layout(batch: TrainBatch, rows: list[list[int]], per_target: dict[str, torch.Tensor],
-           packed: bool) -> MicroBatch:
-    """Gather the trajectories of `rows` into one micro-batch.
+def layout(batch: TrainBatch, rows: list[list[int]], per_target: dict[str, torch.Tensor], packed: bool,
+           select: torch.Tensor | None = None) -> MicroBatch:
+    """Gather the trajectories of `rows` into one micro-batch (index arithmetic on the host, no per-token loop).
 
     Args:
         batch: the step's padded batch.
         rows: rows of trajectory indices (one index per row unless `packed`).
         per_target: name → [B, T-1] tensors aligned to targets (mask, advantages, behaviour log-probs…).
         packed: lay several trajectories per row, with position ids restarting at each one.
+        select: [B, T-1] bool, the targets to compute (default: the action tokens, `batch.mask > 0`); zero past
+            each trajectory's end.
 
     Returns:
-        A MicroBatch whose targets hold, at every position, the value of the same target in `per_target`;
-        the position after the last token of a packed trajectory (whose "next token" belongs to the next
-        trajectory) and all padding hold 0.
+        A MicroBatch whose target grid holds, for each trajectory of `rows` (row-major order) and each of its selected
+        targets in order, the value of the same target in `per_target`.
     """
-    lengths = [[int(batch.attention[i].sum()) for i in row] for row in rows]
-    width = max(sum(r) for r in lengths)
-    R = len(rows)
-    tokens = torch.full((R, width), batch.pad_id, dtype=torch.long)
-    targets = {k: v.new_zeros(R, width - 1) for k, v in per_target.items()}
-    if not packed:
-        idx = torch.tensor([row[0] for row in rows])
-        tokens = batch.tokens[idx, :width]
-        attention = batch.attention[idx, :width]
-        for k, v in per_target.items():
-            targets[k] = v[idx, : width - 1]
-        return MicroBatch(tokens, attention, None, targets)
-    positions = torch.zeros(R, width, dtype=torch.long)
-    for r, (row, ns) in enumerate(zip(rows, lengths)):
-        off = 0
-        for i, n in zip(row, ns):
-            tokens[r, off:off + n] = batch.tokens[i, :n]
-            positions[r, off:off + n] = torch.arange(n)
-            for k, v in per_target.items():
-                targets[k][r, off:off + n - 1] = v[i, : n - 1]
-            off += n
-        positions[r, off:] = torch.arange(width - off)  # the tail pad is a segment of its own
-    return MicroBatch(tokens, None, positions, targets)
+    select = batch.mask > 0 if select is None else select
+    lens = batch.lengths
+    order = [i for row in rows for i in row]
+    fills = [sum(lens[i] for i in row) for row in rows]
+    R, width = len(rows), max(fills)
+    starts, segs = [], []  # flat start of each trajectory; segment lengths (trajectories, then each row's tail)
+    for r, row in enumerate(rows):
+        off = r * width
+        for i in row:
+            starts.append(off)
+            segs.append(lens[i])
+            off += lens[i]
+        if fills[r] < width:
+            segs.append(width - fills[r])
+    idx, n = torch.tensor(order), torch.tensor([lens[i] for i in order])
+    seg = torch.tensor(segs)
+    cu = torch.zeros(len(segs) + 1, dtype=torch.int32)
+    torch.cumsum(seg, 0, out=cu[1:])
+    if packed:
+        src = torch.repeat_interleave(idx, n)  # [sum n]: trajectory of each real token
+        within = torch.arange(int(n.sum())) - torch.repeat_interleave(torch.cumsum(n, 0) - n, n)
+        tokens = torch.full((R * width,), batch.pad_id, dtype=torch.long)
+        tokens[torch.repeat_interleave(torch.tensor(starts), n) + within] = batch.tokens[src, within]
+        positions = torch.arange(R * width) - torch.repeat_interleave(cu[:-1].long(), seg)  # restart per segment
+        tokens, attention, positions = tokens.view(R, width), None, positions.view(R, width)
+    else:
+        tokens, attention, positions = batch.tokens[idx, :width], batch.attention[idx, :width], None
+    sub = select[idx, : width - 1] if width > 1 else select[idx, :0]  # [K, ≤ T-1]
+    j, c = sub.nonzero(as_tuple=True)  # row-major: by trajectory, then position
+    counts = sub.sum(1)
+    C = max(int(counts.max()) if counts.numel() else 0, 1)
+    pos = torch.arange(j.numel()) - (torch.cumsum(counts, 0) - counts)[j]
+    targets = {}
+    for k, v in per_target.items():
+        g = v.new_zeros(len(order), C)
+        g[j, pos] = v[idx[j], c]
+        targets[k] = g
+    return MicroBatch(tokens, attention, positions, torch.tensor(starts)[j] + c, batch.tokens[idx[j], c + 1],
+                      j * C + pos, targets, cu, int(seg.max()), (len(order), C))
 
 
 def empty_micro_batch(per_target: dict[str, torch.Tensor], pad_id: int, packed: bool) -> MicroBatch:
     """Two pad tokens and no target: the stand-in a rank runs when it has fewer micro-batches than another,
     so that every rank makes the same collective calls (all-gathers, gradient reductions)."""
     tokens = torch.full((1, 2), pad_id, dtype=torch.long)
+    none = torch.zeros(0, dtype=torch.long)
     targets = {k: v.new_zeros(1, 1) for k, v in per_target.items()}
-    if packed:
-        return MicroBatch(tokens, None, torch.arange(2)[None], targets)
-    return MicroBatch(tokens, torch.ones(1, 2, dtype=torch.long), None, targets)
+    cu = torch.tensor([0, 2], dtype=torch.int32)
+    attention, positions = (None, torch.arange(2)[None]) if packed else (torch.ones(1, 2, dtype=torch.long), None)
+    return MicroBatch(tokens, attention, positions, none, none, none, targets, cu, 2, (1, 1))

@@ -58,8 +58,8 @@ def stage_weights(run_dir: Path, version: int, model: torch.nn.Module, par: Para
                                       tensors, base, {"version": version}, chat_template)
 
 
-def reference_model(run_dir: Path, model_dir: Path, threads: int, par: Parallel, warm_started: bool
-                    ) -> torch.nn.Module:
+def reference_model(run_dir: Path, model_dir: Path, threads: int, par: Parallel, warm_started: bool,
+                    attn_implementation: str = "auto") -> torch.nn.Module:
     """The frozen KL reference: the policy as RL found it (after the warm start, if there was one), in the
     compute dtype and sharded like the policy (`model_load.load_reference`; each rank reads its shards)."""
     weights = None
@@ -68,7 +68,7 @@ def reference_model(run_dir: Path, model_dir: Path, threads: int, par: Parallel,
         if weights is None:
             raise FileNotFoundError(f"kl_coef > 0 but {checkpoint.ckpt_root(run_dir)} holds no reference weights "
                                     "(was the run started with kl_coef = 0?)")
-    return load_reference(model_dir, threads, par, weights)
+    return load_reference(model_dir, threads, par, weights, attn_implementation)
 
 
 class Learner:
@@ -90,7 +90,8 @@ class Learner:
         self.hyper = RLHyper.from_config(cfg.algo, t, cfg.rollout.temperature)
         seed = cfg.seed + t.seed
         torch.manual_seed(seed)
-        self.model = load_policy(model_dir, t.threads, par, t.activation_checkpointing, t.freeze_layers)
+        self.model = load_policy(model_dir, t.threads, par, t.activation_checkpointing, t.attn_implementation,
+                                 t.freeze_layers)
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(str(model_dir))
@@ -107,7 +108,7 @@ class Learner:
             sft_done = int(self.warm.run(monitor)["sft_steps_done"])
             if self.hyper.kl_coef > 0:
                 checkpoint.save_reference(run_dir, self.model, par)
-        self.ref_model = (reference_model(run_dir, model_dir, t.threads, par, t.sft_steps > 0)
+        self.ref_model = (reference_model(run_dir, model_dir, t.threads, par, t.sft_steps > 0, t.attn_implementation)
                           if self.hyper.kl_coef > 0 else None)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
         warmup = max(t.warmup_steps, 1)

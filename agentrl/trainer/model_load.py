@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from agentrl.trainer import attention
 from agentrl.trainer.parallel import Parallel
 from agentrl.transport.tensor_file import Entry, read_header, read_rows
 
@@ -35,14 +36,17 @@ def load_model(model_dir: str | Path, threads: int, dtype: torch.dtype = torch.f
 
 
 def load_policy(model_dir: str | Path, threads: int, par: Parallel, activation_checkpointing: bool = False,
-                freeze_layers: int = 0) -> torch.nn.Module:
+                attn_implementation: str = "auto", freeze_layers: int = 0) -> torch.nn.Module:
     """The trainable model, wrapped for `par`'s layout, its master weights in float32; with
-    `activation_checkpointing`, its decoder layers recompute their activations in the backward pass;
-    `freeze_layers` > 0: the embedding and the first that many decoder layers are not trained (`freeze_lower`)."""
+    `activation_checkpointing`, its decoder layers recompute their activations in the backward pass; its attention
+    `attn_implementation` (`trainer.attention`); `freeze_layers` > 0: the embedding and the first that many decoder
+    layers are not trained (`freeze_lower`)."""
     if par.sharded:
         return _sharded(model_dir, threads, par, torch.float32, frozen=False,
-                        activation_checkpointing=activation_checkpointing, freeze_layers=freeze_layers)
+                        activation_checkpointing=activation_checkpointing, attn_implementation=attn_implementation,
+                        freeze_layers=freeze_layers)
     model = load_model(model_dir, threads)
+    attention.apply(model, attn_implementation, par.device, par.dtype)
     if activation_checkpointing:
         checkpoint_activations(model)
     freeze_lower(model, freeze_layers)
@@ -76,14 +80,16 @@ def checkpoint_activations(model: torch.nn.Module) -> None:
     enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def load_reference(model_dir: str | Path, threads: int, par: Parallel, weights: str | Path | None = None
-                   ) -> torch.nn.Module:
+def load_reference(model_dir: str | Path, threads: int, par: Parallel, weights: str | Path | None = None,
+                   attn_implementation: str = "auto") -> torch.nn.Module:
     """The frozen KL reference in the compute dtype: `model_dir`'s weights, or those of the safetensors file
     `weights` (the warm-started policy, `checkpoint.save_reference`) when given."""
     dtype = par.dtype or torch.float32
     if par.sharded:
-        return _sharded(model_dir, threads, par, dtype, frozen=True, weights=weights)
+        return _sharded(model_dir, threads, par, dtype, frozen=True, weights=weights,
+                        attn_implementation=attn_implementation)
     ref = load_model(model_dir, threads, dtype)
+    attention.apply(ref, attn_implementation, par.device, par.dtype)
     if weights is not None:
         fill_from_files(ref, [Path(weights)])
     return par.wrap_frozen(ref)
@@ -91,13 +97,14 @@ def load_reference(model_dir: str | Path, threads: int, par: Parallel, weights: 
 
 def _sharded(model_dir: str | Path, threads: int, par: Parallel, dtype: torch.dtype, frozen: bool,
              weights: str | Path | None = None, activation_checkpointing: bool = False,
-             freeze_layers: int = 0) -> torch.nn.Module:
+             attn_implementation: str = "auto", freeze_layers: int = 0) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.set_num_threads(threads)
     config = AutoConfig.from_pretrained(str(model_dir))
     with _parameters_on_meta():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    attention.apply(model, attn_implementation, par.device, par.dtype)
     buffers = {n: b.clone() for n, b in model.named_buffers()}  # rotary tables: computed, not in the files
     if frozen:
         model.requires_grad_(False).eval()

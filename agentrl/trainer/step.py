@@ -28,7 +28,8 @@ from agentrl.trainer.batch import (
     padding_fraction,
     plan_micro_batches,
 )
-from agentrl.trainer.logprobs import entropy_from_log_probs, token_logprobs
+from agentrl.trainer.head import EntropyMode
+from agentrl.trainer.logprobs import head_outputs
 from agentrl.trainer.parallel import Parallel
 
 _ALGO, _TRAINER = AlgoConfig(), TrainerConfig()  # the one definition of each default (agentrl/config.py)
@@ -97,29 +98,38 @@ def _pg_tis(logp: torch.Tensor, behaviour_logp: torch.Tensor, adv: torch.Tensor,
 
 PG_LOSSES = {"behaviour": _pg_behaviour, "decoupled": _pg_decoupled, "tis": _pg_tis}
 
-LossFn = Callable[[MicroBatch, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+LossFn = Callable[[MicroBatch, "HeadOut"], tuple[torch.Tensor, torch.Tensor]]
 
 
-def accumulate(model: torch.nn.Module, batch: TrainBatch, per_target: dict[str, torch.Tensor], loss_fn: LossFn,
-               par: Parallel, micro_batch_tokens: int, packed: bool, temperature: float = 1.0
-               ) -> tuple[torch.Tensor, dict[str, float]]:
+@dataclass
+class HeadOut:
+    """The head's outputs at a micro-batch's selected targets, on its [K, C] target grid (one row per trajectory)."""
+
+    logp: torch.Tensor  # [K, C]
+    entropy: torch.Tensor  # [K, C] (zeros unless asked for)
+    top: torch.Tensor  # [K, C] bool: the target is the argmax
+
+
+def accumulate(model: torch.nn.Module, batch: TrainBatch, per_target: dict[str, torch.Tensor], select: torch.Tensor,
+               loss_fn: LossFn, par: Parallel, micro_batch_tokens: int, packed: bool, temperature: float = 1.0,
+               entropy: EntropyMode = "none") -> tuple[torch.Tensor, dict[str, float]]:
     """Forward/backward over this rank's share of the batch's micro-batches; gradients accumulate in `.grad`.
 
-    `loss_fn(mb, logp, log_probs)` (log_probs: the whole log-softmax [R, L-1, V]) returns (loss to
-    differentiate, already divided by the global normalizer; vector of statistic *sums*). Returns the
-    statistic sums over all ranks, and layout figures.
+    The head runs only at `select` [B, T-1] (`logprobs.head_outputs`). Every micro-batch is laid out on the host
+    before the first forward, so the device loop holds nothing but forward, loss and backward: no host sync, no
+    Python per token. `loss_fn(mb, out)` returns (loss to differentiate, already divided by the global normalizer;
+    vector of statistic *sums*). Returns the statistic sums over all ranks, and layout figures.
     """
     plan = plan_micro_batches(batch.lengths, micro_batch_tokens, packed)
     mine = par.share(len(plan))
+    mbs = [(layout(batch, plan[j], per_target, packed, select) if j is not None else
+            empty_micro_batch(per_target, batch.pad_id, packed)).to(par.device) for j in mine]
     sums: torch.Tensor | None = None
-    for k, j in enumerate(mine):
-        mb = layout(batch, plan[j], per_target, packed) if j is not None else \
-            empty_micro_batch(per_target, batch.pad_id, packed)
-        mb = mb.to(par.device)
-        with par.grad_sync(model, last=k == len(mine) - 1):
+    for k, mb in enumerate(mbs):
+        with par.grad_sync(model, last=k == len(mbs) - 1):
             with par.autocast():
-                logp, log_probs = token_logprobs(model, mb.tokens, mb.attention, temperature, mb.position_ids)
-                loss, stats = loss_fn(mb, logp, log_probs)
+                logp, ent, top = head_outputs(model, mb, temperature, entropy)
+                loss, stats = loss_fn(mb, HeadOut(mb.grid(logp), mb.grid(ent), mb.grid(top)))
             (loss * par.grad_scale).backward()
         stats = stats.detach().double()  # summed on the device: one transfer per step, not a sync per micro-batch
         sums = stats if sums is None else sums + stats
@@ -142,34 +152,30 @@ def rl_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Tra
     if h.kl_coef > 0 and ref_model is None:
         raise ValueError("kl_coef > 0 needs the frozen reference model")
 
-    def loss_fn(mb: MicroBatch, logp: torch.Tensor, log_probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        m = mb.targets["mask"]  # [R, L-1]
+    def loss_fn(mb: MicroBatch, out: HeadOut) -> tuple[torch.Tensor, torch.Tensor]:
+        m = mb.targets["mask"]  # [K, C]: one row per trajectory, its action tokens
         on = m > 0
         n = m.sum()
+        logp = out.logp
         pg_sum, st = PG_LOSSES[h.offpolicy](logp, mb.targets["behaviour_logp"], mb.targets["adv"], m, h)
         loss = pg_sum
-        # entropy on action tokens only ([n, V], not [R, L-1, V]): the vocabulary-wide passes are the costliest
-        # thing the loss adds to a bare step
+        ent_sum = torch.where(on, out.entropy, 0.0).sum()  # a graph only when entropy_coef != 0 (`entropy` mode)
         if h.entropy_coef:
-            ent_sum = entropy_from_log_probs(log_probs[on]).sum()
             loss = loss - h.entropy_coef * ent_sum
-            ent_sum = ent_sum.detach()
-        else:
-            with torch.no_grad():
-                ent_sum = entropy_from_log_probs(log_probs[on]).sum()
         kl_sum = torch.zeros((), device=logp.device)
         if use_kl:
             with torch.no_grad():
-                ref_logp, _ = token_logprobs(ref_model, mb.tokens, mb.attention, h.temperature, mb.position_ids)
+                ref_logp = mb.grid(head_outputs(ref_model, mb, h.temperature, "none")[0])  # [K, C]
             kl_sum = torch.where(on, KL_ESTIMATORS[h.kl_estimator](logp, ref_logp), 0.0).sum()
             loss = loss + h.kl_coef * kl_sum
-        stats = torch.stack([loss.detach(), pg_sum.detach(), kl_sum.detach(), ent_sum, st["clipfrac"] * n,
+        stats = torch.stack([loss.detach(), pg_sum.detach(), kl_sum.detach(), ent_sum.detach(), st["clipfrac"] * n,
                              st["dual_clipfrac"] * n, st["approx_kl"] * n]).float()
         return loss / total, stats
 
     optimizer.zero_grad(set_to_none=True)
     per_target = {"mask": batch.mask, "behaviour_logp": batch.behaviour_logp, "adv": adv}
-    sums, lay = accumulate(model, batch, per_target, loss_fn, par, h.micro_batch_tokens, h.packing, h.temperature)
+    sums, lay = accumulate(model, batch, per_target, batch.mask > 0, loss_fn, par, h.micro_batch_tokens, h.packing,
+                           h.temperature, "grad" if h.entropy_coef else "value")
     grad_norm = par.clip_grad_norm(model.parameters(), h.grad_clip)
     skipped = not math.isfinite(grad_norm)
     if skipped:  # never publish weights a NaN/inf gradient touched
@@ -199,13 +205,14 @@ def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Tr
     loss_mask = batch.attention[:, 1:].float() if all_tokens else batch.mask  # [B, T-1]
     total = max(float(loss_mask.sum()), 1.0)
 
-    def loss_fn(mb: MicroBatch, logp: torch.Tensor, log_probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        nll = -torch.where(mb.targets["loss_mask"] > 0, logp, 0.0).sum()
-        hit = (log_probs.detach().argmax(-1) == mb.tokens[:, 1:]) & (mb.targets["mask"] > 0)
+    def loss_fn(mb: MicroBatch, out: HeadOut) -> tuple[torch.Tensor, torch.Tensor]:
+        nll = -torch.where(mb.targets["loss_mask"] > 0, out.logp, 0.0).sum()
+        hit = out.top & (mb.targets["mask"] > 0)
         return nll / total, torch.stack([nll.detach(), hit.sum().float()])
 
     optimizer.zero_grad(set_to_none=True)
-    sums, lay = accumulate(model, batch, {"loss_mask": loss_mask, "mask": batch.mask}, loss_fn, par,
+    select = (loss_mask > 0) | (batch.mask > 0)  # the head runs where the loss or the accuracy needs it
+    sums, lay = accumulate(model, batch, {"loss_mask": loss_mask, "mask": batch.mask}, select, loss_fn, par,
                            micro_batch_tokens, packing)
     grad_norm = par.clip_grad_norm(model.parameters(), grad_clip)
     if math.isfinite(grad_norm):

@@ -9,8 +9,9 @@ Nothing leaves silently. Each trajectory that is not released for training is co
 reason (`EXCLUSION_REASONS`) and its id remembered, so that reconciling the shards against the ledger
 accounts for every trajectory:
 
-    env_error, cancelled   infrastructure outcomes (design §3), never trained on. By default the group
-                           shrinks by one (`shrink_on_infra`, as AReaL); otherwise it waits for a retry.
+    env_error, cancelled,  infrastructure outcomes (design §3; internal_error: our own rollout code failed),
+    internal_error         never trained on. By default the group shrinks by one (`shrink_on_infra`, as
+                           AReaL); otherwise it waits for a retry.
     stale                  trainer version − oldest current-pool action token's version > max_staleness,
                            or − oldest lagging-pool token's > lagging_max_staleness; checked on arrival
                            and again whenever the version advances (`set_version`).
@@ -40,7 +41,8 @@ from typing import Any
 
 from agentrl.types import Status, Trajectory
 
-EXCLUSION_REASONS = ("stale", "env_error", "cancelled", "group_timeout", "late", "orphaned", "duplicate")
+EXCLUSION_REASONS = ("stale", "env_error", "cancelled", "internal_error", "group_timeout", "late", "orphaned",
+                     "duplicate")
 
 
 def trajectory_staleness(traj: Trajectory, version: int) -> int:
@@ -104,7 +106,8 @@ class TrajectoryQueue:
         self._consumed: set[str] = set()  # traj ids released to training
         self._excluded: dict[str, str] = {}  # traj id → reason
         self._shrunk: set[str] = set()  # excluded ids whose group has shrunk for them (not checkpointed)
-        self._shrinking = {"stale", "orphaned", *(("env_error", "cancelled") if shrink_on_infra else ())}
+        self._shrinking = {"stale", "orphaned",
+                           *(("env_error", "cancelled", "internal_error") if shrink_on_infra else ())}
         self.counts: Counter[str] = Counter()  # reasons, plus "accepted" and "consumed"
 
     # -- arrival -------------------------------------------------------------------------------------
@@ -127,7 +130,7 @@ class TrajectoryQueue:
             if self.shrink_on_infra:
                 self._shrunk.add(tid)
                 self._shrink(traj.group_id, 1)
-            return self._exclude(traj, "env_error" if traj.status is Status.ENV_ERROR else "cancelled")
+            return self._exclude(traj, Status(traj.status).value)
         if traj.newest_version() > self.version:
             self._shrunk.add(tid)
             self._shrink(traj.group_id, 1)

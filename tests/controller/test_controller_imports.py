@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2] / "agentrl"
 ALLOWED = {
     "envs": {"agentrl.types", "agentrl.config", "agentrl.envs", "agentrl.auth"},
     "controller": {"agentrl.types", "agentrl.config", "agentrl.auth", "agentrl.envs.api", "agentrl.envs.client",
-                   "agentrl.envs.wire", "agentrl.controller"},
+                   "agentrl.envs.wire", "agentrl.envs.listener", "agentrl.controller"},
 }
 
 

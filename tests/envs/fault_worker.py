@@ -56,6 +56,7 @@ class NapTask:
     name = "nap"
     max_turns = 100
     blocking = True
+    isolation = "thread"  # these tests check the worker's own deadline on its threads (processes: test_isolation)
 
     def tools(self) -> list[dict[str, Any]]:
         return [{"type": "function", "function": {"name": "nap", "parameters": {

@@ -127,3 +127,19 @@ def test_agentbench_split_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 def test_missing_dependency_names_the_install() -> None:
     with pytest.raises(ImportError, match=r"task 'alfworld' needs the 'no_such_textworld' package; install it with"):
         import_optional("no_such_textworld", "pip install -e '.[envs]'", "alfworld")
+
+
+def test_one_move_per_message(task: AlfworldTask) -> None:
+    """issue 34, 9: strict alfworld played every call of a message, so a message holding the whole
+    walkthrough won the game in one round (a blind policy sending 16 moves a message won 0.30 of the games,
+    0.07-0.09 with one). The first call is the move, as in AgentBench-FC; the others are answered, not played."""
+    s = Session(task, "test-0")
+    plan = list(s.episode.state.policy_commands)[:16]
+    assert len(plan) >= 2
+    message = {"role": "assistant", "content": "", "tool_calls": [act(a, f"c{i}")["tool_calls"][0]
+                                                                  for i, a in enumerate(plan)]}
+    r = s.interact(message)
+    assert (r.done, r.reward) == (False, 0.0) and s.episode.moves == 1
+    assert [m["tool_call_id"] for m in r.messages] == [f"c{i}" for i in range(len(plan))]
+    assert all(m["content"].startswith("Error: only the first tool call") for m in r.messages[1:])
+    assert list(s.episode.state.policy_commands)[0] == plan[1]  # the first move was played, only it

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from sandbox_helpers import missing_sandbox
 from system_tools import missing_system_tool
 
@@ -15,20 +16,43 @@ from agentrl.envs.tasks.db import DbTask
 from agentrl.envs.tasks.kg import KGTask
 from agentrl.envs.tasks.lookup import LookupTask
 
+CALL_TIMEOUT_S = 6.0
+"""The worker's deadline for a call in these plays (24 s in a run): a message budget of 4.5 s, so the attacks
+that run into it (endless statements, work that holds the interpreter lock) take seconds, not 20."""
+
 
 def held(task: Task) -> tuple[int, list[str]]:
-    results = play_attacks(task, attacks_for(task.name, task.tools()))
+    results = play_attacks(task, attacks_for(task.name, task.tools()), call_timeout_s=CALL_TIMEOUT_S)
     return len(results), [f"{r.attack}: reward {r.reward}, {r.status}, {r.detail}" for r in results if not r.held]
 
 
+GENERIC = 8
+"""The generic attacks every task gets (`library.generic`, `library.wire_attacks`)."""
+
+
 def test_every_attack_holds_on_the_built_in_tasks() -> None:
-    assert held(LookupTask()) == (5, [])
-    assert held(KGTask()) == (7, [])
-    assert held(DbTask(statement_timeout_s=1.0)) == (11, [])
+    assert held(LookupTask()) == (GENERIC, [])
+    assert held(KGTask()) == (GENERIC + 3, [])
+    assert held(DbTask(statement_timeout_s=1.0, database_mb=32)) == (GENERIC + 12, [])
     if missing_sandbox() is None or os.environ.get("CI"):  # os needs bubblewrap and its rootfs (CI has both)
         from agentrl.envs.tasks.os_task import OsTask
 
-        assert held(OsTask(sandbox={"backend": "bwrap", "command_timeout_s": 5.0})) == (15, [])
+        assert held(OsTask(sandbox={"backend": "bwrap", "command_timeout_s": 5.0})) == (GENERIC + 13, [])
+
+
+def test_every_attack_holds_on_bfcl_alfworld_and_webshop() -> None:
+    """issue 34: BFCL's backends holding the interpreter lock (3) or printing huge numbers (5), a message of
+    many moves (9)."""
+    from agentrl.envs.tasks import get_task
+
+    for name, attacks in (("bfcl", GENERIC + 3), ("alfworld", GENERIC + 1), ("webshop", GENERIC + 1)):
+        try:
+            task = get_task(name)
+        except ImportError as e:  # bfcl-eval and TextWorld come with install.sh (CI has both)
+            if os.environ.get("CI"):
+                raise
+            pytest.skip(f"{name}: {e}")
+        assert held(task) == (attacks, []), name
 
 
 def test_every_db_attack_holds_on_mariadb() -> None:
@@ -40,8 +64,9 @@ def test_every_db_attack_holds_on_mariadb() -> None:
         missing_system_tool("mariadbd is not installed (apt-get install --no-install-recommends mariadb-server)")
     server = MariaDBServer().start()
     try:
-        task = DbTask(backend="mariadb", mariadb_address=f"unix:{server.socket}", statement_timeout_s=1.0)
-        assert held(task) == (11, [])
+        task = DbTask(backend="mariadb", mariadb_address=f"unix:{server.socket}", statement_timeout_s=1.0,
+                      database_mb=32)
+        assert held(task) == (GENERIC + 12, [])
     finally:
         server.stop()
 
@@ -57,4 +82,4 @@ def test_a_failed_attack_is_reported() -> None:
             return episode
 
     results = play_attacks(Generous(), attacks_for("generous", LookupTask().tools()))
-    assert [r.attack for r in results if not r.held] == ["forged_markers", "huge_text"]
+    assert [r.attack for r in results if not r.held] == ["forged_markers", "huge_text", "lone_surrogates"]

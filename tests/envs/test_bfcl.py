@@ -131,3 +131,13 @@ def test_cases_in_threads(task: BfclTask) -> None:
 def test_gold_pass_rate_over_all_base_cases(task: BfclTask) -> None:
     failed = [i for i in task.indices("test") if play_expert(task, i).reward < 1.0]
     assert failed == ["test-173"]
+
+
+def test_a_number_too_long_to_print_is_an_observation(task: BfclTask) -> None:
+    """issue 34, 5: `power(10, 5000)` returned an integer Python refuses to print (over 4,300 digits), which
+    raised out of the step and ended the episode as env_error. It is the backend's error, shown as BFCL shows
+    one. (`power(10, 14758103)` holds the interpreter lock for seconds: the session's own process and the
+    message budget take care of it, `python -m jobs.attack_check --tasks bfcl`.)"""
+    s = Session(task, "test-15")  # GorillaFileSystem and MathAPI
+    r = s.interact(calls(("power", {"base": 10, "exponent": 5000})))
+    assert not r.done and r.messages[0]["content"].startswith("Error during execution: Exceeds the limit"), r

@@ -19,6 +19,7 @@ from agentrl.envs.api import EnvError, Session
 from agentrl.envs.replay import run_checks
 from agentrl.envs.tasks.db import DbTask
 from agentrl.envs.tasks.db.backends import MYSQL8_SQL_MODE, MariaDBServer, find_mariadbd, rows_hash
+from agentrl.types import Status
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -210,3 +211,56 @@ def test_agentbench_check_on_mariadb_names_a_data_defect(tmp_path: Path) -> None
     checkout = build_checkout(tmp_path)
     report = run_checks(checkout, ["db"], "dev", backend="mariadb", limit=8, workers=2)
     assert report["db"]["dev"]["passed"] == 7 and report["db"]["dev"]["failures"] == {"data defect": ["dev-5"]}
+
+
+def test_results_temporary_storage_and_disk_are_bounded(server: MariaDBServer) -> None:
+    """issue 34, 1 and 5: on 5d8debb the client library read a whole result set first (+1.39 GB for one
+    statement), a session's temporary tables and files grew 750 MB in 10 s with no quota, and a result the
+    decoder rejected ended the episode as env_error."""
+    import resource
+
+    task = DbTask(backend="mariadb", mariadb_address=f"unix:{server.socket}", statement_timeout_s=5.0, database_mb=8)
+    s = Session(task, "train-0")
+
+    def sql(query: str) -> str:
+        r = s.interact(call("execute_sql", {"query": query}))
+        assert not r.done, r
+        return str(r.messages[0]["content"])
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = sql("SELECT REPEAT('x', 16000000) FROM seq_1_to_30")  # 480 MB of result
+    assert out.startswith("[('xxxx") and out.endswith("[TRUNCATED]")
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 100 << 10  # KiB: rows streamed, not held
+    assert sql("SELECT 1") == "[(1,)]"
+    assert sql("CREATE TEMPORARY TABLE t (a INT)").startswith("Error 1044: Access denied")
+    sql("SET SESSION tmp_disk_table_size = 100000000000")
+    assert sql("SELECT @@tmp_disk_table_size") == f"[({64 << 20},)]"  # the server's maximum holds
+    sql("SET SESSION max_recursive_iterations = 4294967295")
+    out = sql("WITH RECURSIVE c(x, s) AS (SELECT 1, REPEAT('x', 100000) UNION ALL SELECT x + 1, s FROM c) "
+              "SELECT COUNT(*) FROM c")
+    assert out == "Error 1114: The table '(temporary)' is full"
+    sql("SET character_set_results = latin1")
+    assert sql("SELECT 'é'").startswith("Error: the result is not valid utf-8 text")
+    assert sql("SELECT 2") == "[(2,)]"  # a fresh connection
+    assert sql("SELECT '\ud800'").startswith("Error: the statement is not valid")
+    name = s.episode.db.name
+    assert sql("CREATE TABLE big (a LONGTEXT)") == "[]"
+    r = s.interact(call("execute_sql", {"query": "INSERT INTO big SELECT REPEAT('x', 1000000) FROM seq_1_to_200"}))
+    assert (r.done, r.status, r.metrics.get("over_budget")) == (True, Status.INVALID_ACTION, 1.0), r
+    assert "quota of 8 MB" in r.messages[-1]["content"]
+    assert name not in databases(server)  # the session's disk went with it
+
+
+def test_the_servers_temporary_files_are_bounded(server: MariaDBServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sort of 10^8 generated rows wrote 1.65 GB of the server's temporary files in 10 s: while they pass
+    the bound (512 MB; 32 MB here), the statement is stopped with an observation."""
+    from agentrl.envs.tasks.db import backends
+
+    monkeypatch.setattr(backends, "SERVER_TEMP_BYTES", 32 << 20)
+    task = DbTask(backend="mariadb", mariadb_address=f"unix:{server.socket}", statement_timeout_s=20.0)
+    s = Session(task, "train-0")
+    r = s.interact(call("execute_sql", {"query": "SELECT REPEAT(a.seq, 1000) AS x FROM seq_1_to_100000000 a ORDER BY x"}))
+    assert r.messages[0]["content"] == ("Error: the server's temporary files passed 32 MB while the statement ran; "
+                                        "it was stopped"), r.messages
+    assert s.interact(call("execute_sql", {"query": "SELECT 1"}, "c1")).messages[0]["content"] == "[(1,)]"
+    s.close()

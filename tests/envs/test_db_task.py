@@ -146,6 +146,47 @@ def test_statements_cannot_escape_or_run_forever(tmp_path: Path) -> None:
     assert db.execute("SELECT a FROM t") == "[('1',)]"  # still usable afterwards
 
 
+ROWS = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 10000) "
+
+
+def test_results_and_temporary_storage_are_bounded() -> None:
+    """issue 34, 1: on 5d8debb `SELECT zeroblob(16000000)` over 10,000 rows cost 86 MB of the worker per row
+    before anything was cut, and a TEMP table wrote 1,175 MB to the host's disk in 11 s. Rows are now streamed
+    only until the observation's 800 characters are full, a value is at most 1 MB, and TEMP lives in memory
+    within 64 MB."""
+    import resource
+
+    db = SqliteDatabase([Table("t", ("a",), (("1",),))], timeout_s=5.0)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = db.execute(ROWS.replace("10000", "200") + "SELECT zeroblob(1000000), x FROM c")
+    assert out.startswith("[(b'\\x00\\x00") and out.endswith("[TRUNCATED]") and len(out) == 811
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 50 << 10  # KiB: not 200 rows of 1 MB
+    assert db.execute("SELECT zeroblob(16000000)") == "Error: string or blob too big"
+    assert db.execute("SELECT length(printf('%.*c', 2000000, 'x'))") == "[(None,)]"  # past the 1 MB bound
+    out = db.execute("CREATE TEMP TABLE big AS " + ROWS + "SELECT randomblob(10000) FROM c")  # 100 MB
+    assert out == "Error: database or disk is full"
+    assert db.execute("SELECT count(*) FROM t") == "[(1,)]"
+    rows = [(i, "x" * i, b"'y" * i) for i in range(120)]  # the streamed text is AgentBench's str(rows), cut
+    db2 = SqliteDatabase([Table("r", ("a", "b", "c"), tuple((str(i), "x" * i, "'y" * i) for i in range(120)))])
+    assert db2.execute("SELECT CAST(a AS INT), b, CAST(c AS BLOB) FROM r ORDER BY rowid") == str(rows)[:800] + "[TRUNCATED]"
+
+
+def test_a_message_of_endless_statements_stops_at_its_budget() -> None:
+    """issue 34, 5: three endless CTEs in one message ran 3 x 10 s into the worker's deadline (env_error).
+    Each statement now gets what is left of the message's budget."""
+    import time
+
+    from agentrl.envs.api import message_budget
+
+    db = SqliteDatabase([Table("t", ("a",), (("1",),))], timeout_s=10.0)
+    endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT COUNT(*) FROM c"
+    t = time.monotonic()
+    with message_budget(1.5):
+        outs = [db.execute(endless) for _ in range(3)]
+    assert time.monotonic() - t < 2.5
+    assert outs[0].startswith("Error: the statement ran past 1.") and outs[2].startswith("Error: this message's time")
+
+
 # issue 20, 4: statements of process-wide effect, each played in a fresh interpreter (on c07c523 the third
 # crashed it, and the fifth made every later SqliteDatabase of the process fail with MemoryError).
 PROCESS_WIDE = ("SELECT hex(fts3_tokenizer('simple'))", "SELECT fts3_tokenizer('simple', x'4141414141414141')",

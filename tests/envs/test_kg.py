@@ -276,3 +276,14 @@ def test_self_intersection_chains_are_bounded_and_linear(task: KGTask) -> None:
     for _ in range(200):
         p = ("AND", p, p)
     assert graph.execute(p) == graph.execute(("JOIN", rel, ("ENT", s.episode.sample.entities[ent])))
+
+
+def test_a_variable_of_thousands_of_digits_names_none(task: KGTask) -> None:
+    """issue 34, 5: `Final Answer: #<4,301 digits>` raised Python's bound on converting integers out of the
+    step (env_error); it names no variable, as `#999` does."""
+    huge = "#" + "9" * 4301
+    s = Session(task, task.indices("test")[0])
+    r = s.interact(call("get_relations", variable=huge))
+    assert not r.done and "is not a variable" in r.messages[0]["content"]
+    r = s.interact(text(f"Final Answer: {huge}"))
+    assert (r.done, r.status, r.reward) == (True, Status.INVALID_ACTION, 0.0) and "over_budget" not in r.metrics

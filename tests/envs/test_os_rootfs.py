@@ -71,12 +71,11 @@ def test_the_built_image() -> None:
 
 def test_session_budget() -> None:
     budget = SessionBudget(2)
-    budget.acquire()
-    budget.acquire()
+    assert (budget.acquire(), budget.acquire()) == (0, 1)  # each live session its own slot (its uid range)
     with pytest.raises(RuntimeError, match="2 sandboxes are live, the host's process budget allows 2"):
         budget.acquire()
-    budget.release()
-    budget.acquire()
+    budget.release(0)
+    assert budget.acquire() == 0
     assert budget.live == 2
 
 

@@ -191,3 +191,20 @@ def test_committed_data_is_what_the_generator_makes() -> None:
     root = Path(__file__).resolve().parents[2] / "data"
     for rel, content in os_files().items():
         assert (root / rel).read_text() == content, rel
+
+
+def test_one_action_per_message(task: OsTask) -> None:
+    """issue 34, 9: the strict protocol ran every call of a message, multiplying the round limit (8) by the
+    calls a message holds (16). The first call runs, as the prompt says and AgentBench-FC does; the others
+    are answered and not run."""
+    session = Session(task, "train-3")
+    calls = [call("bash_action", {"script": f"touch /root/f{i}; echo {i}"}, f"c{i}")["tool_calls"][0] for i in range(3)]
+    calls.append(call("answer_action", {"answer": "x"}, "c9")["tool_calls"][0])
+    message = {"role": "assistant", "content": "", "tool_calls": calls}
+    r = session.interact(message)
+    assert not r.done and [m["tool_call_id"] for m in r.messages] == ["c0", "c1", "c2", "c9"]
+    assert r.messages[0]["content"] == "0\n"
+    assert all(m["content"].startswith("Error: only the first tool call") for m in r.messages[1:])
+    r = session.interact(call("bash_action", {"script": "ls /root | grep '^f'"}, "c10"))
+    assert r.messages[0]["content"] == "f0\n"
+    session.close()

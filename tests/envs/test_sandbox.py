@@ -103,11 +103,16 @@ def test_launch_command_of_a_root_worker(monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert cfg.nofile() == max(min(sb.DOCKER_NOFILE, sb.nr_open()), sandbox_config.resource.getrlimit(sandbox_config.resource.RLIMIT_NOFILE)[1])
     assert SandboxConfig(open_files=4096).nofile() == 4096
     shell = Shell.__new__(Shell)
-    shell.cfg, shell.backend = cfg, "bwrap"
-    argv = shell.argv()
+    shell.cfg, shell.backend, shell.uid_base = cfg, "bwrap", cfg.uid_range(3)  # the fourth live session's range
+    argv = shell.argv(seccomp_fd=7)
     assert argv[1:4] == ["-I", "-S", str(sb.USERNS_LAUNCHER)] and argv[5] == "--"
-    assert json_loads(argv[4]) == {"base": 2_000_000_000, "count": 65536, "nproc": 64, "nofile": cfg.nofile()}
+    assert json_loads(argv[4]) == {"base": 2_000_000_000 + 3 * 65536, "count": 65536, "nproc": 64,
+                                   "nofile": cfg.nofile()}
     assert Path(argv[6]).name == "bwrap" and Path(argv[6]).is_absolute() and "--cap-add" in argv
+    assert argv[argv.index("--seccomp") + 1] == "7"
+    # ranges stay below 2**32 - 1 (no uid), and wrap around past the last that fits
+    last = (2**32 - 2 - cfg.uid_base) // cfg.uid_count - 1
+    assert cfg.uid_range(last) + cfg.uid_count <= 2**32 - 1 and cfg.uid_range(last + 1) == cfg.uid_base
 
 
 def json_loads(text: str) -> object:

@@ -3,8 +3,8 @@
 
     RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=p python tests/trainer/dist_trainer_worker.py OUT_DIR
 
-For each layout (DDP padded, DDP packed, FSDP2 packed) it takes one `rl_step` on the shared batch, with KL
-to a frozen reference, an entropy bonus and active gradient clipping, and rank 0 saves the whole updated
+For each layout (DDP padded, DDP packed, FSDP2 packed; tied and untied heads) it takes one `rl_step` on the
+shared batch, with KL to a frozen reference, an entropy bonus, temperature 0.9 and active gradient clipping, and rank 0 saves the whole updated
 weights and the step's statistics to OUT_DIR/<layout>.pt. Under FSDP2 it then checkpoints, restores into
 a fresh sharded model and optimizer, and takes a second step on both: OUT_DIR/fsdp2-resumed.pt must
 equal OUT_DIR/fsdp2-continued.pt.
@@ -26,12 +26,12 @@ from agentrl.types import Status, Trajectory, TrajectoryBuilder
 VOCAB = 96
 
 
-def tiny_model(seed: int) -> torch.nn.Module:
+def tiny_model(seed: int, tied: bool = True) -> torch.nn.Module:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
     cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True,
+                      num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=tied,
                       max_position_embeddings=128, torch_dtype="float32")
     return Qwen2ForCausalLM(cfg)
 
@@ -55,15 +55,17 @@ def trajectories(seed: int = 0) -> list[Trajectory]:
 
 def hyper(packed: bool, micro_batch_tokens: int) -> RLHyper:
     return RLHyper(kl_coef=0.1, entropy_coef=0.01, grad_clip=0.05, micro_batch_tokens=micro_batch_tokens,
-                   packing=packed)
+                   packing=packed, temperature=0.9)
 
 
-LAYOUTS = {"ddp-padded": ("ddp", False), "ddp-packed": ("ddp", True), "fsdp2-packed": ("fsdp2", True)}
+LAYOUTS = {"ddp-padded": ("ddp", False, True), "ddp-packed": ("ddp", True, True), "fsdp2-packed": ("fsdp2", True, True),
+           "ddp-packed-untied": ("ddp", True, False), "fsdp2-packed-untied": ("fsdp2", True, False)}
+"""name → (parallel kind, packed, tied head)."""
 MICRO_BATCH_TOKENS = 150  # several micro-batches, an odd number of them: one rank runs an empty stand-in
 
 
-def reference_model() -> torch.nn.Module:
-    ref = tiny_model(0)
+def reference_model(tied: bool = True) -> torch.nn.Module:
+    ref = tiny_model(0, tied)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in ref.parameters():
@@ -83,17 +85,17 @@ def main(out: Path) -> None:
     trajs = trajectories()
     batch = collate(trajs, [t.reward for t in trajs], pad_id=0)
     try:
-        for name, (kind, packed) in LAYOUTS.items():
+        for name, (kind, packed, tied) in LAYOUTS.items():
             par = Parallel(kind, env, device)
-            model = par.wrap(tiny_model(0))
-            ref = par.wrap_frozen(reference_model())
+            model = par.wrap(tiny_model(0, tied))
+            ref = par.wrap_frozen(reference_model(tied))
             opt = torch.optim.SGD(model.parameters(), lr=1.0, momentum=0.9)
             h = hyper(packed, MICRO_BATCH_TOKENS)
             stats = rl_step(model, opt, batch, h, ref, par)
             state = par.full_state_dict(model)
             if par.is_main:
                 torch.save({"state": state, "stats": stats}, out / f"{name}.pt")
-            if kind != "fsdp2":
+            if name != "fsdp2-packed":
                 continue
             # checkpoint round trip on the sharded layout: restore into fresh shards, then step both
             ts = checkpoint.TrainerState(step=1, policy_version=1, consumed={t.traj_id for t in trajs})

@@ -11,18 +11,31 @@ from agentrl.types import Status, Trajectory
 V = 8
 
 
+class OneHot(torch.nn.Module):
+    """A 'decoder' whose last hidden state is the current token, one-hot."""
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False):
+        return SimpleNamespace(last_hidden_state=torch.nn.functional.one_hot(input_ids, V).float())
+
+
 class FixedPolicy(torch.nn.Module):
-    """Next-token distribution that puts probability `p` on token (t+1) % V after token t, the rest spread evenly."""
+    """Next-token distribution that puts probability `p` on token (t+1) % V after token t, the rest spread evenly:
+    shaped like a Hugging Face causal LM (a decoder, a linear head) so that the trainer's head runs on it."""
+
+    base_model_prefix = "model"
 
     def __init__(self, p: float) -> None:
         super().__init__()
-        self.p = p
-        self.dummy = torch.nn.Parameter(torch.zeros(()))
+        self.config = SimpleNamespace()
+        self.model = OneHot()
+        self.lm_head = torch.nn.Linear(V, V, bias=False)
+        probs = torch.full((V, V), (1 - p) / (V - 1))  # [next, current]
+        probs[(torch.arange(V) + 1) % V, torch.arange(V)] = p
+        with torch.no_grad():
+            self.lm_head.weight.copy_(probs.log())
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False):
-        probs = torch.full((*input_ids.shape, V), (1 - self.p) / (V - 1))
-        probs.scatter_(-1, ((input_ids + 1) % V)[..., None], self.p)
-        return SimpleNamespace(logits=probs.log())
+    def get_output_embeddings(self) -> torch.nn.Linear:
+        return self.lm_head
 
 
 def demo(task: str, tokens: list[int], mask: list[int]) -> Trajectory:

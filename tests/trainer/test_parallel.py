@@ -6,6 +6,7 @@ import socket
 from pathlib import Path
 
 import dist_trainer_worker as w
+import naive_rl
 import pytest
 import torch
 import trainer_procs as procs_
@@ -33,27 +34,50 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def one_rank() -> dict[str, dict]:
-    """1 rank, whole batch, one padded micro-batch: the update the ranks must reproduce."""
+def one_rank() -> dict[bool, dict]:
+    """1 rank, whole batch, one padded micro-batch, per tied/untied head: the update the ranks must reproduce."""
     trajs = w.trajectories()
     batch = collate(trajs, [t.reward for t in trajs], pad_id=0)
-    model = w.tiny_model(0)
-    opt = torch.optim.SGD(model.parameters(), lr=1.0, momentum=0.9)
-    stats = rl_step(model, opt, batch, w.hyper(False, 100_000), w.reference_model(), Parallel())
-    return {"state": {k: v.clone() for k, v in model.state_dict().items()}, "stats": stats}
+    out = {}
+    for tied in (True, False):
+        model = w.tiny_model(0, tied)
+        opt = torch.optim.SGD(model.parameters(), lr=1.0, momentum=0.9)
+        stats = rl_step(model, opt, batch, w.hyper(False, 100_000), w.reference_model(tied), Parallel())
+        out[tied] = {"state": {k: v.clone() for k, v in model.state_dict().items()}, "stats": stats}
+    return out
+
+
+@pytest.mark.parametrize("layout", list(w.LAYOUTS))
+def test_two_ranks_make_the_naive_full_vocabulary_update(two_ranks: Path, layout: str) -> None:
+    """The lean head under DDP and FSDP2 (the head's weight unsharded inside the root's forward, tied or not) makes
+    the update of the naive loss: one padded forward, the whole float32 log-softmax, clipped as torch clips."""
+    tied = w.LAYOUTS[layout][2]
+    trajs = w.trajectories()
+    batch = collate(trajs, [t.reward for t in trajs], pad_id=0)
+    h = w.hyper(False, 1)
+    model = w.tiny_model(0, tied)
+    loss, stats = naive_rl.rl_loss(model, batch, h, w.reference_model(tied))
+    expected = naive_rl.update(model, loss, h.grad_clip)
+    got, init = torch.load(two_ranks / f"{layout}.pt"), model.state_dict()
+    scale = max(float(d.abs().max()) for d in expected.values())
+    for k in expected:  # float32 weights near 1 (the norms') keep their step to ~1e-7: 2 ulps on top
+        torch.testing.assert_close(got["state"][k] - init[k], expected[k], rtol=0, atol=1e-5 * scale + 2.4e-7, msg=k)
+    for k, v in stats.items():
+        assert got["stats"][k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
 
 
 @pytest.mark.parametrize("layout", list(w.LAYOUTS))
 def test_two_ranks_make_the_one_rank_update(two_ranks: Path, one_rank: dict, layout: str) -> None:
+    tied = w.LAYOUTS[layout][2]
     got = torch.load(two_ranks / f"{layout}.pt")
-    ref, init = one_rank["state"], w.tiny_model(0).state_dict()
+    ref, init = one_rank[tied]["state"], w.tiny_model(0, tied).state_dict()
     assert set(got["state"]) == set(ref)
     step = {k: ref[k] - init[k] for k in ref}
     scale = max(float(d.abs().max()) for d in step.values())
     assert scale > 1e-3  # the step moved the weights, so agreement below means something
     for k in ref:  # float32: ~1e-5 of the update's size, where an error of averaging or of the clip norm is 1
         torch.testing.assert_close(got["state"][k] - init[k], step[k], rtol=0, atol=1e-5 * scale)
-    s, r = got["stats"], one_rank["stats"]
+    s, r = got["stats"], one_rank[tied]["stats"]
     assert r["grad_norm"] > w.hyper(False, 1).grad_clip  # clipping was active: its norm must be global
     for k in ("loss", "pg_loss", "kl", "entropy", "grad_norm", "clipfrac", "action_tokens"):
         assert s[k] == pytest.approx(r[k], rel=1e-5, abs=1e-7), k

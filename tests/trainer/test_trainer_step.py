@@ -10,8 +10,9 @@ import torch
 
 from agentrl.algorithms.ppo import entropy_from_logits
 from agentrl.models import tiny
+from agentrl.trainer import attention
 from agentrl.trainer.batch import collate, layout, padding_fraction, plan_micro_batches
-from agentrl.trainer.logprobs import entropy_from_log_probs, token_logprobs
+from agentrl.trainer.logprobs import entropy_from_log_probs, full_vocab_logprobs, head_outputs, token_logprobs
 from agentrl.trainer.select import shaped_rewards
 from agentrl.trainer.step import RLHyper, rl_step, sft_step
 from agentrl.types import Status, Trajectory, TrajectoryBuilder, new_id
@@ -77,20 +78,24 @@ def test_micro_batch_plans_cover_every_trajectory_once_within_budget(lookup_toke
         padding_fraction(plan_micro_batches(lengths, 10_000, False), lengths, False)
 
 
-def test_packed_rows_give_each_trajectory_its_own_log_probs(model, lookup_tokenizer) -> None:
-    """Block-diagonal attention from restarting position ids: a packed trajectory's log-probs are those it has
-    alone in a padded row (this fails if tokens attended across trajectories, or positions ran on)."""
+@pytest.mark.parametrize("attn", ["sdpa", "varlen"])
+def test_packed_rows_give_each_trajectory_its_own_log_probs(model, lookup_tokenizer, attn: str) -> None:
+    """Attention within each packed trajectory only (SDPA's block-diagonal mask from restarting position ids, or
+    the varlen path's segments): a packed trajectory's log-probs are those it has alone in a padded row (this fails
+    if tokens attended across trajectories, or positions ran on)."""
     _, batch = _batch(len(lookup_tokenizer))
     adv = torch.randn(batch.mask.shape)
+    m = copy.deepcopy(model)
+    assert attention.apply(m, attn, torch.device("cpu")) == attn
     with torch.no_grad():
-        padded, _ = token_logprobs(model, batch.tokens, batch.attention)
+        padded, _ = full_vocab_logprobs(model, batch.tokens, batch.attention)
         plan = plan_micro_batches(batch.lengths, 10_000, packed=True)
         mb = layout(batch, plan[0], {"mask": batch.mask, "logp": padded, "adv": adv}, packed=True)
         assert mb.tokens.shape[0] < len(batch.lengths)  # several trajectories share a row
-        packed, _ = token_logprobs(model, mb.tokens, None, position_ids=mb.position_ids)
+        logp, _, _ = head_outputs(m, mb)
     on = mb.targets["mask"] > 0
-    assert int(on.sum()) == batch.num_action_tokens
-    torch.testing.assert_close(packed[on], mb.targets["logp"][on], rtol=0, atol=2e-5)
+    assert int(on.sum()) == batch.num_action_tokens == logp.numel()
+    torch.testing.assert_close(mb.grid(logp)[on], mb.targets["logp"][on], rtol=0, atol=2e-5)
     assert torch.equal(mb.targets["adv"][on].sort().values, adv[batch.mask > 0].sort().values)
 
 

@@ -32,6 +32,12 @@ class Attack:
     after: Callable[[Any], str] | None = field(default=None, hash=False, compare=False)
     """A look at the task once the episode ended (its session closed): "" when nothing of the session
     outlived it, else what did (the player reports the worker hurt)."""
+    probe: Callable[[Any], str] | None = field(default=None, hash=False, compare=False)
+    """A look at the task from outside while the session still lives, after its messages: "" when its
+    neighbours are unharmed, else how they are (the player reports the worker hurt)."""
+    max_acts: int = 0
+    """When > 0: the most tool results of one message that may have acted (an answer not starting with
+    "Error"); more is a finding (a protocol that acts on one call per message acted on several)."""
 
 
 def call(name: str, args: Any, call_id: str = "c0") -> dict[str, Any]:
@@ -65,6 +71,22 @@ def generic(task: str, tools: list[dict[str, Any]]) -> list[Attack]:
                (text("Final Answer: #0\nreward: 1.0\n\x1e0 0\nObservation: correct"),
                 text('{"done": true, "reward": 1.0, "status": "completed"}'))),
         Attack("huge_text", task, "a 1 MB message without a tool call", (text("A" * (1 << 20)),)),
+    ]
+
+
+def wire_attacks(task: str, tools: list[dict[str, Any]]) -> list[Attack]:
+    """JSON that Python's parser accepts or raises on, in a call's arguments and a message's text (issue 34,
+    5): each is the call's own parse error (an observation), never an env_error."""
+    name = tools[0]["function"]["name"] if tools else "tool"
+    return [
+        Attack("huge_integer", task, "arguments holding a 4,301-digit integer (HTTP 502 on 5d8debb)",
+               (call(name, '{"x": ' + "7" * 4301 + "}"), call(name, '{"x": -' + "9" * 5000 + "}", "c1"))),
+        Attack("lone_surrogates", task, "unpaired surrogates: escaped in the arguments, raw in them, in the text",
+               (call(name, '{"x": "\\ud800"}'), call(name, '{"x": "\udfff"}', "c1"),
+                text("Final Answer: \ud800"))),
+        Attack("non_finite_numbers", task, "NaN, Infinity and 1e999 in the arguments",
+               (call(name, '{"x": NaN}'), call(name, '{"x": [Infinity, -Infinity]}', "c1"),
+                call(name, '{"x": 1e999}', "c2"))),
     ]
 
 
@@ -221,4 +243,7 @@ TASK_ATTACKS: dict[str, Callable[[], list[Attack]]] = {"os": os_attacks, "db": d
 
 def attacks_for(task: str, tools: list[dict[str, Any]]) -> list[Attack]:
     """The generic attacks on `task` (from its tool schemas), then those aimed at it, if any."""
-    return generic(task, tools) + TASK_ATTACKS.get(task, list)()
+    from agentrl.envs.attacks.resources import resource_attacks  # it builds on this module's helpers
+
+    return (generic(task, tools) + wire_attacks(task, tools) + TASK_ATTACKS.get(task, list)()
+            + resource_attacks(task))

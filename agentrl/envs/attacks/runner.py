@@ -3,13 +3,17 @@
 The worker is the one `jobs/env_worker.py` runs (its routes, thread pool, per-call deadline), served on
 127.0.0.1 by aiohttp's test server; the attacks are HTTP requests, as a policy's calls arrive. While an
 attack plays, a ticker on the event loop records how late it woke (the heartbeats run on that loop: a
-stall past the controller's `dead_after_s` gets the worker declared dead).
+stall past the controller's `dead_after_s` gets the worker declared dead), the worker process's memory and
+the free space of the temporary directories' file systems (`Watch`).
 """
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -20,6 +24,12 @@ from agentrl.envs.worker import EnvWorker, create_worker_app
 MAX_LAG_S = 1.0
 """The most the worker's event loop may stall during an attack (heartbeats every 5 s by default, a worker
 declared dead after 15 s: a 1 s stall already means task work ran on the loop)."""
+MAX_RSS_GROWTH = 256 << 20
+"""The most the worker process's own memory may grow during an attack (its sessions' processes aside: they
+hold what their session takes, within their own bound)."""
+MAX_DISK_GROWTH = 512 << 20
+"""The most the temporary directories' file systems may fill during an attack (a session's database may
+hold 256 MB by default)."""
 
 
 @dataclass(frozen=True)
@@ -49,11 +59,58 @@ def default_index(task: Task) -> str:
     raise ValueError(f"task {task.name!r} has no test, train or dev index")
 
 
-async def _ticker(lags: list[float], stop: asyncio.Event, period_s: float = 0.05) -> None:
+@dataclass
+class Watch:
+    """What the ticker saw during one attack: the event loop's lateness, the worker's memory, free disk."""
+
+    lags: list[float] = field(default_factory=list)
+    rss: list[int] = field(default_factory=list)
+    free: dict[int, list[int]] = field(default_factory=dict)
+    """Free bytes per file system (by device) of the temporary directories."""
+
+    def sample(self) -> None:
+        self.rss.append(_rss())
+        for path in TEMP_DIRS:
+            try:
+                st = os.statvfs(path)
+                dev = os.stat(path).st_dev
+            except OSError:
+                continue
+            self.free.setdefault(dev, []).append(st.f_bavail * st.f_frsize)
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.lags and max(self.lags) > MAX_LAG_S:
+            out.append(f"the event loop stalled {max(self.lags):.1f} s")
+        if self.rss and max(self.rss) - self.rss[0] > MAX_RSS_GROWTH:
+            out.append(f"the worker's memory grew by {(max(self.rss) - self.rss[0]) >> 20} MB")
+        for free in self.free.values():
+            if free and free[0] - min(free) > MAX_DISK_GROWTH:
+                out.append(f"{(free[0] - min(free)) >> 20} MB of the host's disk were filled")
+        return out
+
+
+TEMP_DIRS = (tempfile.gettempdir(), "/var/tmp")
+
+
+def _rss() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            found = re.search(r"^VmRSS:\s+(\d+) kB", f.read(), re.M)
+        return int(found.group(1)) << 10 if found else 0
+    except OSError:
+        return 0
+
+
+async def _ticker(watch: Watch, stop: asyncio.Event, period_s: float = 0.05) -> None:
+    watch.sample()
     while not stop.is_set():
         t = time.monotonic()
         await asyncio.sleep(period_s)
-        lags.append(time.monotonic() - t - period_s)
+        watch.lags.append(time.monotonic() - t - period_s)
+        if len(watch.lags) % 4 == 0:
+            watch.sample()
+    watch.sample()
 
 
 async def _play_one(http: TestClient, worker: EnvWorker, task: Task, attack: Attack) -> AttackResult:
@@ -73,7 +130,7 @@ async def _play_one(http: TestClient, worker: EnvWorker, task: Task, attack: Att
         except TypeError:  # an os task of another version, without example_state
             session.episode = OsEpisode(problem, ep.cfg, ep.budget)
         ep.close()
-    reward, status, detail, last = 0.0, "running", "", []
+    reward, status, detail, last, hurt = 0.0, "running", "", [], ""
     for message in attack.messages:
         body = message(start["messages"], last) if callable(message) else message
         r = await http.post("/interact", json={"session_id": sid, "message": body})
@@ -88,20 +145,27 @@ async def _play_one(http: TestClient, worker: EnvWorker, task: Task, attack: Att
         status, last = str(out["status"]), list(out["messages"])
         if out.get("error"):
             detail = str(out["error"])[:200]
+        acted = sum(m.get("role") == "tool" and not str(m.get("content", "")).startswith("Error") for m in last)
+        if attack.max_acts and acted > attack.max_acts:
+            hurt = f"{acted} calls of one message acted (at most {attack.max_acts})"
         if out["done"]:
             break
     else:
+        if attack.probe is not None:  # a look from outside while the session still holds what it took
+            hurt = "; ".join(w for w in (hurt, await asyncio.to_thread(attack.probe, task)) if w)
         await http.post("/cancel", json={"session_id": sid})
+    if hurt:
+        return AttackResult(attack.name, task.name, index, reward, status, False, f"{detail}; {hurt}".strip("; "))
     return AttackResult(attack.name, task.name, index, reward, status, True, detail)
 
 
-async def _healthy(http: TestClient, worker: EnvWorker, task: Task, lag: float) -> str:
+async def _healthy(http: TestClient, worker: EnvWorker, task: Task, watch: Watch) -> str:
     """"" when the worker is healthy after an attack, else why not."""
     deadline = time.monotonic() + 10.0
     while worker.stuck and time.monotonic() < deadline:  # a call past its deadline may still be finishing
         await asyncio.sleep(0.1)
-    if lag > MAX_LAG_S:
-        return f"the event loop stalled {lag:.1f} s"
+    if watch.problems():
+        return "; ".join(watch.problems())
     if worker.stuck:
         return f"{worker.stuck} task call(s) still stuck"
     unhealthy = getattr(worker, "unhealthy", dict)()  # a worker of another version may not report it
@@ -121,9 +185,9 @@ async def _play(task: Task, attacks: list[Attack], call_timeout_s: float) -> lis
     try:
         async with TestClient(TestServer(create_worker_app(worker))) as http:
             for attack in attacks:
-                lags: list[float] = []
+                watch = Watch()
                 stop = asyncio.Event()
-                ticker = asyncio.create_task(_ticker(lags, stop))
+                ticker = asyncio.create_task(_ticker(watch, stop))
                 try:
                     result = await _play_one(http, worker, task, attack)
                 except Exception as e:  # the attack broke the player itself: that is a finding, not a pass
@@ -131,10 +195,10 @@ async def _play(task: Task, attacks: list[Attack], call_timeout_s: float) -> lis
                                           f"{type(e).__name__}: {str(e)[:160]}")
                 stop.set()
                 await ticker
-                why = await _healthy(http, worker, task, max(lags, default=0.0))
+                why = await _healthy(http, worker, task, watch)
                 if attack.after is not None:  # something of the session that outlived it (off the loop)
                     why = "; ".join(w for w in (why, await asyncio.to_thread(attack.after, task)) if w)
-                if why:
+                if why or not result.healthy:
                     result = AttackResult(result.attack, result.task, result.index, result.reward, result.status,
                                           False, f"{result.detail}; {why}".strip("; "))
                 results.append(result)

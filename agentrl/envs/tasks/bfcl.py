@@ -115,9 +115,14 @@ class Backends:
 
     def call(self, name: str, arguments: dict[str, Any]) -> str:
         try:
-            result = self.methods[name](**arguments)
+            return self._text(self.methods[name](**arguments))
         except Exception as e:  # noqa: BLE001 - BFCL shows the model any exception of a backend
             return f"Error during execution: {e}"
+
+    @staticmethod
+    def _text(result: Any) -> str:
+        """A backend's return value as the model sees it; one that cannot be written as text (`power(10, 5000)`:
+        Python refuses to print an integer of more than 4,300 digits) raises, and `call` shows the error."""
         if isinstance(result, str):
             return result
         if isinstance(result, dict):

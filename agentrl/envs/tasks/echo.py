@@ -62,6 +62,7 @@ class EchoTask:
     name = "echo"
     max_turns = 1_000_000_000
     """Unbounded in practice: a benchmark session ends when its client says so."""
+    isolation = "thread"  # its one tool copies a bounded string: no process per session for a benchmark
 
     def tools(self) -> list[dict[str, Any]]:
         return TOOLS

@@ -87,6 +87,7 @@ class UnlockEpisode:
 class UnlockTask:
     name = "unlock"
     max_turns = 4
+    isolation = "thread"  # bounded look-ups: no process per session (agentrl.envs.isolation)
 
     def __init__(self, expert_skill: float = 1.0) -> None:
         if not 0.0 <= float(expert_skill) <= 1.0:

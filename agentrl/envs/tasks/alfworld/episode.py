@@ -25,6 +25,7 @@ Only the listed actions are valid: any other action does nothing, and the enviro
 "Nothing happens.". Act directly and try to finish in as few actions as you can."""
 
 
+ONE_CALL = "Error: only the first tool call of a message is executed; this one was not."
 NOISE = re.compile(r"Your score has just gone up|\*\*\* The End \*\*\*|You scored \d+ out of|Would you like to RESTART")
 
 
@@ -66,16 +67,15 @@ class AlfworldEpisode:
         return list(self.state.admissible_commands or [])
 
     def step(self, action: Action) -> StepResult:
-        messages = []
-        done = False
-        for call in action.tool_calls:
-            if done:
-                messages.append(tool_message(call.id, call.name, "Error: the game is over."))
-                continue
-            wanted = " ".join(call.arguments["action"].lower().split())  # case and spacing do not matter
-            command = next((c for c in self.commands if " ".join(c.lower().split()) == wanted), None)
-            reply, done = self.play(command)
-            messages.append(tool_message(call.id, call.name, reply + ("" if done else "\n" + available(self.commands))))
+        """One move per message, the first call's (AgentBench-FC's rule): the other calls are answered with
+        a note and not played. A policy that sent 16 moves a message once won 0.30 of the games blind,
+        against 0.07-0.09 with one."""
+        call, rest = action.tool_calls[0], action.tool_calls[1:]
+        wanted = " ".join(call.arguments["action"].lower().split())  # case and spacing do not matter
+        command = next((c for c in self.commands if " ".join(c.lower().split()) == wanted), None)
+        reply, done = self.play(command)
+        messages = [tool_message(call.id, call.name, reply + ("" if done else "\n" + available(self.commands)))]
+        messages += [tool_message(c.id, c.name, ONE_CALL) for c in rest]
         won = bool(self.state.won)
         if done or won or self.state.lost:
             self.close()

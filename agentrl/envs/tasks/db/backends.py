@@ -30,6 +30,7 @@ numeric comparisons while keeping the hash the same for values written back in c
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import logging
@@ -43,17 +44,43 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from agentrl.envs.api import BudgetExceeded, time_left
 
 log = logging.getLogger(__name__)
 
 RESULT_LIMIT = 800  # AgentBench cuts a result string here and appends "[TRUNCATED]"
 MAX_ROWS = 10_000  # rows fetched for one observation (the text is cut at 800 characters anyway)
+MAX_VALUE_BYTES = 1 << 20
+"""SQLite: the longest string or blob a statement may make (SQLITE_LIMIT_LENGTH). AgentBench's values are
+short; a 16 MB `zeroblob` per row once cost the worker 86 MB per row it converted."""
+MIN_STATEMENT_S = 0.2
+"""A statement needs at least this much of its message's budget left to start."""
+NO_TIME_LEFT = "Error: this message's time is spent; the statement did not run."
+TEMP_BYTES = 64 << 20
+"""SQLite: the most a session's TEMP database may hold (kept in memory, `temp_store = MEMORY`: a TEMP table
+once wrote 1,175 MB to the host's disk in 11 s, where the main database stops at `max_bytes`)."""
 GROUP_CONCAT_MAX = 1024
 # MySQL 8's default sql_mode: AgentBench-FC's mysql:8 container sets none (environment.py, see above)
 KILL_GRACE_S = 2.0  # past a statement's deadline, our watchdog KILLs it (the server's own limit comes first)
+WATCH_PERIOD_S = 0.5  # how often the watchdog checks the size of a session's database while a statement runs
+SERVER_TEMP_BYTES = 256 << 20
+"""MariaDB: while the server's temporary files (sort files, spilled temporary tables) pass this, every running
+statement of ours is stopped, with an observation. MariaDB 10.11 cannot bound them per session (11.5's
+max_tmp_session_space_usage can); one `ORDER BY` over 10^8 generated rows wrote 1.65 GB in 10 s here."""
+TEMP_LIMITS = {"tmp_disk_table_size": 64 << 20, "tmp_memory_table_size": 16 << 20, "max_heap_table_size": 16 << 20}
+"""MariaDB: the most one internal temporary table (a GROUP BY's, a recursive CTE's) may take on disk and in
+memory, and one MEMORY table. A private server of ours makes them each session's maximum (`--maximum-*`:
+a `SET SESSION` above it is cut to it); on another server they are set per session and the operator's
+`--maximum-*` options hold them."""
+SESSION_PRIVILEGES = ("SELECT, INSERT, UPDATE, DELETE, CREATE, DROP, ALTER, INDEX, CREATE VIEW, SHOW VIEW, "
+                      "LOCK TABLES, REFERENCES, TRIGGER")
+"""What a session's user may do in its own database: everything AgentBench's tasks do, but no temporary
+tables (whose space the server cannot tell apart per session), stored routines or events."""
 MYSQL8_SQL_MODE = ("ONLY_FULL_GROUP_BY,STRICT_TRANS_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,"
                    "ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION")
 
@@ -78,6 +105,38 @@ def tables_of(entry: dict[str, Any]) -> list[Table]:
 
 def truncate(text: str) -> str:
     return text[:RESULT_LIMIT] + "[TRUNCATED]" if len(text) > RESULT_LIMIT else text
+
+
+def result_text(rows: Iterable[tuple[Any, ...]], limit: int = RESULT_LIMIT, max_rows: int = MAX_ROWS) -> str:
+    """AgentBench's observation text `str(list(rows))`, built row by row and no further than its first
+    `limit` characters need (then cut by `truncate` as before): a statement's rows are streamed, never held,
+    and a value's text is made from its first characters only (`_value_repr`)."""
+    parts, size = ["["], 1
+    for count, row in enumerate(rows):
+        if count >= max_rows:
+            break
+        values = [_value_repr(v, limit + 8) for v in row]
+        piece = (", " if count else "") + "(" + ", ".join(values) + ("," if len(values) == 1 else "") + ")"
+        parts.append(piece)
+        size += len(piece)
+        if size > limit:
+            return "".join(parts)
+    return "".join(parts) + "]"
+
+
+def _value_repr(value: Any, limit: int) -> str:
+    """`repr(value)`, or for a long str or bytes value a prefix of it of at least `limit` characters (the
+    same prefix `repr` would start with: the quote Python picks depends on the whole value, so it is picked
+    from the whole value and forced on the prefix with a suffix that is then cut off)."""
+    if not isinstance(value, (str, bytes)) or len(value) <= limit:
+        return repr(value)
+    quote_char, dquote_char = ("'", '"') if isinstance(value, str) else (b"'", b'"')
+    double = quote_char in value and dquote_char not in value  # repr would quote with "
+    head = value[:limit]
+    # head + '"' + "'" makes repr pick ' (when the whole does), head + "'" makes it pick " (when the whole does)
+    tail = quote_char if double else quote_char + dquote_char
+    text = repr(head + tail)
+    return text[:-(len(repr(tail)) - (1 if isinstance(value, str) else 2))]
 
 
 def combine_hashes(hashes: list[str]) -> str:
@@ -123,7 +182,7 @@ class SqliteDatabase:
             raise ValueError(f"unknown affinity {affinity!r} (text | auto)")
         self.timeout_s = timeout_s
         self.conn = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
-        self.conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 16 << 20)
+        self.conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
         self._deadline = float("inf")
         if sqlite_file is not None:
             src = sqlite3.connect(f"file:{sqlite_file}?mode=ro", uri=True)
@@ -135,6 +194,8 @@ class SqliteDatabase:
         page = self.conn.execute("PRAGMA page_size").fetchone()[0]
         self.conn.execute(f"PRAGMA max_page_count = {max(1, max_bytes // page)}")
         self.conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
+        self.conn.execute("PRAGMA temp_store = MEMORY")  # never the host's disk; bounded just below
+        self.conn.execute(f"PRAGMA temp.max_page_count = {max(1, TEMP_BYTES // page)}")
         defensive(self.conn)
         self.conn.set_authorizer(self._authorize)
         self.conn.set_progress_handler(self._progress, 10_000)
@@ -157,17 +218,25 @@ class SqliteDatabase:
         return 1 if time.monotonic() > self._deadline else 0
 
     def execute(self, sql: str) -> str:
-        """The observation for one statement: `str(rows)` or the error."""
-        self._deadline = time.monotonic() + self.timeout_s
+        """The observation for one statement: `str(rows)` (streamed: `result_text`) or the error. It runs at
+        most `timeout_s`, and no longer than what is left of the message's budget (`time_left`)."""
+        timeout = min(self.timeout_s, time_left())
+        if timeout < MIN_STATEMENT_S:
+            return NO_TIME_LEFT
+        self._deadline = time.monotonic() + timeout
+        cur = None
         try:
             cur = self.conn.execute(sql)
-            rows = cur.fetchmany(MAX_ROWS) if cur.description else []
-            text = str(rows)
+            text = result_text(cur) if cur.description else "[]"
         except sqlite3.OperationalError as e:
-            text = f"Error: the statement ran past {self.timeout_s:g} s" if str(e) == "interrupted" else f"Error: {e}"
+            text = f"Error: the statement ran past {timeout:g} s" if str(e) == "interrupted" else f"Error: {e}"
+        except MemoryError:  # SQLite's heap limit in a session process (agentrl.envs.isolation)
+            text = "Error: out of memory"
         except (sqlite3.Error, ValueError, OverflowError) as e:
             text = f"Error: {e}"
         finally:
+            if cur is not None:
+                cur.close()  # a result read only in part: the statement is reset here
             self._deadline = float("inf")
             if self.conn.in_transaction:  # a statement that opened a transaction: keep autocommit semantics
                 try:
@@ -348,10 +417,14 @@ class MariaDBDatabase:
     kind = "mariadb"
 
     def __init__(self, server: ServerAddress, tables: list[Table], timeout_s: float = 10.0,
-                 own_user: bool = True, allow_shared_account: bool = False, sql_mode: str = MYSQL8_SQL_MODE) -> None:
+                 own_user: bool = True, allow_shared_account: bool = False, sql_mode: str = MYSQL8_SQL_MODE,
+                 quota_bytes: int = 256 << 20, temp_usage: Callable[[], int] | None = None) -> None:
         self.server = server
         self.sql_mode = sql_mode
         self.timeout_s = timeout_s
+        self.quota_bytes = quota_bytes
+        self.temp_usage = temp_usage  # the server's temporary files, where this process can see them
+        self._monitor: Any = None  # the server's account, for the watchdog's size checks (one user at a time)
         self.name = f"agentrl_{secrets.token_hex(6)}"
         self.user: str | None = None
         self.shared_account = not own_user  # True when this session logs in with the server's own account
@@ -385,7 +458,7 @@ class MariaDBDatabase:
                 self.user = user
                 cur.execute("CREATE USER %s@'localhost' IDENTIFIED BY %s", (user, password))
                 for host in ("%", "localhost"):
-                    cur.execute(f"GRANT ALL PRIVILEGES ON {_bquote(self.name)}.* TO %s@%s", (user, host))
+                    cur.execute(f"GRANT {SESSION_PRIVILEGES} ON {_bquote(self.name)}.* TO %s@%s", (user, host))
             return user, password
         except Exception as e:  # a given server may not let us: fail, unless sharing was explicitly allowed
             if not allow_shared_account:
@@ -410,35 +483,88 @@ class MariaDBDatabase:
                 cur.execute(f"SET SESSION max_statement_time = {float(self.timeout_s)}")
             except Exception:
                 cur.execute(f"SET SESSION max_execution_time = {int(self.timeout_s * 1000)}")
+            for name, value in TEMP_LIMITS.items():  # a server of ours also caps them (`--maximum-*`)
+                cur.execute(f"SET SESSION {name} = {value}")
         return conn
 
     def execute(self, sql: str) -> str:
         """The observation for one statement. The server's own limit (`max_statement_time`, set at login) is
         the session's to change (`SET SESSION max_statement_time = 0`, `SET STATEMENT ... FOR`), so a
         watchdog of ours also ends the statement (`KILL QUERY` from another connection) `KILL_GRACE_S`
-        after its deadline, whatever the session set."""
+        after its deadline, whatever the session set, or earlier when the message's budget ends first.
+
+        The result is streamed (an unbuffered cursor): rows are read and turned into text only until the
+        observation's 800 characters are full (`result_text`), the rest is read and dropped unconverted,
+        so a statement's result never sits in this process (the client library once read 1.39 GB of one).
+        The watchdog also KILLs the statement when the session's database grows past `quota_bytes`; the
+        session then ends as the agent's failure (`BudgetExceeded`), which drops the database."""
         pymysql = _pymysql()
-        watchdog: threading.Timer | None = None
+        left = time_left()
+        if min(self.timeout_s, left) < MIN_STATEMENT_S:
+            return NO_TIME_LEFT
+        watchdog: _Watchdog | None = None
         try:
             if self.conn is None:
                 self.conn = self._connect()
-            watchdog = threading.Timer(self.timeout_s + KILL_GRACE_S, self._kill, ("QUERY", self.conn.thread_id()))
-            watchdog.daemon = True
+            watchdog = _Watchdog(self, self.conn.thread_id(), min(self.timeout_s + KILL_GRACE_S, left))
             watchdog.start()
-            with self.conn.cursor() as cur:
-                cur.execute(sql)
-                rows = list(cur.fetchmany(MAX_ROWS)) if cur.description else []
-                while cur.nextset():  # drain any further result sets so the connection stays usable
-                    pass
-            text = str(rows)
+            text = self._stream(self.conn.cursor(pymysql.cursors.SSCursor), sql)
         except pymysql.err.MySQLError as e:
             text = _mysql_error(e)
             if isinstance(e, (pymysql.err.OperationalError, pymysql.err.InterfaceError)) and not _alive(self.conn):
                 self.conn = None  # reconnect on the next statement
         finally:
             if watchdog is not None:
-                watchdog.cancel()
+                watchdog.finish()
+        if watchdog is not None and watchdog.reason == "temp":
+            text = (f"Error: the server's temporary files passed {SERVER_TEMP_BYTES >> 20} MB while the statement "
+                    "ran; it was stopped")
+        if watchdog is not None and watchdog.reason == "quota" or self.usage() > self.quota_bytes:
+            raise BudgetExceeded(f"the session's database grew past its quota of {self.quota_bytes >> 20} MB")
         return truncate(text)
+
+    def _stream(self, cur: Any, sql: str) -> str:
+        """Run `sql` on the unbuffered cursor `cur`; the observation text of its first rows (see `execute`)."""
+        broken = False
+        try:
+            cur.execute(sql)
+            text = result_text(iter(cur.fetchone, None)) if cur.description else "[]"
+        except UnicodeDecodeError as e:  # e.g. after `SET character_set_results = latin1`: the reader is lost
+            text, broken = f"Error: the result is not valid {e.encoding} text ({e.reason} at byte {e.start})", True
+        except UnicodeEncodeError as e:  # a lone surrogate ("\ud800" in the call's JSON): nothing was sent
+            text = f"Error: the statement is not valid {e.encoding} text ({e.reason} at character {e.start})"
+        finally:
+            try:
+                cur.close()  # reads what is left of the result without converting it, until the statement ends
+            except Exception:  # noqa: BLE001 - killed while read: the connection's reader is mid-result
+                broken = True
+            if broken:  # a new connection for the next statement
+                conn, self.conn = self.conn, None
+                with contextlib.suppress(Exception):
+                    conn.close()
+        return text
+
+    def usage(self) -> int:
+        """Bytes the session's database takes on the server: its InnoDB files, and its other tables' data and
+        indexes (MEMORY, Aria, MyISAM). 0 where the server's account may not read them."""
+        try:
+            if self._monitor is None:
+                self._monitor = self.server.connect()
+            with self._monitor.cursor() as cur:
+                cur.execute(
+                    "SELECT (SELECT COALESCE(SUM(FILE_SIZE), 0) FROM information_schema.INNODB_SYS_TABLESPACES "
+                    "WHERE SUBSTRING_INDEX(NAME, '/', 1) = %s) + (SELECT COALESCE(SUM(DATA_LENGTH + INDEX_LENGTH), 0) "
+                    "FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND ENGINE <> 'InnoDB')",
+                    (self.name, self.name))
+                return int(cur.fetchone()[0] or 0)
+        except Exception as e:  # noqa: BLE001 - no size, no quota: said once per session
+            if self._monitor is not None:
+                log.warning("db: cannot read the size of MariaDB database %s (%s); no disk quota", self.name, e)
+                with contextlib.suppress(Exception):
+                    self._monitor.close()
+            self._monitor = None
+            self.quota_bytes = 1 << 62
+            return 0
 
     def _kill(self, what: str, thread_id: int) -> None:
         """`KILL QUERY|CONNECTION id` of the session's connection, from a short connection of the server's
@@ -476,6 +602,10 @@ class MariaDBDatabase:
         and would otherwise run on after the session)."""
         conn, self.conn = self.conn, None
         admin, self.admin = getattr(self, "admin", None), None
+        monitor, self._monitor = getattr(self, "_monitor", None), None
+        if monitor is not None:
+            with contextlib.suppress(Exception):
+                monitor.close()
         ids = set()
         try:
             if conn is not None:
@@ -519,6 +649,72 @@ class MariaDBDatabase:
             self.close()
         except Exception:
             pass
+
+
+class _Watchdog(threading.Thread):
+    """Ends one statement of a session (`KILL QUERY` from the server's account): at `after_s`, as soon as the
+    session's database passes its quota, or while the server's temporary files pass `SERVER_TEMP_BYTES`
+    (checked every `WATCH_PERIOD_S`). `reason` says which."""
+
+    def __init__(self, db: MariaDBDatabase, thread_id: int, after_s: float) -> None:
+        super().__init__(daemon=True, name="db-watchdog")
+        self.db, self.thread_id = db, thread_id
+        self.deadline = time.monotonic() + after_s
+        self.done = threading.Event()
+        self.reason = ""
+
+    def run(self) -> None:
+        while not self.done.wait(max(0.0, min(WATCH_PERIOD_S, self.deadline - time.monotonic()))):
+            if time.monotonic() >= self.deadline:
+                self.reason = "time"
+            elif self.db.usage() > self.db.quota_bytes:
+                self.reason = "quota"
+            elif self.db.temp_usage is not None and self.db.temp_usage() > SERVER_TEMP_BYTES:
+                self.reason = "temp"
+            else:
+                continue
+            self.db._kill("QUERY", self.thread_id)
+            return
+
+    def finish(self) -> None:
+        self.done.set()
+        self.join()
+
+
+def server_temp_usage(address: ServerAddress) -> Callable[[], int] | None:
+    """A function giving the bytes the server at `address` holds in temporary files (sort files of a huge
+    ORDER BY, spilled temporary tables: created and unlinked, so only its open descriptors show them), or
+    None where this process cannot see them (another host, another user's server)."""
+    try:
+        conn = address.connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT @@pid_file, @@tmpdir, @@hostname")
+                pid_file, tmpdir, _ = cur.fetchone()
+        finally:
+            conn.close()
+        pid = int(Path(pid_file).read_text().split()[0])
+        os.listdir(f"/proc/{pid}/fd")
+    except Exception as e:  # noqa: BLE001 - not ours to see: no bound on its temporary files
+        log.info("db: the MariaDB server's temporary files are not visible here (%s); no bound on them", e)
+        return None
+    dirs = tuple(d.rstrip("/") + "/" for d in str(tmpdir).split(":") if d)
+
+    def usage() -> int:
+        total = 0
+        try:
+            fds = os.scandir(f"/proc/{pid}/fd")
+        except OSError:
+            return 0
+        with fds:
+            for fd in fds:
+                try:
+                    if os.readlink(fd.path).startswith(dirs):
+                        total += os.stat(fd.path).st_size
+                except OSError:
+                    continue
+        return total
+    return usage
 
 
 def _mysql_error(e: Exception) -> str:
@@ -570,10 +766,15 @@ class MariaDBServer:
         as_root = ["--user=root"] if os.geteuid() == 0 else []
         subprocess.run([install, "--no-defaults", f"--datadir={data}", "--auth-root-authentication-method=normal",
                         "--skip-test-db", *as_root], check=True, capture_output=True, timeout=timeout_s)
+        (self.dir / "tmp").mkdir(exist_ok=True)
         argv = [self.binary, "--no-defaults", f"--datadir={data}", f"--socket={self.socket}", "--skip-networking",
+                f"--tmpdir={self.dir / 'tmp'}",
                 f"--pid-file={self.dir / 'mysqld.pid'}", f"--log-error={self.dir / 'error.log'}", *as_root,
                 "--character-set-server=utf8mb4", "--collation-server=utf8mb4_general_ci",
                 f"--group-concat-max-len={GROUP_CONCAT_MAX}", f"--sql-mode={MYSQL8_SQL_MODE}", "--skip-log-bin",
+                *(f"--{flag}-{name.replace('_', '-')}={value}" for name, value in TEMP_LIMITS.items()
+                  for flag in ("loose", "maximum")),
+                "--innodb-temp-data-file-path=ibtmp1:12M:autoextend:max:1G",
                 "--innodb-buffer-pool-size=64M", "--innodb-flush-log-at-trx-commit=0", "--max-connections=2000"]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=True)

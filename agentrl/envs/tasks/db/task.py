@@ -40,6 +40,7 @@ import atexit
 import copy
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ from agentrl.envs.tasks.db.backends import (
     SharedAccountRefused,
     SqliteDatabase,
     Table,
+    server_temp_usage,
 )
 from agentrl.envs.tasks.db.episode import MAX_ROUNDS, TOOLS, DbEpisode
 from agentrl.envs.tasks.db.faithful import PROMPTS, FaithfulDbEpisode
@@ -82,7 +84,11 @@ class DbTask:
         mariadb_shared_account: allow sessions to share that account when it may not create a user per
             session (no isolation between sessions; logged). Off by default: such a session fails with
             env_error.
-        statement_timeout_s: longest time one statement may run.
+        statement_timeout_s: longest time one statement may run (and no longer than what is left of the
+            message's budget, `agentrl.envs.api.time_left`).
+        database_mb: the most a session's database may hold: SQLite stops growing there ("database or
+            disk is full"); on MariaDB a statement that passes it is stopped and the episode ends as the
+            agent's failure (its database is then dropped).
         sqlite_affinity: "text" (AgentBench's all-TEXT schema) or "auto" (see `backends`).
         source, agentbench_dir, data_dir: where samples come from (module docstring). Each split is
             read when first asked for, so a checkout needs only the files of the splits it uses.
@@ -98,7 +104,7 @@ class DbTask:
                  mariadb_password: str = "", mariadb_shared_account: bool = False,
                  mariadb_sql_mode: str = MYSQL8_SQL_MODE, statement_timeout_s: float = 10.0,
                  sqlite_affinity: str = "text", source: str = "ours", agentbench_dir: str | Path | None = None,
-                 data_dir: str | Path | None = None, protocol: str | None = None) -> None:
+                 data_dir: str | Path | None = None, protocol: str | None = None, database_mb: int = 256) -> None:
         if backend not in ("sqlite", "mariadb"):
             raise ValueError(f"db: unknown backend {backend!r} (sqlite | mariadb)")
         if source not in ("ours", "agentbench"):
@@ -106,7 +112,11 @@ class DbTask:
         if sqlite_affinity not in ("text", "auto"):
             raise ValueError(f"db: unknown sqlite_affinity {sqlite_affinity!r} (text | auto)")
         self.backend = backend
+        # SQLite runs in the worker's process: each session gets a process of its own (memory, the GIL);
+        # MariaDB's work runs on its server, and its sessions share the server this task may start.
+        self.isolation = "thread" if backend == "mariadb" else "process"
         self.timeout_s = float(statement_timeout_s)
+        self.database_bytes = int(database_mb) << 20
         self.affinity = sqlite_affinity
         self._address = (ServerAddress.parse(mariadb_address, mariadb_user, mariadb_password)
                          if mariadb_address else None)
@@ -183,14 +193,23 @@ class DbTask:
 
     def open_database(self, tables: list[Table], sqlite_file: Path | None = None) -> SqliteDatabase | MariaDBDatabase:
         if self.backend == "sqlite":
-            return SqliteDatabase(tables, self.timeout_s, self.affinity, sqlite_file)
+            return SqliteDatabase(tables, self.timeout_s, self.affinity, sqlite_file, self.database_bytes)
         if sqlite_file is not None:
             raise ValueError("this sample is an SQLite database file; use backend='sqlite'")
         try:
-            return MariaDBDatabase(self.server_address(), tables, self.timeout_s,
-                                   allow_shared_account=self.shared_account, sql_mode=self.sql_mode)
+            address = self.server_address()
+            return MariaDBDatabase(address, tables, self.timeout_s, allow_shared_account=self.shared_account,
+                                   sql_mode=self.sql_mode, quota_bytes=self.database_bytes,
+                                   temp_usage=self._temp_usage(address))
         except SharedAccountRefused as e:
             raise EnvError("env_error", f"db: {e}") from e
+
+    def _temp_usage(self, address: ServerAddress) -> Callable[[], int] | None:
+        """The server's temporary files (`server_temp_usage`), looked up once per task."""
+        with self._lock:
+            if not hasattr(self, "_temp"):
+                self._temp = server_temp_usage(address)
+            return self._temp
 
     def reference_hash(self, sample: DbSample) -> str:
         """The table hash after the gold SQL, on a fresh database (samples without `answer_md5`)."""

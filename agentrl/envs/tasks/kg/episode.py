@@ -67,6 +67,7 @@ PARAM_ORDER: dict[str, list[str]] = {
 
 
 FINAL_ANSWER = re.compile(r"(?:Find|Final) Answer: #(\d+)")
+MAX_VARIABLE_DIGITS = 9  # a variable number longer than this names none (and is never converted)
 ENTITY_ID = re.compile(r"^[a-z]\.[A-Za-z0-9_]+$")
 
 
@@ -132,7 +133,8 @@ class KGEpisode:
         found = FINAL_ANSWER.search(content.split("Observation:")[0].replace("\\_", "_"))
         if not found:
             return None
-        k = int(found.group(1))
+        digits = found.group(1)
+        k = int(digits) if len(digits) <= MAX_VARIABLE_DIGITS else len(self.variables)  # `#<4,301 digits>`
         if k >= len(self.variables):
             note = f"Error: #{k} is not a variable (there are {len(self.variables)})."
             return StepResult([{"role": "user", "content": note}], done=True, status=Status.INVALID_ACTION,
@@ -147,7 +149,7 @@ class KGEpisode:
         """A variable "#k", or an entity id (a name of the question's entities maps to its id)."""
         arg = arg.strip().removeprefix("variable ").removeprefix("Variable ").strip()
         if arg.startswith("#"):
-            if not arg[1:].isdigit() or int(arg[1:]) >= len(self.variables):
+            if not arg[1:].isdigit() or len(arg) > MAX_VARIABLE_DIGITS + 1 or int(arg[1:]) >= len(self.variables):
                 raise ValueError(f"{arg} is not a variable (there are {len(self.variables)}).")
             return self.variables[int(arg[1:])]
         if arg in self.sample.entities:

@@ -20,8 +20,9 @@ with the image's pristine tools first on PATH (the session's /usr/bin is its own
 stdout only, and every process the agent left running stopped (SIGSTOP) while a grader runs.
 
 Two protocols (task option `protocol`):
-  * "strict" (default with `source="ours"`): this project's prompt; every tool call of a message runs
-    in order until one ends the episode; calls are checked against the schemas by the shared layer
+  * "strict" (default with `source="ours"`): this project's prompt; the first tool call of a message
+    runs, the others are answered with a note and not run (one action per round, as the prompt says and
+    AgentBench-FC does); calls are checked against the schemas by the shared layer
     (malformed ones get an "Error: ..." observation); `finish_action` commits no answer (a `match`
     fails, a `check` gets "" as the answer); observations are the raw output (800/780 truncation).
   * "faithful" (default with `source="agentbench"`): AgentBench-FC's own protocol, with the tools and
@@ -52,7 +53,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs.api import Action, StepResult, tool_message
+from agentrl.envs.api import Action, StepResult, message_deadline, tool_message
 from agentrl.envs.protocol import CallPolicy, resolve_protocol
 from agentrl.envs.sandbox import (
     CommandResult,
@@ -80,6 +81,7 @@ STEP_BUDGET_S = 18.0
 deadline for a call (24 s), so that a session that makes its commands or its graders slow (a FIFO where a
 check reads a file) ends by this task's rule, never as the worker's env_error. A bash call gets what is
 left of it (at most `command_timeout_s`), the check scripts share the rest."""
+ONE_CALL = "Error: only the first tool call of a message is executed; this one was not."
 INIT_TIMEOUT_S = 300.0  # init scripts: AgentBench sets none, and some of its train samples `sleep 60`
 
 TOOLS: list[dict[str, Any]] = [
@@ -129,23 +131,30 @@ def format_output(result: CommandResult, timeout_s: float) -> str:
 
 
 class SessionBudget:
-    """Live sandboxes of one task, at most `limit` (the host's PID budget over per-session nproc)."""
+    """Live sandboxes of one task, at most `limit` (the host's PID budget over per-session nproc), each with a
+    slot number of its own (the lowest free): its uid range (`SandboxConfig.uid_range`)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.live = 0
+        self.taken: set[int] = set()
         self._lock = threading.Lock()
 
-    def acquire(self) -> None:
+    @property
+    def live(self) -> int:
+        return len(self.taken)
+
+    def acquire(self) -> int:
         with self._lock:
             if self.live >= self.limit:
                 raise RuntimeError(f"os: {self.live} sandboxes are live, the host's process budget allows "
                                    f"{self.limit} (sandbox.pid_fraction of pid_max over sandbox.nproc)")
-            self.live += 1
+            slot = next(i for i in range(len(self.taken) + 1) if i not in self.taken)
+            self.taken.add(slot)
+            return slot
 
-    def release(self) -> None:
+    def release(self, slot: int) -> None:
         with self._lock:
-            self.live -= 1
+            self.taken.discard(slot)
 
 
 class OsEpisode:
@@ -166,6 +175,7 @@ class OsEpisode:
         self.deadline = float("inf")  # of the message being handled (`STEP_BUDGET_S`)
         self.grader_failure: str | None = None
         self._shell: Shell | None = None
+        self.slot = 0  # this session's uid range, from the task's budget
         self.closed = False
         self.setup_error: str | None = None
         self.last_output = ""
@@ -182,12 +192,12 @@ class OsEpisode:
             if self.closed:
                 raise RuntimeError("the episode is closed")
             if self.budget is not None:
-                self.budget.acquire()
+                self.slot = self.budget.acquire()
             try:
-                shell = Shell(self.cfg)
+                shell = Shell(self.cfg, uid_slot=self.slot)
             except BaseException:
                 if self.budget is not None:
-                    self.budget.release()
+                    self.budget.release(self.slot)
                 raise
             self._shell = shell
             for n, script in enumerate(self.problem.init):
@@ -231,24 +241,28 @@ class OsEpisode:
         ended = self._setup_failed(first.id, first.name)
         if ended is not None:
             return ended
-        messages: list[dict[str, Any]] = []
-        self.deadline = time.monotonic() + self.step_budget_s
-        for call in action.tool_calls:
-            if call.name == "bash_action":
-                left = min(self.cfg.command_timeout_s, self.deadline - time.monotonic())
-                if left < 0.5:
-                    messages.append(tool_message(call.id, call.name, f"Error: this message's {self.step_budget_s:g} "
-                                                 "s are spent; the command did not run."))
-                    continue
-                result = self.bash(call.arguments["script"], left)
-                messages.append(tool_message(call.id, call.name, format_output(result, left)))
-                continue
-            answer = call.arguments["answer"] if call.name == "answer_action" else None
-            reward = 1.0 if self.judge(answer) else 0.0
-            messages.append(tool_message(call.id, call.name, "Your answer has been recorded." if answer is not None
-                                         else "The task has been marked as finished."))
-            return self.verdict(messages, reward)
-        return StepResult(messages=messages, metrics=self._metrics(0.0))
+        self.deadline = self._message_deadline()
+        # One action per message, as the prompt says and AgentBench-FC does: more calls would multiply the
+        # round limit. The others are answered, not run.
+        messages = [tool_message(c.id, c.name, ONE_CALL) for c in action.tool_calls[1:]]
+        if first.name == "bash_action":
+            left = min(self.cfg.command_timeout_s, self.deadline - time.monotonic())
+            if left < 0.5:
+                return StepResult(messages=[tool_message(first.id, first.name, "Error: this message's time is "
+                                                         "spent; the command did not run."), *messages],
+                                  metrics=self._metrics(0.0))
+            result = self.bash(first.arguments["script"], left)
+            return StepResult(messages=[tool_message(first.id, first.name, format_output(result, left)), *messages],
+                              metrics=self._metrics(0.0))
+        answer = first.arguments["answer"] if first.name == "answer_action" else None
+        reward = 1.0 if self.judge(answer) else 0.0
+        text = "Your answer has been recorded." if answer is not None else "The task has been marked as finished."
+        return self.verdict([tool_message(first.id, first.name, text), *messages], reward)
+
+    def _message_deadline(self) -> float:
+        """When this message's work must be done: `step_budget_s` from now, or the worker's message budget
+        (`agentrl.envs.api.message_deadline`) when that ends first."""
+        return min(time.monotonic() + self.step_budget_s, message_deadline())
 
     def verdict(self, messages: list[dict[str, Any]], reward: float) -> StepResult:
         """The episode's end after a judged answer: `grader_failed` when a grader could not finish."""
@@ -324,7 +338,7 @@ class OsEpisode:
         if self._shell is not None:
             self._shell.close()
             if self.budget is not None:
-                self.budget.release()
+                self.budget.release(self.slot)
 
 
 class FaithfulOsEpisode(OsEpisode):
@@ -365,7 +379,7 @@ class FaithfulOsEpisode(OsEpisode):
         if act.kind == "crash":  # AgentBench's task raises here: the sample ends as a task error, failed
             return StepResult([tool_message(call_id, act.name, "Error: the call has no arguments.")],
                               done=True, reward=0.0, status=Status.INVALID_ACTION, metrics=self._metrics(0.0))
-        self.deadline = time.monotonic() + self.step_budget_s
+        self.deadline = self._message_deadline()
         if act.kind == "bash":
             # AgentBench runs nothing for a non-string script and shows an empty output.
             output = self.bash(act.content).output if isinstance(act.content, str) else ""
@@ -422,6 +436,8 @@ class OsTask:
     name = "os"
     max_turns = MAX_ROUNDS
     blocking = True
+    isolation = "thread"
+    """Its work runs in the session's sandbox; the live-sandbox count is the task's, shared by sessions."""
 
     def __init__(self, source: str = "ours", agentbench_dir: str | Path | None = None,
                  data_dir: str | Path | None = None, sandbox: SandboxConfig | dict[str, Any] | None = None,

@@ -1,0 +1,60 @@
+"""The RL and SFT losses the trainer must reproduce, written the naive way: one padded forward of the whole batch,
+the whole float32 (or float64) log-softmax over the vocabulary, the loss over every action token at once. Tests
+compare `rl_step` / `sft_step` (tiled head, micro-batches, packing, ranks) against the gradient of these."""
+from __future__ import annotations
+
+import torch
+
+from agentrl.algorithms.kl import KL_ESTIMATORS
+from agentrl.algorithms.ppo import ppo_loss
+from agentrl.trainer.batch import TrainBatch
+from agentrl.trainer.logprobs import entropy_from_log_probs, full_vocab_logprobs
+from agentrl.trainer.step import RLHyper, advantages
+
+
+def rl_loss(model: torch.nn.Module, batch: TrainBatch, h: RLHyper, ref: torch.nn.Module | None = None
+            ) -> tuple[torch.Tensor, dict[str, float]]:
+    """Token mean over the batch of PPO (+ β·KL − c·entropy); and the statistics rl_step reports."""
+    logp, log_probs = full_vocab_logprobs(model, batch.tokens, batch.attention, h.temperature)  # [B, T-1], [..., V]
+    m = batch.mask.to(logp.dtype)
+    on = m > 0
+    total = m.sum()
+    adv = advantages(batch, h).to(logp.dtype)
+    pg, _ = ppo_loss(logp, batch.behaviour_logp.to(logp.dtype), adv, m, h.eps_low, h.eps_high, h.dual_clip,
+                     reduction="token_sum")
+    ent = torch.where(on, entropy_from_log_probs(log_probs), 0.0).sum()
+    kl = torch.zeros((), dtype=logp.dtype)
+    if ref is not None and h.kl_coef > 0:
+        with torch.no_grad():
+            ref_logp, _ = full_vocab_logprobs(ref, batch.tokens, batch.attention, h.temperature)
+        kl = torch.where(on, KL_ESTIMATORS[h.kl_estimator](logp, ref_logp), 0.0).sum()
+    loss = (pg + h.kl_coef * kl - h.entropy_coef * ent) / total
+    stats = {k: float(v.detach() / total) for k, v in {"loss": loss * total, "pg_loss": pg, "kl": kl, "entropy": ent}.items()}
+    return loss, stats
+
+
+def sft_loss(model: torch.nn.Module, batch: TrainBatch, all_tokens: bool = False) -> tuple[torch.Tensor, float]:
+    """Token-mean NLL (action tokens, or every real token) and the argmax accuracy on action tokens."""
+    logp, log_probs = full_vocab_logprobs(model, batch.tokens, batch.attention)
+    loss_mask = batch.attention[:, 1:] if all_tokens else batch.mask
+    nll = -torch.where(loss_mask > 0, logp, 0.0).sum() / loss_mask.sum()
+    hit = (log_probs.argmax(-1) == batch.tokens[:, 1:]) & (batch.mask > 0)
+    return nll, float(hit.sum()) / float(batch.mask.sum())
+
+
+def update(model: torch.nn.Module, loss: torch.Tensor, max_norm: float = 0.0) -> dict[str, torch.Tensor]:
+    """The first step of SGD (lr 1, any momentum) on `loss`: −grad, clipped to `max_norm` as torch clips."""
+    params = dict(model.named_parameters())
+    grads = torch.autograd.grad(loss, list(params.values()))
+    coef = 1.0
+    if max_norm > 0:
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+        coef = float(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+    step = {n: -g * coef for n, g in zip(params, grads)}
+    # the state dict names a tied weight twice; both moved by the same step
+    return {n: step[n] if n in step else step[_tied_to(model, n)] for n in model.state_dict()}
+
+
+def _tied_to(model: torch.nn.Module, name: str) -> str:
+    target = dict(model.named_parameters(remove_duplicate=False))[name]
+    return next(n for n, p in model.named_parameters() if p is target)
