@@ -300,6 +300,9 @@ class TrainerConfig:
     """Warm-start learning rate; tuned for the tiny model from scratch, 1e-5 for a pretrained `model.path` that
     sets none (`PRETRAINED_DEFAULTS`)."""
     sft_batch: int = 32
+    sft_warmup_steps: int = 10
+    """Warm-start learning rate: linear warm-up over this many steps, then constant (0 or 1: constant from the
+    first step). 10 suits the tiny model's long warm start; a few steps on a pretrained model want none."""
     sft_all_tokens: bool = False
     """Warm start on every token of the demonstrations (prompt and observations too), not only the
     actions. For a random-init model this doubles as pre-training on the task's text, which is what
@@ -361,6 +364,7 @@ class TrainerConfig:
         _check(self.sft_holdout >= 1, f"{p}.sft_holdout", "must be >= 1")
         _check(self.warmup_steps >= 0, f"{p}.warmup_steps", "must be >= 0")
         _check(self.freeze_layers >= 0, f"{p}.freeze_layers", "must be >= 0 (0: train every layer)")
+        _check(self.sft_warmup_steps >= 0, f"{p}.sft_warmup_steps", "must be >= 0")
         _check(self.checkpoint_every >= 0, f"{p}.checkpoint_every", "must be >= 0 (0: never)")
         _check(self.keep_checkpoints >= 1, f"{p}.keep_checkpoints", "must be >= 1")
 

@@ -91,8 +91,10 @@ class WarmStart:
         if not self.train:
             raise RuntimeError(no_demos_message(demos, t))
         self.opt = torch.optim.AdamW(model.parameters(), lr=t.sft_lr, weight_decay=0.0)
-        # short linear warm-up, then constant: a decaying rate slowed the late copy skills more than it steadied them
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda i: min(1.0, (i + 1) / 10))
+        # short linear warm-up (sft_warmup_steps), then constant: a decaying rate slowed the tiny model's late copy
+        # skills more than it steadied them; a pretrained model's warm start of a few steps wants little or none
+        warmup = max(t.sft_warmup_steps, 1)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda i: min(1.0, (i + 1) / warmup))
         self.rng = random.Random(seed)  # the same draws on every rank: each runs its share of the same batch
         self.done = 0
 
