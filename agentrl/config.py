@@ -8,6 +8,7 @@ Each role receives only its own sub-config.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import types
 import typing
@@ -56,9 +57,20 @@ class ModelConfig:
     vocabulary lacks fails at load)."""
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra variables for the chat template, e.g. {enable_thinking: false} for Qwen3."""
+    chat_template: str = ""
+    """Replaces the model directory's chat template wherever prompts are rendered (rollout, evaluation,
+    jobs.check_model) and in every published or exported directory. One of agentrl's tool-capable templates by
+    name (`TEMPLATES_DIR`: chatml-tools, gemma-tools, phi3-tools), a template file (.jinja), or a model
+    directory or tokenizer_config.json whose template to use. Empty: the directory's own. A template that lays
+    out no tools fails at load, naming the template that fits the model's turns."""
 
     def validate(self, p: str) -> None:
         _check(bool(self.tool_parser.strip()), f"{p}.tool_parser", "must name a vLLM tool parser or be auto")
+        if self.chat_template:
+            try:
+                chat_template_file(self.chat_template)
+            except FileNotFoundError as e:
+                raise ConfigError(f"{p}.chat_template: {e}") from None
         _check(self.rope_theta > 1, f"{p}.rope_theta", "must be > 1")
         _check(self.copy_init >= 0, f"{p}.copy_init", "must be >= 0 (0: off)")
         for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "vocab_size", "max_position"):
@@ -67,6 +79,47 @@ class ModelConfig:
         _check(self.hidden_size // self.num_heads >= 64, f"{p}.num_heads",
                "head_dim (hidden_size/num_heads) must be >= 64 for vLLM's CPU attention")
         _check(self.vocab_size >= 300, f"{p}.vocab_size", "must be >= 300 (256 bytes + special tokens)")
+
+
+TEMPLATES_DIR = Path(__file__).parent / "models" / "templates"
+"""agentrl's own chat templates (`model.chat_template: NAME`), for families whose shipped template has no tools."""
+
+
+def chat_template_names() -> list[str]:
+    return sorted(p.stem for p in TEMPLATES_DIR.glob("*.jinja"))
+
+
+def chat_template_file(spec: str) -> Path:
+    """The file `model.chat_template` names: agentrl's template NAME, a template file, or a model directory's
+    own template (its chat_template.jinja, else its tokenizer_config.json). FileNotFoundError says what is known."""
+    builtin = TEMPLATES_DIR / f"{spec}.jinja"
+    if "/" not in spec and builtin.exists():
+        return builtin
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        for name in ("chat_template.jinja", "tokenizer_config.json"):
+            if (path / name).exists():
+                return path / name
+        raise FileNotFoundError(f"{path} holds neither chat_template.jinja nor tokenizer_config.json")
+    if path.is_file():
+        return path
+    raise FileNotFoundError(f"{spec!r} is neither one of agentrl's templates ({', '.join(chat_template_names())}) "
+                            "nor a template file or model directory")
+
+
+def chat_template_text(spec: str) -> str:
+    """The template `model.chat_template` names, as text (a tokenizer_config.json's `chat_template`: the string,
+    or of a list of named templates the `tool_use` one, else `default`)."""
+    path = chat_template_file(spec)
+    if path.suffix != ".json":
+        return path.read_text()
+    value = json.loads(path.read_text()).get("chat_template")
+    if isinstance(value, list):
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        value = named.get("tool_use") or named.get("default")
+    if not isinstance(value, str) or not value:
+        raise FileNotFoundError(f"{path} has no chat_template")
+    return value
 
 
 @dataclass(frozen=True)
@@ -235,6 +288,8 @@ class TrainerConfig:
     steps: int = 20
     """RL steps (one optimizer step per batch)."""
     lr: float = 1e-4
+    """RL learning rate. This default is tuned for the tiny model trained from scratch; a run from a pretrained
+    `model.path` that sets none gets `PRETRAINED_DEFAULTS`' (1e-6, the paper's)."""
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     micro_batch_tokens: int = 8192
@@ -242,7 +297,12 @@ class TrainerConfig:
     sft_steps: int = 200
     """Warm-start optimizer steps on the scripted expert's trajectories (0: none)."""
     sft_lr: float = 3e-3
+    """Warm-start learning rate; tuned for the tiny model from scratch, 1e-5 for a pretrained `model.path` that
+    sets none (`PRETRAINED_DEFAULTS`)."""
     sft_batch: int = 32
+    sft_warmup_steps: int = 10
+    """Warm-start learning rate: linear warm-up over this many steps, then constant (0 or 1: constant from the
+    first step). 10 suits the tiny model's long warm start; a few steps on a pretrained model want none."""
     sft_all_tokens: bool = False
     """Warm start on every token of the demonstrations (prompt and observations too), not only the
     actions. For a random-init model this doubles as pre-training on the task's text, which is what
@@ -283,6 +343,10 @@ class TrainerConfig:
     """Keep only each decoder layer's input for the backward pass and recompute the rest (Hugging Face's
     gradient checkpointing, non-reentrant): activation memory falls from every layer's to about one layer's,
     for about one more forward pass per step. The same update either way."""
+    freeze_layers: int = 0
+    """The token embedding (and an output head tied to it) and the first this many decoder layers are not trained:
+    the backward pass stops above them, for a step that costs a fraction of a full one on a small machine
+    (warm start and RL alike). 0: every parameter is trained."""
     checkpoint_every: int = 10
     """Write ckpt/step-<N> every this many RL steps (and after the last); 0: never."""
     keep_checkpoints: int = 2
@@ -299,6 +363,8 @@ class TrainerConfig:
         _check(self.sft_check_every >= 1, f"{p}.sft_check_every", "must be >= 1")
         _check(self.sft_holdout >= 1, f"{p}.sft_holdout", "must be >= 1")
         _check(self.warmup_steps >= 0, f"{p}.warmup_steps", "must be >= 0")
+        _check(self.freeze_layers >= 0, f"{p}.freeze_layers", "must be >= 0 (0: train every layer)")
+        _check(self.sft_warmup_steps >= 0, f"{p}.sft_warmup_steps", "must be >= 0")
         _check(self.checkpoint_every >= 0, f"{p}.checkpoint_every", "must be >= 0 (0: never)")
         _check(self.keep_checkpoints >= 1, f"{p}.keep_checkpoints", "must be >= 1")
 
@@ -870,10 +936,47 @@ def _looks_numeric(s: str) -> bool:
     return True
 
 
+# Where the model comes from decides the scale of its learning rates. The dataclass defaults train our tiny
+# model from scratch (a warm start at 3e-3); the same rates destroy a pretrained model within a few steps.
+PRETRAINED_DEFAULTS: dict[str, Any] = {"trainer.lr": 1e-6, "trainer.sft_lr": 1e-5}
+"""What a run from a pretrained `model.path` gets for the fields neither its preset nor its overrides set."""
+SCRATCH_TUNED = ("trainer.lr", "trainer.sft_lr", "trainer.sft_all_tokens")
+"""Fields a preset for the tiny model tunes to its scale: with another `model.path` they must be set again."""
+
+
+def _get_dotted(tree: dict[str, Any], dotted: str) -> Any:
+    node: Any = tree
+    for k in dotted.split("."):
+        if not isinstance(node, dict) or k not in node:
+            return None
+        node = node[k]
+    return node
+
+
 def config_from_dict(data: dict[str, Any]) -> RunConfig:
+    """The config of `data` (a preset's tree with overrides). A pretrained `model.path` gets
+    `PRETRAINED_DEFAULTS` for the fields `data` does not set."""
+    if _get_dotted(data, "model.path"):
+        data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+        for key, value in PRETRAINED_DEFAULTS.items():
+            if _get_dotted(data, key) is None:
+                _set_dotted(data, key, value)
     cfg = _build(RunConfig, data, "")
     cfg.validate()
     return cfg
+
+
+def _check_source(preset: str, preset_data: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """A preset written for the tiny model (no model.path) run with a pretrained `model.path`: the fields it tunes
+    to the tiny model's scale (`SCRATCH_TUNED`) must come from the command line too, not silently from it."""
+    if _get_dotted(preset_data, "model.path") or not overrides.get("model.path"):
+        return
+    tuned = [k for k in SCRATCH_TUNED if _get_dotted(preset_data, k) is not None and k not in overrides]
+    _check(not tuned, ", ".join(tuned),
+           f"preset {preset!r} sets {', '.join(f'{k}={_get_dotted(preset_data, k)}' for k in tuned)} for the tiny "
+           f"model it trains from scratch; with model.path={overrides['model.path']} set them for a pretrained model "
+           "(e.g. trainer.lr=1e-6 trainer.sft_lr=1e-5 trainer.sft_all_tokens=false), or use a preset that leaves "
+           "them to the pretrained defaults (smoke, smollm2-135m)")
 
 
 def load_config(preset: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
@@ -888,8 +991,10 @@ def load_config(preset: str | None = None, overrides: list[str] | tuple[str, ...
             raise ConfigError(f"preset: no preset {preset!r} (known: {', '.join(known)})")
         data = yaml.safe_load(path.read_text()) or {}
         _check(isinstance(data, dict), "preset", f"{path} is not a mapping")
-    for item in overrides:
-        key, value = parse_override(item)
+    given = dict(parse_override(item) for item in overrides)
+    if preset:
+        _check_source(preset, data, given)
+    for key, value in given.items():
         _set_dotted(data, key, value)
     return config_from_dict(data)
 

@@ -6,11 +6,17 @@
     python -m jobs.eval --base-url http://127.0.0.1:8000/v1 --model policy --tasks lookup --inprocess
     python -m jobs.eval runs/demo@v30 --cross runs/demo@v10 --cross-prob 0.5 --runs 8   # pass@k curves
     python -m jobs.eval expert --tasks bfcl --samples 20 --greedy      # the scripted expert: env + grader check
+    python -m jobs.eval models/SmolLM2-135M-Instruct model.chat_template=chatml-tools rollout.max_model_len=4096 \
+        --tasks lookup --inprocess                           # a model's settings: the run's own overrides
 Under Slurm (one node; jobs.eval starts the controller and env workers beside its engine):
     srun --ntasks=1 --cpus-per-task=16 --gpus-per-task=1 python -m jobs.eval runs/demo --progress lines
     python -m jobs.eval runs/demo --render-sbatch --slurm-partition gpu > eval.sbatch && sbatch eval.sbatch
     python -m jobs.launch --eval runs/demo --slurm-partition gpu        # the same job, submitted
 
+A local model is played with the model settings a run takes (model.chat_template, model.tool_parser,
+model.stop_tokens, model.template_kwargs): the evaluated run's config.yaml, or --preset, with the same
+`section.field=value` overrides on top. rollout.max_model_len bounds each episode (--max-model-len says the
+same); an evaluation whose first prompts cannot fit it with a turn is refused, naming both numbers.
 Results go to runs/<name>-eval/ (or --out): <stem>.jsonl (one line per episode; the same command run again
 skips what is scored: stop it whenever), <stem>.{txt,json,csv,md} (the md in AgentBench-FC's layout beside
 the paper's numbers), logs/ of the env roles. Success is the mean of --runs runs (default 4, the paper's)
@@ -44,7 +50,10 @@ from agentrl.rollout.collect import Retry
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("target", nargs="?", help="run dir (RUN@v<N> for a version), model dir, URL#MODEL, or 'expert' "
-                                              "(the tasks' scripted experts: the env's and grader's ceiling)")
+                                              "(the tasks' scripted experts: the env's and grader's ceiling); "
+                                              "default: the config's model.path")
+    ap.add_argument("overrides", nargs="*", help="section.field=value over the config, as jobs.train takes them: "
+                                                 "model.chat_template=chatml-tools model.tool_parser=hermes ...")
     ap.add_argument("--version", type=int, help="the run's weights/v<N> (default: the newest)")
     ap.add_argument("--base-url", help="an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
     ap.add_argument("--model", help="the endpoint's model name")
@@ -78,7 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--bootstrap", type=int, default=0, help="bootstrap resamples for a second interval (0: off)")
     ap.add_argument("--progress", choices=("auto", "bars", "lines"), default="auto")
     add_slurm_arguments(ap)
-    return ap.parse_args(argv)
+    return ap.parse_intermixed_args(argv)  # overrides may come before or after the options
 
 
 def task_options(items: list[str]) -> dict[str, dict[str, object]]:
@@ -103,6 +112,9 @@ def _stop(signum: int, _frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
+    if args.target is not None and "=" in args.target and not args.target.startswith(("http://", "https://")):
+        args.overrides.insert(0, args.target)  # only overrides were given
+        args.target = None
     if args.render_sbatch:
         print(render(job_of(argv), eval_argv(argv)), end="")
         return 0
@@ -112,16 +124,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = args.base_url or args.target
         if not spec:
-            raise ValueError("name a run dir, a model directory, or --base-url URL --model NAME")
+            spec = load_config(args.preset, args.overrides).model.path
+        if not spec:
+            raise ValueError("name a run dir, a model directory (or model.path=DIR), or --base-url URL --model NAME")
         target = resolve(spec, args.version, args.model, args.api_key_env, args.label)
         other = resolve(args.cross, None, None, args.api_key_env) if args.cross else None
         if other is not None and (target.expert or other.expert):
             raise ValueError("--cross samples two policies' turns; the scripted expert is not one")
         preset = args.preset or (str(target.run_dir / "config.yaml") if target.run_dir else None)
+        if target.model_dir is not None and target.run_dir is None and not any(
+                o.startswith("model.path=") for o in args.overrides):  # the model dir is the config's model
+            args.overrides.append(f"model.path={target.model_dir}")
         try:
-            base = load_config(preset)
+            base = load_config(preset, args.overrides)
         except ConfigError as e:
-            if args.preset:
+            if args.preset or args.overrides:
                 raise
             raise ConfigError(f"{preset}: {e} (a config another version of agentrl wrote? name the env settings "
                               "with --preset)") from e
@@ -142,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
                              args.max_model_len or r.max_model_len, args.max_new_tokens or r.max_new_tokens),
         retry=Retry(max_retries=r.env_retries if args.env_retries is None else args.env_retries,
                     capacity_wait_s=r.env_wait_s),
-        protocol=args.protocol, tool_parser=cfg.model.tool_parser, template_check=r.template_check,
+        protocol=args.protocol, tool_parser=cfg.model.tool_parser, chat_template=cfg.model.chat_template,
+        stop_tokens=cfg.model.stop_tokens, template_kwargs=tuple(sorted(cfg.model.template_kwargs.items())),
+        template_check=r.template_check,
         kv_cache_gib=r.kv_cache_gib, seed=cfg.seed, engine_options=(("dtype", args.dtype),))
     if temperature == 0 and runs > 1:
         print(f"note: at temperature 0 the {runs} runs play the same tokens; --greedy plays one", file=sys.stderr)

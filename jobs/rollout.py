@@ -64,6 +64,7 @@ async def amain(run_dir: Path, rank: int, files: bool = False) -> dict:
     from agentrl.rollout import role
     from agentrl.rollout.env_latency import maybe_slow
     from agentrl.rollout.from_config import chat_format, engine_factory
+    from agentrl.rollout.model_check import check_prompts_fit
     from agentrl.rollout.plan import RolloutPlan
     from agentrl.rollout.weight_sources import BroadcastWeights, DirWeights
     from agentrl.transport.file_channel import FileRolloutChannel
@@ -99,6 +100,8 @@ async def amain(run_dir: Path, rank: int, files: bool = False) -> dict:
     try:
         async with GatewayClient(url, keepalive_s=cfg.controller.keepalive_s, secret=run_secret(run_dir)) as gateway:
             client = maybe_slow(gateway, r.env_latency_s, r.env_latency_sigma, cfg.seed * 100 + rank)
+            if rank == 0:  # before any episode: a prompt that cannot fit with a turn is a settings error, named
+                await check_prompts_fit(gateway, fmt, plan.tasks, r.max_model_len, r.max_new_tokens)
             make_engine = engine_factory(cfg, model_dir, client, fmt, rank=rank)
             return await role.run(run_dir, client, fmt, make_engine, plan, ap, monitor, channel, weights)
     finally:

@@ -68,6 +68,14 @@ def main() -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    if cfg.model.path:  # a model brought as it is: its format and prompt lengths checked before any process starts
+        from agentrl.rollout.model_check import preflight
+
+        try:
+            preflight(cfg)
+        except (ValueError, OSError) as e:
+            print(f"config error: {e}", file=sys.stderr)
+            return 2
     if cfg.cluster.launcher != "local":
         print(f"cluster.launcher={cfg.cluster.launcher}: jobs.train runs the roles on this machine; submit to "
               f"Slurm with `python -m jobs.launch --preset {args.preset} cluster.launcher=slurm`", file=sys.stderr)

@@ -74,7 +74,7 @@ def test_fields_that_only_make_sense_together(overrides: list[str], field: str) 
 
 
 def test_numbers_typed_on_the_command_line_stay_text_in_string_fields() -> None:
-    cfg = load_config("demo", ["model.path=3.10", "trainer.lr=1e-5", "trainer.sft_target=1",
+    cfg = load_config("smoke", ["model.path=3.10", "trainer.lr=1e-5", "trainer.sft_target=1",
                                "envs.task_options.lookup.expert_skill=0.25"])
     assert cfg.model.path == "3.10" and type(cfg.model.path) is str  # not 3.1
     assert cfg.trainer.lr == 1e-5 and isinstance(cfg.trainer.lr, float)

@@ -40,6 +40,10 @@ class Settings:
     retry: Retry
     protocol: str = "faithful"
     tool_parser: str = "auto"
+    """The model settings of a local target, as a run's `model.*` (the same overrides: jobs.eval model.x=...)."""
+    chat_template: str = ""
+    stop_tokens: tuple[str, ...] = ()
+    template_kwargs: tuple[tuple[str, Any], ...] = ()
     template_check: str = "warn"
     kv_cache_gib: int = 1
     seed: int = 0
@@ -50,7 +54,10 @@ class Settings:
         """What a results file's episodes depend on: a rerun with another fingerprint must not resume it."""
         return {"targets": [t.describe() for t in targets], "split": plan.split, "temperature": self.temperature,
                 "top_p": self.top_p, "limits": asdict(self.limits), "protocol": self.protocol,
-                "tool_parser": self.tool_parser, "engine": dict(self.engine_options)}
+                "tool_parser": self.tool_parser, "engine": dict(self.engine_options),
+                **({"chat_template": self.chat_template} if self.chat_template else {}),
+                **({"stop_tokens": list(self.stop_tokens)} if self.stop_tokens else {}),
+                **({"template_kwargs": dict(self.template_kwargs)} if self.template_kwargs else {})}
 
 
 def check_resumable(meta_path: Path, fingerprint: dict[str, Any]) -> None:
@@ -66,14 +73,35 @@ def check_resumable(meta_path: Path, fingerprint: dict[str, Any]) -> None:
     meta_path.write_text(json.dumps(fingerprint, indent=2))
 
 
-@contextlib.asynccontextmanager
-async def local_model(target: Target, settings: Settings, concurrency: int) -> AsyncIterator[tuple[Any, Any]]:
-    """(engine, chat format) of a local target, the engine closed on the way out."""
+def load_format(target: Target, settings: Settings) -> Any:
+    """The chat format of a local target under the evaluation's model settings."""
     from agentrl.rollout.chat import ChatFormat
-    from agentrl.rollout.engine import VLLMEngine
 
     assert target.model_dir is not None
-    fmt = ChatFormat.load(target.model_dir, settings.tool_parser, (), settings.template_check)
+    return ChatFormat.load(target.model_dir, settings.tool_parser, settings.stop_tokens, settings.template_check,
+                           dict(settings.template_kwargs), settings.chat_template)
+
+
+async def check_fit(client: Any, fmt: Any, plan: EvalPlan, settings: Settings) -> None:
+    """Refuse an evaluation whose every first prompt of a task (of its first indices) cannot fit max_model_len with
+    a turn (it could score nothing but context_limit); warn when some cannot."""
+    from agentrl.rollout.model_check import first_prompts, prompts_too_long
+
+    lengths = await first_prompts(client, fmt, plan.tasks, plan.split)
+    lim = settings.limits
+    if (problem := prompts_too_long(lengths, lim.max_model_len, lim.max_new_tokens, every=True)) is not None:
+        raise ValueError(problem)
+    if (problem := prompts_too_long(lengths, lim.max_model_len, lim.max_new_tokens)) is not None:
+        log.warning("some episodes will end as context_limit at once: %s", problem)
+
+
+@contextlib.asynccontextmanager
+async def local_model(target: Target, settings: Settings, concurrency: int, fmt: Any = None
+                      ) -> AsyncIterator[tuple[Any, Any]]:
+    """(engine, chat format) of a local target, the engine closed on the way out."""
+    from agentrl.rollout.engine import VLLMEngine
+
+    fmt = fmt or load_format(target, settings)
     engine = VLLMEngine(str(target.model_dir), settings.limits.max_model_len, max_num_seqs=concurrency,
                         kv_cache_gib=settings.kv_cache_gib, seed=settings.seed, **dict(settings.engine_options))
     try:
@@ -97,9 +125,10 @@ async def chat_policy(target: Target, settings: Settings, concurrency: int) -> A
 
 
 @contextlib.asynccontextmanager
-async def player_of(client: Any, target: Target, settings: Settings, concurrency: int) -> AsyncIterator[Any]:
-    """The player of one target: local models through the token-level agent loop, endpoints (and the scripted
-    expert) at the message level."""
+async def player_of(client: Any, target: Target, settings: Settings, plan: EvalPlan) -> AsyncIterator[Any]:
+    """The player of one target: local models through the token-level agent loop (after `check_fit`), endpoints
+    (and the scripted expert) at the message level."""
+    concurrency = plan.concurrency
     if target.expert:
         yield ExpertPlayer(client, settings.limits, settings.retry)
         return
@@ -109,7 +138,9 @@ async def player_of(client: Any, target: Target, settings: Settings, concurrency
         return
     from agentrl.rollout.engine import SamplingConfig
 
-    async with local_model(target, settings, concurrency) as (engine, fmt):
+    fmt = load_format(target, settings)
+    await check_fit(client, fmt, plan, settings)
+    async with local_model(target, settings, concurrency, fmt) as (engine, fmt):
         sampling = SamplingConfig(settings.limits.max_new_tokens, settings.temperature, settings.top_p, fmt.stop_ids)
         yield LocalPlayer(client, engine, fmt, sampling, settings.limits, settings.retry)
 
@@ -152,7 +183,7 @@ async def evaluate(client: Any, target: Target, plan: EvalPlan, settings: Settin
         log.info("%s: all %d episodes already scored", path, len(keys))
         with ResultsFile(path) as rf:
             return tables(rf, keys, out, stem, target.label, bootstrap)
-    async with player_of(client, target, settings, plan.concurrency) as player:
+    async with player_of(client, target, settings, plan) as player:
         rf = await score_into(player, keys, path, settings.fingerprint(plan, [target]), plan.concurrency, progress)
     return tables(rf, keys, out, stem, target.label, bootstrap)
 
@@ -175,7 +206,9 @@ async def evaluate_cross(client: Any, a: Target, b: Target, prob: float, plan: E
         local = {}
         for t in (a, b):
             if not t.is_endpoint:
-                local[t] = await stack.enter_async_context(local_model(t, settings, plan.concurrency))
+                fmt = load_format(t, settings)
+                await check_fit(client, fmt, plan, settings)
+                local[t] = await stack.enter_async_context(local_model(t, settings, plan.concurrency, fmt))
         endpoints = {t: await stack.enter_async_context(chat_policy(t, settings, plan.concurrency))
                      for t in (a, b) if t.is_endpoint}
 

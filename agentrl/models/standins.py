@@ -103,6 +103,36 @@ GLM_TEMPLATE = (
 )
 
 
+# Families whose shipped templates lay out no tools (the model sees a tool-using task as plain chat), in our
+# words: SmolLM2-Instruct's plain ChatML with a default system turn; Gemma's turns, which also refuse a system
+# message; Phi-3's role tokens closed by <|end|>; Zephyr-style turns (TinyLlama-Chat), for which agentrl has no
+# template of its own (a user brings one).
+SMOLLM_TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{%- if loop.first and messages[0]['role'] != 'system' -%}{{ '<|im_start|>system\nYou are a helpful assistant named Smol.<|im_end|>\n' }}{%- endif -%}"
+    "{{ '<|im_start|>' + m['role'] + '\n' + (m['content'] or '') + '<|im_end|>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\n' }}{%- endif -%}"
+)
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' -%}{{ raise_exception('System role not supported') }}{%- endif -%}"
+    "{%- for m in messages -%}"
+    "{%- set role = 'model' if m['role'] == 'assistant' else m['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (m['content'] or '') + '<end_of_turn>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
+PHI3_TEMPLATE = (
+    "{%- for m in messages -%}{{ '<|' + m['role'] + '|>\n' + (m['content'] or '') + '<|end|>\n' }}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|assistant|>\n' }}{%- endif -%}"
+)
+ZEPHYR_TEMPLATE = (
+    "{%- for m in messages -%}{{ '<|' + m['role'] + '|>\n' + (m['content'] or '') + eos_token + '\n' }}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|assistant|>\n' }}{%- endif -%}"
+)
+
+
 @dataclass(frozen=True)
 class Family:
     """What a stand-in of one model family is made of."""
@@ -114,6 +144,7 @@ class Family:
     stops: tuple[str, ...]  # generation_config.json's eos_token_id, as token strings
     template: str
     parser: str  # the vLLM tool parser that `model.tool_parser: auto` should pick
+    fix: str = ""  # tool-less families: agentrl's template (model.chat_template) for its turns ("": none of ours)
 
 
 FAMILIES: dict[str, Family] = {
@@ -131,6 +162,19 @@ FAMILIES: dict[str, Family] = {
                    "<|endoftext|>", ("<|endoftext|>", "<|user|>", "<|observation|>"), GLM_TEMPLATE, "glm45"),
 }
 
+TOOLLESS: dict[str, Family] = {
+    "smollm2": Family("smollm2", "LlamaConfig", ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), "<|im_end|>",
+                      ("<|im_end|>",), SMOLLM_TEMPLATE, "hermes", "chatml-tools"),
+    "gemma": Family("gemma", "GemmaConfig", ("<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"), "<eos>",
+                    ("<eos>", "<end_of_turn>"), GEMMA_TEMPLATE, "hermes", "gemma-tools"),
+    "phi3": Family("phi3", "Phi3Config", ("<s>", "<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"),
+                   "<|endoftext|>", ("<|endoftext|>", "<|end|>"), PHI3_TEMPLATE, "hermes", "phi3-tools"),
+    "zephyr": Family("zephyr", "LlamaConfig", ("<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"), "</s>",
+                     ("</s>",), ZEPHYR_TEMPLATE, "hermes"),
+}
+"""Stand-ins of families whose own template ignores tools: `ChatFormat` refuses them until `model.chat_template`
+names a template that lays tools out (`fix`)."""
+
 _CORPUS = [
     'What is the code of item bako? {"name": "lookup", "arguments": {"name": "bako", "field": "code"}}',
     "The answer is 41. Read the note, then enter the code it shows. name=bako code=41 color=red",
@@ -142,10 +186,10 @@ _CORPUS = [
 
 def build(family: str, out_dir: str | Path, seed: int = 0, hidden_size: int = 128, num_layers: int = 2,
           vocab_size: int = 700, max_position: int = 4096, dtype: str = "bfloat16") -> Path:
-    """Write a stand-in model directory of `family` (a key of FAMILIES) to `out_dir`; returns it."""
+    """Write a stand-in model directory of `family` (a key of FAMILIES or TOOLLESS) to `out_dir`; returns it."""
     import transformers
 
-    f = FAMILIES[family]
+    f = FAMILIES.get(family) or TOOLLESS[family]
     corpus = _CORPUS * 8
     tok = tiny.train_tokenizer(corpus, vocab_size, list(f.special_tokens), f.template, f.eos, f.eos)
     torch.manual_seed(seed)

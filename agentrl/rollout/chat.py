@@ -37,9 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentrl.config import chat_template_names, chat_template_text
 from agentrl.envs.json_args import clean_text
 from agentrl.rollout.env_text import PlainText, Span, encode_spans, render_located
-from agentrl.rollout.tool_calls import ParsedTurn, ToolCallError, ToolCallParser, resolve_parser_name
+from agentrl.rollout.template_probe import choose_parser, probe, suggest_template
+from agentrl.rollout.tool_calls import ParsedTurn, ToolCallError, ToolCallParser
 
 log = logging.getLogger("agentrl.rollout.chat")
 
@@ -74,6 +76,18 @@ def model_stop_ids(tokenizer: Any, model_dir: str | Path | None, extra: tuple[st
     return out
 
 
+def template_error(source: str, problems: list[str], vocab: dict[str, int], template: str) -> str:
+    """Why the chat template of `source` cannot run a tool-using task, and what to set instead."""
+    fits = suggest_template(vocab, template)
+    fix = (f"Set model.chat_template={fits[0]} (agentrl's tool-capable template for {', '.join(fits[1])} turns, "
+           "which this model has)" if fits else
+           "Set model.chat_template to a template that lays out `tools`, writes `tool_calls` and shows `tool` "
+           "results: a .jinja file or a model directory whose template does (agentrl's own, for other families' "
+           f"turns: {', '.join(chat_template_names())}; docs/models.md says what a template needs)")
+    return (f"model.chat_template: the chat template of {source} cannot run a tool-using task: {'; '.join(problems)}. "
+            f"{fix}. jobs.train, jobs.eval and jobs.check_model all take model.chat_template=...")
+
+
 @dataclass
 class ChatFormat:
     """A tokenizer with its chat template, stop ids and tool parser: everything the rollout needs of a model."""
@@ -83,6 +97,8 @@ class ChatFormat:
     stop_ids: tuple[int, ...]
     check_mode: str = "warn"
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    parser_note: str = ""
+    """How the tool parser was chosen: what the template writes, the vocabulary's call tokens, the model type."""
 
     def __post_init__(self) -> None:
         self._backend = _plain_backend(self.tokenizer, ("encode", "_encode_plus"))
@@ -92,29 +108,49 @@ class ChatFormat:
 
     @classmethod
     def load(cls, model_dir: str | Path, tool_parser: str = "auto", stop_tokens: tuple[str, ...] = (),
-             check_mode: str = "warn", template_kwargs: dict[str, Any] | None = None) -> ChatFormat:
-        """The format of the Hugging Face model directory `model_dir`."""
+             check_mode: str = "warn", template_kwargs: dict[str, Any] | None = None,
+             chat_template: str = "") -> ChatFormat:
+        """The format of the Hugging Face model directory `model_dir`; `chat_template` (`model.chat_template`:
+        a NAME of agentrl's templates, a file or a model directory) replaces the directory's own template."""
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        if chat_template:
+            tokenizer.chat_template = chat_template_text(chat_template)
         cfg_file = Path(model_dir) / "config.json"
         model_type = json.loads(cfg_file.read_text()).get("model_type", "") if cfg_file.exists() else ""
+        source = f"{model_dir}" + (f" with model.chat_template={chat_template}" if chat_template else "")
         return cls.of(tokenizer, tool_parser, model_stop_ids(tokenizer, model_dir, stop_tokens), check_mode,
-                      template_kwargs, model_type)
+                      template_kwargs, model_type, source)
 
     @classmethod
     def of(cls, tokenizer: Any, tool_parser: str = "auto", stop_ids: tuple[int, ...] | None = None,
            check_mode: str = "warn", template_kwargs: dict[str, Any] | None = None,
-           model_type: str = "") -> ChatFormat:
-        """The format of a tokenizer object (stop ids default to its eos alone)."""
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("model.path: the tokenizer has no chat template "
-                             "(tokenizer_config.json `chat_template` or chat_template.jinja)")
+           model_type: str = "", source: str = "the model") -> ChatFormat:
+        """The format of a tokenizer object (stop ids default to its eos alone). Its template is probed first
+        (`template_probe`): one that cannot show the model tools, write its calls or show their results fails
+        here, naming the template to set; then the tool parser is the one that reads the template's calls."""
         if check_mode not in CHECK_MODES:
             raise ValueError(f"rollout.template_check: {check_mode!r} is not one of {', '.join(CHECK_MODES)}")
-        name = resolve_parser_name(tool_parser, model_type, tokenizer.get_vocab())
+        vocab = tokenizer.get_vocab()
+        template = getattr(tokenizer, "chat_template", None)
+        if not template:
+            raise ValueError(template_error(source, ["it has none (tokenizer_config.json `chat_template`, or "
+                                                     "chat_template.jinja)"], vocab, ""))
+        kwargs = dict(template_kwargs or {})
+
+        def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, gen: bool) -> str:
+            return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=gen,
+                                                 **kwargs)
+
+        features = probe(render)
+        problems = features.problems()
+        if problems or features.call_text is None:
+            raise ValueError(template_error(source, problems, vocab, str(template)))
+        parser, note = choose_parser(tool_parser, tokenizer, model_type, features.call_text)
+        log.info("%s: tool parser %s", source, note)
         stops = stop_ids if stop_ids is not None else model_stop_ids(tokenizer, None)
-        return cls(tokenizer, ToolCallParser(name, tokenizer), tuple(stops), check_mode, dict(template_kwargs or {}))
+        return cls(tokenizer, parser, tuple(stops), check_mode, kwargs, note)
 
     # ------------------------------------------------------------------ rendering
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,

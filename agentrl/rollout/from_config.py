@@ -16,10 +16,12 @@ from agentrl.types import current_engine_id, lagging_engine_id
 
 
 def chat_format(cfg: RunConfig, model_dir: Path) -> ChatFormat:
-    """The model's conversation format: its chat template, tool parser (`model.tool_parser`), stop tokens
-    (tokenizer, generation_config.json, `model.stop_tokens`) and the template check (`rollout.template_check`)."""
+    """The model's conversation format: its chat template (`model.chat_template` over the directory's own), tool
+    parser (`model.tool_parser`), stop tokens (tokenizer, generation_config.json, `model.stop_tokens`) and the
+    template check (`rollout.template_check`)."""
     m = cfg.model
-    return ChatFormat.load(model_dir, m.tool_parser, m.stop_tokens, cfg.rollout.template_check, m.template_kwargs)
+    return ChatFormat.load(model_dir, m.tool_parser, m.stop_tokens, cfg.rollout.template_check, m.template_kwargs,
+                           m.chat_template)
 
 
 def engine_factory(cfg: RunConfig, model_dir: Path, client: Any, fmt: ChatFormat, rank: int = 0) -> Callable[[], Any]:

@@ -10,15 +10,21 @@ samples from the model, so weights do not matter: any family's directory can be 
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentrl.config import ModelConfig, RunConfig
+from agentrl.envs.api import EnvError
 from agentrl.envs.inprocess import InProcessClient
 from agentrl.envs.tasks import get_task, task_name
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
 from agentrl.rollout.chat import ChatFormat, Transcript
 from agentrl.rollout.engine import ExpertEngine, SamplingConfig
+from agentrl.rollout.from_config import chat_format
+
+log = logging.getLogger("agentrl.rollout.model_check")
 
 
 @dataclass
@@ -57,11 +63,12 @@ def _details(fmt: ChatFormat, traj: Any) -> list[str]:
         if n else []
 
 
-def check(model_dir: str | Path, tasks: list[str], tool_parser: str = "auto", stop_tokens: tuple[str, ...] = (),
-          template_kwargs: dict[str, Any] | None = None, task_options: dict[str, dict[str, Any]] | None = None,
+def check(model_dir: str | Path, tasks: list[str], model: ModelConfig | None = None,
+          task_options: dict[str, dict[str, Any]] | None = None,
           max_model_len: int = 32768) -> tuple[ChatFormat, list[TaskCheck | tuple[str, str]]]:
-    """(the model's format, per task a TaskCheck or (task, why it could not run))."""
-    fmt = ChatFormat.load(model_dir, tool_parser, stop_tokens, "strict", template_kwargs)
+    """(the model's format under the `model` settings, per task a TaskCheck or (task, why it could not run))."""
+    m = model or ModelConfig()
+    fmt = ChatFormat.load(model_dir, m.tool_parser, m.stop_tokens, "strict", m.template_kwargs, m.chat_template)
     out: list[TaskCheck | tuple[str, str]] = []
     for spec in tasks:
         try:
@@ -75,3 +82,70 @@ def check(model_dir: str | Path, tasks: list[str], tool_parser: str = "auto", st
         except Exception as e:  # noqa: BLE001 - strict mode raises TemplateMismatch with the details
             out.append((task_name(spec), f"{type(e).__name__}: {e}"))
     return fmt, out
+
+
+async def first_prompts(client: Any, fmt: ChatFormat, tasks: list[str] | tuple[str, ...], split: str = "train",
+                        samples: int = 8) -> dict[str, list[int]]:
+    """Per task, the first prompt's length in tokens for its first `samples` indices of `split` (each session
+    started, rendered in the model's format, cancelled); a task without that split is left out."""
+    out: dict[str, list[int]] = {}
+    for task in tasks:
+        try:
+            indices = await client.indices(task, split)
+        except EnvError:
+            continue
+        out[task] = []
+        for index in indices[:samples]:
+            start = await client.start_sample(task, index)
+            try:
+                out[task].append(len(fmt.prompt_ids(start.messages, start.tools)))
+            finally:
+                await client.cancel(start.session_id)
+    return out
+
+
+def prompts_too_long(lengths: dict[str, list[int]], max_model_len: int, max_new_tokens: int,
+                     every: bool = False) -> str | None:
+    """The error, naming both numbers, when first prompts and a turn of `max_new_tokens` cannot fit
+    `max_model_len`: any prompt of a task (`every` False: training, where each such episode ends as
+    context_limit before the model says a word, and a warm start would have nothing to learn from) or all of a
+    task's (`every` True: an evaluation that could score nothing). None when they fit."""
+    pick = min if every else max
+    over = {t: max(n) for t, n in lengths.items() if n and pick(n) + max_new_tokens > max_model_len}
+    if not over:
+        return None
+    need = max(over.values()) + max_new_tokens
+    tasks = ", ".join(f"{t} (prompt {n} tokens)" for t, n in over.items())
+    return (f"rollout.max_model_len: {max_model_len} tokens cannot hold the first prompt and one turn "
+            f"(rollout.max_new_tokens {max_new_tokens}) of {tasks}; set rollout.max_model_len >= {need} "
+            "(python -m jobs.check_model prints each task's prompt in this model's chat format)")
+
+
+async def check_prompts_fit(client: Any, fmt: ChatFormat, tasks: list[str] | tuple[str, ...], max_model_len: int,
+                            max_new_tokens: int) -> dict[str, list[int]]:
+    """`first_prompts` of the train split, raising ValueError (`prompts_too_long`) when one cannot fit."""
+    lengths = await first_prompts(client, fmt, tasks)
+    problem = prompts_too_long(lengths, max_model_len, max_new_tokens)
+    if problem:
+        raise ValueError(problem)
+    return lengths
+
+
+def preflight(cfg: RunConfig) -> ChatFormat:
+    """A run's model settings checked before any process starts (`jobs.train`, for a `model.path`): the chat
+    format loads (template, parser, stop tokens) and each task's first prompts and a turn fit
+    rollout.max_model_len. Tasks are built in this process; one that cannot be (a sandbox or server this
+    machine lacks) is left to the same check at the rollout's start. Raises ValueError naming the field."""
+    fmt = chat_format(cfg, Path(cfg.model.path))
+    tasks = {}
+    for spec in cfg.envs.tasks:
+        try:
+            tasks[task_name(spec)] = get_task(spec, **cfg.envs.task_options.get(spec, {}))
+        except Exception as e:  # noqa: BLE001 - checked again where the task runs
+            log.info("preflight: %s not built here (%s); the rollout checks its prompts at its start", spec, e)
+    r = cfg.rollout
+    lengths = asyncio.run(first_prompts(InProcessClient(tasks), fmt, list(tasks)))
+    problem = prompts_too_long(lengths, r.max_model_len, r.max_new_tokens)
+    if problem:
+        raise ValueError(problem)
+    return fmt

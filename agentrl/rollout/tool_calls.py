@@ -7,7 +7,9 @@ found nothing, raised, or returned arguments that are not a JSON object) comes b
 which the agent loop turns into an error observation the model can learn from. Parsing never raises on
 model output.
 
-`auto` picks the parser from the model's `config.json` (`model_type`) and its vocabulary: see `PARSER_BY_TYPE`.
+`auto` (`template_probe.choose_parser`) takes the first parser that reads back the call the model's chat template
+writes, trying first those the call's markers, the vocabulary's call tokens and `model_type` (`PARSER_BY_TYPE`)
+point to.
 """
 from __future__ import annotations
 
@@ -20,9 +22,10 @@ from agentrl.envs.json_args import MAX_ARGUMENT_DEPTH, ArgumentsError, loads_arg
 
 log = logging.getLogger("agentrl.rollout.tool_calls")
 
-# model_type (config.json) -> vLLM tool parser. Qwen2/2.5 and Qwen3 write Hermes-style `<tool_call>` JSON,
-# Llama-3.x JSON after `<|python_tag|>` (or bare), GLM-4.x `<tool_call>name<arg_key>..`; our tiny model is a
-# Qwen2 architecture with Hermes-shaped calls.
+# model_type (config.json) -> the vLLM tool parser its family's templates call for: Qwen2/2.5 and Qwen3 write
+# Hermes-style `<tool_call>` JSON, Llama-3.x JSON after `<|python_tag|>` (or bare), GLM-4.x
+# `<tool_call>name<arg_key>..`.
+# Only a hint for `auto`: a llama-type model may well be shown another syntax (SmolLM2 with a ChatML template).
 PARSER_BY_TYPE: dict[str, str] = {
     "qwen2": "hermes", "qwen2_moe": "hermes", "qwen3": "hermes", "qwen3_moe": "hermes",
     "llama": "llama3_json", "glm4": "glm45", "glm4_moe": "glm45", "glm": "glm45", "mistral": "mistral",
@@ -64,18 +67,6 @@ class ParsedTurn:
         return msg
 
 
-def resolve_parser_name(name: str, model_type: str, vocab: dict[str, int]) -> str:
-    """The parser for `model.tool_parser` (`auto`: by model type, else by a `<tool_call>` token in the vocab)."""
-    if name != "auto":
-        return name
-    if model_type in PARSER_BY_TYPE:
-        return PARSER_BY_TYPE[model_type]
-    if "<tool_call>" in vocab:
-        return "hermes"
-    raise ValueError(f"model.tool_parser: no parser is known for model_type {model_type!r} and its vocabulary "
-                     "has no <tool_call> token; set model.tool_parser to one of vLLM's parsers (e.g. hermes)")
-
-
 class ToolCallParser:
     """One vLLM tool parser for one tokenizer; `parse` reads a whole assistant turn."""
 
@@ -91,7 +82,6 @@ class ToolCallParser:
         except Exception as e:  # e.g. llama3_json without <|python_tag|> in the vocabulary
             raise ValueError(f"model.tool_parser: vLLM's {name!r} parser does not fit this tokenizer: {e}") from e
         self._module = cls.__module__
-        self._quiet = False
         self.name = name
         self.markers = _MARKERS.get(name, ())
         self._requests: dict[int, tuple[Any, Any]] = {}
@@ -115,12 +105,13 @@ class ToolCallParser:
 
     def parse(self, text: str, tools: list[dict[str, Any]], call_id_prefix: str = "call") -> ParsedTurn:
         """Content and calls of one turn's text (stop tokens already removed). Never raises on model output."""
-        if not self._quiet:
+        quiet = logging.getLogger(self._module)
+        if quiet.level != logging.CRITICAL:
             # vLLM's parsers log a traceback for every call they cannot read; here that is the model's everyday
-            # mistake, answered with an error observation, so their logs would bury the run's own. Set at the
-            # first parse, not at construction: starting a vLLM engine configures its loggers again.
-            logging.getLogger(self._module).setLevel(logging.CRITICAL)
-            self._quiet = True
+            # mistake, answered with an error observation, so their logs would bury the run's own. Checked at
+            # every parse, not set once: starting a vLLM engine (after the format was loaded and its parser
+            # probed) configures its loggers again.
+            quiet.setLevel(logging.CRITICAL)
         if "<tool_call>" in self.markers and text.count("<tool_call>") != text.count("</tool_call>"):
             # A call cut short: some parsers read what they can of it (GLM's drops the unclosed argument),
             # which would send the env a call the model never finished.

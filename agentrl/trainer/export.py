@@ -1,9 +1,10 @@
 """A run's policy as a model directory anyone can serve: `python -m jobs.export RUN_DIR [--version N] OUT`.
 
 Every published version (`weights/v<N>/`) already is a complete Hugging Face directory in the model's
-dtype; only the newest `keep_last` are kept, so an older version (or one whose weights were pruned) is
-rebuilt from the trainer checkpoint that holds it: the base model, the checkpoint's model tensors (DCP,
-any layout it was written with), then the same writer the trainer publishes with.
+dtype, carrying the chat template the run used (`model.chat_template`, or the base directory's own); only the
+newest `keep_last` are kept, so an older version (or one whose weights were pruned) is rebuilt from the trainer
+checkpoint that holds it: the base model, the checkpoint's model tensors (DCP, any layout it was written with),
+then the same writer the trainer publishes with, the run's template included.
 """
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ from agentrl.transport import weights as weights_io
 log = logging.getLogger("agentrl.export")
 
 
-def base_model_dir(run_dir: Path) -> Path:
-    """The model directory the run started from (`model.path`, or the tiny model it built)."""
-    from agentrl.config import load_config
+def base_model(run_dir: Path) -> tuple[Path, str | None]:
+    """(the model directory the run started from: `model.path`, or the tiny model it built; the template the run
+    used instead of that directory's own, `model.chat_template`, as text, or None)."""
+    from agentrl.config import chat_template_text, load_config
 
     cfg = load_config(str(run_dir / "config.yaml"))
-    return Path(cfg.model.path) if cfg.model.path else run_dir / "model"
+    template = chat_template_text(cfg.model.chat_template) if cfg.model.chat_template else None
+    return (Path(cfg.model.path) if cfg.model.path else run_dir / "model"), template
 
 
 def available(run_dir: Path) -> tuple[list[int], dict[int, Path]]:
@@ -62,9 +65,9 @@ def export(run_dir: str | Path, out: str | Path, version: int | None = None) -> 
     import torch
     from transformers import AutoModelForCausalLM
 
-    base = base_model_dir(run_dir)
+    base, template = base_model(run_dir)
     model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
     state = checkpoint.load_model_weights(ckpts[version], model)
     weights_io.save_model_dir(out, model.state_dict(), base, {"version": version, "step": state.step,
-                                                              "exported_from": str(ckpts[version])})
+                                                              "exported_from": str(ckpts[version])}, template)
     return out, version, "checkpoint"

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from agentrl.config import RunConfig
+from agentrl.config import RunConfig, chat_template_text
 from agentrl.trainer import checkpoint
 from agentrl.trainer.batch import collate
 from agentrl.trainer.checkpoint import TrainerState
@@ -33,16 +33,17 @@ log = logging.getLogger("agentrl.trainer")
 
 
 def publish_weights(run_dir: Path, version: int, model: torch.nn.Module, par: Parallel,
-                    base: Path | None = None) -> None:
+                    base: Path | None = None, chat_template: str | None = None) -> None:
     """Whole weights as weights/v<version>, a complete model directory beside `base`'s config and tokenizer
-    files, in the model's own dtype. Collective (`stage_weights`)."""
-    staged = stage_weights(run_dir, version, model, par, base)
+    files (`chat_template`: the run's template instead of the base's), in the model's own dtype. Collective
+    (`stage_weights`)."""
+    staged = stage_weights(run_dir, version, model, par, base, chat_template=chat_template)
     if staged is not None:
         weights_io.publish_staged(staged)
 
 
 def stage_weights(run_dir: Path, version: int, model: torch.nn.Module, par: Parallel, base: Path | None = None,
-                  write: bool = True) -> weights_io.Staged | None:
+                  write: bool = True, chat_template: str | None = None) -> weights_io.Staged | None:
     """Weights v<version> streamed into a staged directory on rank 0 (None on the other ranks, and with
     `write=False`), one gathered tensor at a time in the model's dtype: each rank casts its shard before
     sending it, so no rank holds a float32 copy, nor rank 0 more than one whole tensor beyond its shards.
@@ -54,7 +55,7 @@ def stage_weights(run_dir: Path, version: int, model: torch.nn.Module, par: Para
             pass
         return None
     return weights_io.stage_model_dir(weights_io.version_dir(run_dir, version), tensor_specs(model, par, dtype),
-                                      tensors, base, {"version": version})
+                                      tensors, base, {"version": version}, chat_template)
 
 
 def reference_model(run_dir: Path, model_dir: Path, threads: int, par: Parallel, warm_started: bool,
@@ -83,11 +84,14 @@ class Learner:
                  ) -> None:
         t = cfg.trainer
         self.run_dir, self.model_dir, self.t = run_dir, model_dir, t
+        self.chat_template = chat_template_text(cfg.model.chat_template) if cfg.model.chat_template else None
+        """The run's `model.chat_template`, which every published directory carries instead of the base's."""
         self.par = par = par or Parallel()
         self.hyper = RLHyper.from_config(cfg.algo, t, cfg.rollout.temperature)
         seed = cfg.seed + t.seed
         torch.manual_seed(seed)
-        self.model = load_policy(model_dir, t.threads, par, t.activation_checkpointing, t.attn_implementation)
+        self.model = load_policy(model_dir, t.threads, par, t.activation_checkpointing, t.attn_implementation,
+                                 t.freeze_layers)
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(str(model_dir))
@@ -141,7 +145,8 @@ class Learner:
 
     def publish_current(self) -> None:
         """weights/v<policy version> from this learner's weights. Collective."""
-        publish_weights(self.run_dir, self.state.policy_version, self.model, self.par, self.model_dir)
+        publish_weights(self.run_dir, self.state.policy_version, self.model, self.par, self.model_dir,
+                        self.chat_template)
 
     def save(self) -> Path:
         """ckpt/step-<N> (keeping `trainer.keep_checkpoints`). Collective."""
@@ -164,7 +169,7 @@ class Learner:
         self.state.policy_version += 1
         par = self.par
         staged = stage_weights(self.run_dir, self.state.policy_version, self.model, par, self.model_dir,
-                               write=publish is not None)
+                               write=publish is not None, chat_template=self.chat_template)
         if publish is not None and staged is not None:
             publish(staged)
         stop = bool(par.broadcast_object(par.is_main and should_stop is not None and should_stop()))

@@ -36,18 +36,37 @@ def load_model(model_dir: str | Path, threads: int, dtype: torch.dtype = torch.f
 
 
 def load_policy(model_dir: str | Path, threads: int, par: Parallel, activation_checkpointing: bool = False,
-                attn_implementation: str = "auto") -> torch.nn.Module:
+                attn_implementation: str = "auto", freeze_layers: int = 0) -> torch.nn.Module:
     """The trainable model, wrapped for `par`'s layout, its master weights in float32; with
     `activation_checkpointing`, its decoder layers recompute their activations in the backward pass; its attention
-    `attn_implementation` (`trainer.attention`)."""
+    `attn_implementation` (`trainer.attention`); `freeze_layers` > 0: the embedding and the first that many decoder
+    layers are not trained (`freeze_lower`)."""
     if par.sharded:
         return _sharded(model_dir, threads, par, torch.float32, frozen=False,
-                        activation_checkpointing=activation_checkpointing, attn_implementation=attn_implementation)
+                        activation_checkpointing=activation_checkpointing, attn_implementation=attn_implementation,
+                        freeze_layers=freeze_layers)
     model = load_model(model_dir, threads)
     attention.apply(model, attn_implementation, par.device, par.dtype)
     if activation_checkpointing:
         checkpoint_activations(model)
+    freeze_lower(model, freeze_layers)
     return par.wrap(model)
+
+
+def freeze_lower(model: torch.nn.Module, n: int) -> None:
+    """Leave the token embedding (and an output head tied to it) and the first `n` decoder layers out of training
+    (`trainer.freeze_layers`): no gradient reaches below layer n, so the backward pass costs only the layers
+    above it. The forward pass, the published weights and the checkpoints are unchanged."""
+    if n <= 0:
+        return
+    layers = next((m for name, m in model.named_modules() if name.endswith(".layers")
+                   and isinstance(m, torch.nn.ModuleList)), None)
+    if layers is None or n >= len(layers):
+        raise ValueError(f"trainer.freeze_layers: {n} must be below the model's decoder layers "
+                         f"({'none found' if layers is None else len(layers)})")
+    model.get_input_embeddings().requires_grad_(False)
+    for layer in layers[:n]:
+        layer.requires_grad_(False)
 
 
 def checkpoint_activations(model: torch.nn.Module) -> None:
@@ -78,7 +97,7 @@ def load_reference(model_dir: str | Path, threads: int, par: Parallel, weights: 
 
 def _sharded(model_dir: str | Path, threads: int, par: Parallel, dtype: torch.dtype, frozen: bool,
              weights: str | Path | None = None, activation_checkpointing: bool = False,
-             attn_implementation: str = "auto") -> torch.nn.Module:
+             attn_implementation: str = "auto", freeze_layers: int = 0) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.set_num_threads(threads)
@@ -93,6 +112,7 @@ def _sharded(model_dir: str | Path, threads: int, par: Parallel, dtype: torch.dt
     else:
         if activation_checkpointing:
             checkpoint_activations(model)
+        freeze_lower(model, freeze_layers)
         par.wrap(model)
     model.to_empty(device=par.device)
     with torch.no_grad():

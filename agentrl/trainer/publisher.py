@@ -23,8 +23,9 @@ class Publisher:
     Under the broadcast, staged weights are read back from the written file for sending, whole (in the model's
     dtype): the broadcast sends one message of every tensor."""
 
-    def __init__(self, run_dir: Path, broadcast: Any = None, base: Path | None = None) -> None:
-        self.run_dir, self.broadcast, self.base = run_dir, broadcast, base
+    def __init__(self, run_dir: Path, broadcast: Any = None, base: Path | None = None,
+                 chat_template: str | None = None) -> None:
+        self.run_dir, self.broadcast, self.base, self.chat_template = run_dir, broadcast, base, chat_template
         self.dtype = weights_io.model_dtype(base) if base is not None else None  # the model's own, as published
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -45,7 +46,7 @@ class Publisher:
                     if self.broadcast is not None:
                         self.broadcast.send(version, weights_io.iter_weights(path))
                     return
-                weights_io.publish(self.run_dir, version, copy, base=self.base)
+                weights_io.publish(self.run_dir, version, copy, base=self.base, chat_template=self.chat_template)
                 if self.broadcast is not None:
                     self.broadcast.send(version, copy.items())
             except BaseException as e:  # noqa: BLE001 - re-raised on the trainer thread by join()

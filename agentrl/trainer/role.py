@@ -123,7 +123,8 @@ def run(run_dir: Path, model_dir: Path, cfg: RunConfig, monitor, channel_factory
         _follow(learner)
         return state
     ch = channel_factory(state.policy_version)
-    publisher = Publisher(run_dir, broadcast_factory() if cfg.transport.weights == "broadcast" else None, model_dir)
+    publisher = Publisher(run_dir, broadcast_factory() if cfg.transport.weights == "broadcast" else None, model_dir,
+                          learner.chat_template)
     # A failure propagates as it is (under `python -m mpi4py` it aborts the world): nothing to announce then.
     _loop(run_dir, learner, q, ch, publisher, cfg, shape, monitor, should_stop)
     publisher.announce(ch, wait=True)  # the last version before the stop: rollout rank 0 evaluates it

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -45,6 +46,37 @@ def split_demos(demos: list[Trajectory], t: TrainerConfig, seed: int) -> tuple[l
     return train, held
 
 
+# What each ending of every demonstration most likely means, and where to look.
+_WHY = {
+    "context_limit": "the conversations outgrew rollout.max_model_len (python -m jobs.check_model prints each task's "
+                     "first prompt in the model's chat format)",
+    "turn_limit": "the expert's calls did not come back through the model's format: check the chat template and "
+                  "parser with python -m jobs.check_model and the run's model.* settings",
+    "invalid_action": "the task refused the expert's calls as the model's format wrote them (python -m "
+                      "jobs.check_model)",
+    "truncated": "rollout.max_turns ended them before the task did",
+    "env_error": "the env workers failed (logs/env_worker-*.log)",
+}
+
+
+def no_demos_message(demos: list[Trajectory], t: TrainerConfig) -> str:
+    """Why the warm start has nothing to train on: how every demonstration ended, per task, and what that means."""
+    if not demos:
+        return "warm start: the expert wrote no demonstrations (rollout.expert_samples, envs.tasks)"
+    ends = Counter((d.task, d.status.value) for d in demos)
+    wins = sum(d.metrics.get("success", 0.0) > 0 for d in demos)
+
+    def ended(task: str) -> str:
+        counts = ", ".join(f"{n} {status}" for (tk, status), n in sorted(ends.items()) if tk == task)
+        return f"{task}: {counts} (longest {max(d.num_tokens for d in demos if d.task == task)} tokens)"
+
+    per_task = "; ".join(ended(task) for task in sorted({d.task for d in demos}))
+    hints = "; ".join(f"{status}: {_WHY[status]}" for status in sorted({s for _, s in ends}) if status in _WHY)
+    what = "succeeded" if t.sft_successful_only else "is left after the held-out ones"
+    return (f"warm start: none of the {len(demos)} expert demonstrations {what} ({wins} successful). How they ended: "
+            f"{per_task}." + (f" {hints}." if hints else ""))
+
+
 class WarmStart:
     """Supervised steps on the scripted expert's trajectories: its successful ones (rejection sampling), or
     all of them (`sft_successful_only=False`: plain imitation of an imperfect expert, whose mistakes RL then
@@ -57,10 +89,12 @@ class WarmStart:
         self.model, self.t, self.pad_id, self.par = model, t, pad_id, par or Parallel()
         self.train, self.held = split_demos(demos, t, seed)
         if not self.train:
-            raise RuntimeError("warm start: no expert trajectory to train on (none successful?)")
+            raise RuntimeError(no_demos_message(demos, t))
         self.opt = torch.optim.AdamW(model.parameters(), lr=t.sft_lr, weight_decay=0.0)
-        # short linear warm-up, then constant: a decaying rate slowed the late copy skills more than it steadied them
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda i: min(1.0, (i + 1) / 10))
+        # short linear warm-up (sft_warmup_steps), then constant: a decaying rate slowed the tiny model's late copy
+        # skills more than it steadied them; a pretrained model's warm start of a few steps wants little or none
+        warmup = max(t.sft_warmup_steps, 1)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda i: min(1.0, (i + 1) / warmup))
         self.rng = random.Random(seed)  # the same draws on every rank: each runs its share of the same batch
         self.done = 0
 

@@ -44,16 +44,33 @@ def model_dtype(base: str | Path) -> torch.dtype | None:
         else None
 
 
-def copy_model_files(base: str | Path, out: str | Path) -> list[str]:
+def copy_model_files(base: str | Path, out: str | Path, chat_template: str | None = None) -> list[str]:
     """Copy every file of model directory `base` but its weights (config, generation config, tokenizer,
-    chat template, ...) into `out`; returns the names copied."""
+    chat template, ...) into `out`; returns the names copied. `chat_template` (the run's `model.chat_template`,
+    as text) replaces the base's own template (`write_chat_template`)."""
     names = []
     for f in sorted(Path(base).iterdir()):
         if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES) and f.name not in _WEIGHT_INDEXES \
                 and f.name != "meta.json" and not f.name.startswith("."):
             shutil.copy2(f, Path(out) / f.name)
             names.append(f.name)
+    if chat_template is not None:
+        write_chat_template(out, chat_template)
     return names
+
+
+def write_chat_template(model_dir: str | Path, template: str) -> None:
+    """Make `template` the chat template of the model directory (transformers' and vLLM's tokenizers read it
+    from chat_template.jinja): the directory's other copies (tokenizer_config.json's `chat_template`, a
+    chat_template.json) are removed, so that no reader can take the old one."""
+    d = Path(model_dir)
+    (d / "chat_template.jinja").write_text(template)
+    (d / "chat_template.json").unlink(missing_ok=True)
+    tc = d / "tokenizer_config.json"
+    if tc.exists():
+        data = json.loads(tc.read_text())
+        if data.pop("chat_template", None) is not None:
+            tc.write_text(json.dumps(data, indent=2, ensure_ascii=False))
 
 
 def version_dir(run_dir: str | Path, version: int) -> Path:
@@ -61,9 +78,11 @@ def version_dir(run_dir: str | Path, version: int) -> Path:
 
 
 def publish(run_dir: str | Path, version: int, state_dict: dict[str, torch.Tensor], keep_last: int = 3,
-            meta: dict[str, object] | None = None, base: str | Path | None = None) -> Path:
+            meta: dict[str, object] | None = None, base: str | Path | None = None,
+            chat_template: str | None = None) -> Path:
     """Write weights v<version> (`save_model_dir`); older versions beyond `keep_last` go."""
-    final = save_model_dir(version_dir(run_dir, version), state_dict, base, {"version": version, **(meta or {})})
+    final = save_model_dir(version_dir(run_dir, version), state_dict, base, {"version": version, **(meta or {})},
+                           chat_template)
     _prune(final.parent, keep_last)
     return final
 
@@ -78,11 +97,12 @@ class Staged:
 
 def stage_model_dir(final: str | Path, specs: Sequence[tuple[str, torch.dtype, Sequence[int]]],
                     tensors: Iterable[tuple[str, torch.Tensor]], base: str | Path | None = None,
-                    meta: dict[str, object] | None = None) -> Staged:
+                    meta: dict[str, object] | None = None, chat_template: str | None = None) -> Staged:
     """Write the model directory of `final` under a temporary name, streaming `tensors` (name, tensor; one at a
     time, in the order of `specs`: name, dtype, whole shape) into its safetensors file as they come, so the
     writer never holds more than the tensor at hand. `base`: as for `save_model_dir`, whose dtype the
-    floating-point tensors are cast to (specs included). Nothing is fsynced yet: `commit` does it.
+    floating-point tensors are cast to (specs included); `chat_template`: as for `copy_model_files`. Nothing is
+    fsynced yet: `commit` does it.
 
     Tied weights (lm_head = embed_tokens) are written once per name: vLLM's CPU backend keeps its own processed
     copy of lm_head, so a reload without it would leave the engine sampling from the old head.
@@ -98,7 +118,7 @@ def stage_model_dir(final: str | Path, specs: Sequence[tuple[str, torch.dtype, S
 
     try:
         if base is not None:
-            copy_model_files(base, tmp)
+            copy_model_files(base, tmp, chat_template)
         write_tensors(tmp / WEIGHTS_FILE, [(n, cast(dt), shape) for n, dt, shape in specs],
                       ((n, t.to(cast(t.dtype))) for n, t in tensors), metadata={"format": "pt"}, fsync=False)
         (tmp / "meta.json").write_text(json.dumps({"time": time.time(), **(meta or {})}))
@@ -139,15 +159,16 @@ def _prune(weights_dir: Path, keep_last: int) -> None:
 
 
 def save_model_dir(final: str | Path, state_dict: dict[str, torch.Tensor], base: str | Path | None = None,
-                   meta: dict[str, object] | None = None) -> Path:
+                   meta: dict[str, object] | None = None, chat_template: str | None = None) -> Path:
     """Write `state_dict` as the model directory `final`, which appears whole by rename (tied tensors are
     written as separate copies).
 
     `base`: the model directory the run started from. Its non-weight files are copied beside the weights
     and floating-point tensors are cast to its declared dtype, so the result is a complete model directory
-    in the model's dtype (a bf16 model is published in bf16 whatever precision the trainer holds)."""
+    in the model's dtype (a bf16 model is published in bf16 whatever precision the trainer holds);
+    `chat_template`, the run's own template (`model.chat_template`), replaces the base's."""
     specs = [(n, t.dtype, tuple(t.shape)) for n, t in state_dict.items()]
-    return commit(stage_model_dir(final, specs, state_dict.items(), base, meta))
+    return commit(stage_model_dir(final, specs, state_dict.items(), base, meta, chat_template))
 
 
 def latest_version(run_dir: str | Path) -> int:

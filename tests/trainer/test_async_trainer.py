@@ -36,7 +36,7 @@ def _run_world(run_dir: Path, model_dir: Path, extra: list[str], broadcast: bool
     """The trainer's `trainer_ranks` ranks and one scripted rollout rank in one mpiexec world (`first` > 0: the
     same run dir again, the rollout rank sending steps first..steps-1)."""
     cfg = load_config(None, [f"model.path={model_dir}", f"trainer.steps={steps}", f"trainer.sft_steps={sft_steps}",
-                             "trainer.checkpoint_every=1", "trainer.threads=1", "trainer.lr=0.003",
+                             "trainer.checkpoint_every=1", "trainer.threads=1", "trainer.lr=0.003", "trainer.sft_lr=0.003",
                              "trainer.warmup_steps=2", "trainer.micro_batch_tokens=64", "monitor.tensorboard=false",
                              "cluster.role_timeout_s=120", "transport.poll_s=0.02",
                              "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "trainer.sft_batch=4",

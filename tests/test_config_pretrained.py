@@ -1,0 +1,48 @@
+"""Learning rates keyed to where the model comes from: the tiny model trained from scratch keeps the defaults it
+was tuned with; a pretrained `model.path` gets `PRETRAINED_DEFAULTS` where nothing sets them; a preset written
+for the tiny model, run with a pretrained model.path, fails at load naming the fields it tuned (never silently)."""
+from __future__ import annotations
+
+import pytest
+
+from agentrl.config import PRETRAINED_DEFAULTS, ConfigError, TrainerConfig, dump_config, load_config
+
+
+def test_the_tiny_model_keeps_its_from_scratch_rates() -> None:
+    cfg = load_config(None)
+    assert (cfg.trainer.lr, cfg.trainer.sft_lr) == (TrainerConfig().lr, TrainerConfig().sft_lr) == (1e-4, 3e-3)
+    demo = load_config("demo")
+    assert (demo.trainer.lr, demo.trainer.sft_lr, demo.trainer.sft_all_tokens) == (1e-3, 3e-3, True)
+
+
+def test_a_pretrained_model_path_gets_pretrained_rates_where_none_is_set(tmp_path) -> None:
+    for preset in (None, "smoke"):
+        cfg = load_config(preset, ["model.path=/models/mine"])
+        assert cfg.trainer.lr == PRETRAINED_DEFAULTS["trainer.lr"] == 1e-6
+        assert cfg.trainer.sft_lr == PRETRAINED_DEFAULTS["trainer.sft_lr"] == 1e-5
+    cfg = load_config("smoke", ["model.path=/models/mine", "trainer.sft_lr=3e-5"])
+    assert (cfg.trainer.lr, cfg.trainer.sft_lr) == (1e-6, 3e-5)  # what is set stays set
+    dump_config(cfg, tmp_path / "config.yaml")  # a run dir's resolved config reads back the same
+    assert load_config(str(tmp_path / "config.yaml")) == cfg
+
+
+def test_a_tiny_model_preset_with_a_pretrained_path_names_the_fields_it_tuned() -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config("demo", ["model.path=/models/mine"])
+    msg = str(e.value)
+    assert msg.startswith("trainer.lr, trainer.sft_lr, trainer.sft_all_tokens: preset 'demo' sets trainer.lr=0.001, "
+                          "trainer.sft_lr=0.003, trainer.sft_all_tokens=True for the tiny model"), msg
+    assert "model.path=/models/mine" in msg and "smollm2-135m" in msg
+    with pytest.raises(ConfigError, match="^trainer.sft_all_tokens: preset 'demo'"):
+        load_config("demo", ["model.path=/models/mine", "trainer.lr=1e-6", "trainer.sft_lr=1e-5"])
+    cfg = load_config("demo", ["model.path=/models/mine", "trainer.lr=1e-6", "trainer.sft_lr=1e-5",
+                               "trainer.sft_all_tokens=false"])
+    assert (cfg.trainer.lr, cfg.trainer.sft_lr, cfg.trainer.sft_all_tokens) == (1e-6, 1e-5, False)
+
+
+def test_the_pretrained_presets_set_rates_of_their_own() -> None:
+    q = load_config("agentbench-qwen2.5-7b")
+    assert q.trainer.lr == 1e-6
+    s = load_config("smollm2-135m")
+    assert s.model.chat_template == "chatml-tools" and s.trainer.sft_lr < 1e-3 and s.trainer.lr < 1e-3
+    assert load_config("smollm2-135m", ["model.path=/elsewhere"]).trainer.lr == s.trainer.lr  # its own, kept
