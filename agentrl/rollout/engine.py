@@ -136,6 +136,27 @@ class Engine(Protocol):
     async def generate(self, prompt_ids: list[int], sampling: SamplingConfig, **context: Any) -> Generation: ...
 
 
+def _restore_cpu_threads() -> None:
+    """Put torch's intra-op thread count back to the process's default before an in-process CPU engine starts.
+
+    vLLM's CPU attention plans its work for the OpenMP threads a new thread starts with (OMP_NUM_THREADS, else
+    every CPU this process may use) and aborts the whole process (`cpu_attn_impl.hpp: Check failed:
+    input->metadata->thread_num == thread_num`) when torch runs the step on another count. Other code in the
+    process may have changed torch's count (a model loaded with `trainer.threads`, a benchmark); vLLM's CPU
+    worker replaces `torch.set_num_threads` with a no-op, so the count is set through torch's binding.
+    """
+    import logging
+
+    import torch
+
+    want = int(os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0)))
+    if torch.get_num_threads() != want:
+        logging.getLogger("agentrl.rollout.engine").warning(
+            "torch ran %d intra-op threads; the in-process vLLM CPU engine needs the default %d: set back",
+            torch.get_num_threads(), want)
+        torch._C.set_num_threads(want)  # the binding itself: vLLM may have replaced torch.set_num_threads
+
+
 class VLLMEngine:
     """vLLM driven from one thread with continuous batching; `load_weights` swaps between requests.
 
@@ -164,6 +185,7 @@ class VLLMEngine:
         scoped: dict[str, str] = {}
         if devices is None:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            _restore_cpu_threads()
         else:
             scoped = own_process_env(devices)
             # The weight swap sends a function to the engine's process (`_swap`); vLLM serializes functions

@@ -114,3 +114,26 @@ def test_engine_samples_with_each_new_version(tmp_path: Path, own_environ: None)
         before = (_hf_logprobs(versions[v - 1], gen.token_ids) - engine_lp).abs().max()
         assert now < 1e-3, (v, now)
         assert before > 0.05, (v, before)  # the previous version would not have given these log-probs
+
+
+def test_an_in_process_engine_runs_after_the_process_changed_torchs_thread_count(tmp_path: Path,
+                                                                                  own_environ: None) -> None:
+    """A model loaded in this process with one trainer thread (`load_model(dir, 1)`) leaves torch on one thread;
+    vLLM's CPU attention plans for the process's default and failed every step ("Check failed:
+    input->metadata->thread_num == thread_num (2 vs. 1)"). The engine puts the default back before it starts."""
+    corpus = [f"look up {i} and answer {i * 3}" for i in range(60)]
+    tok = tiny.train_tokenizer(corpus, 300, ["<|end|>", "<|pad|>"], "{{ messages }}", "<|end|>", "<|pad|>")
+    model_dir = tiny.save(tiny.build_model(tok, 128, 1, 2, 256, 128, seed=0), tok, tmp_path / "model")
+    default = int(os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0)))
+    if default < 2:
+        pytest.skip("one CPU: any thread count is the default")
+    load_model(model_dir, 1)
+    torch._C.set_num_threads(1)  # as load_model does, unless an earlier engine here made torch.set_num_threads a no-op
+    assert torch.get_num_threads() == 1
+    engine = VLLMEngine(str(model_dir), max_model_len=128, max_num_seqs=4, kv_cache_gib=1, seed=0)
+    try:
+        gen = asyncio.run(engine.generate(PROMPT, SamplingConfig(max_new_tokens=4, temperature=1.0, seed=0)))
+    finally:
+        engine.close()
+        _release_vllm_process_group()
+    assert len(gen.token_ids) > 0 and torch.get_num_threads() == default
