@@ -27,11 +27,18 @@ from agentrl.trainer.parallel import Parallel
 from agentrl.transport.tensor_file import Entry, read_header, read_rows
 
 
+def set_threads(threads: int) -> None:
+    """Torch's intra-op thread count, set through torch's own binding: once an in-process vLLM CPU engine has
+    started, vLLM has replaced `torch.set_num_threads` with a no-op for the rest of the process, and a model
+    loaded afterwards would silently compute on another count (other float reductions, other speed)."""
+    torch._C.set_num_threads(threads)
+
+
 def load_model(model_dir: str | Path, threads: int, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """The whole model in one process (single-rank tools, tests, DDP ranks)."""
     from transformers import AutoModelForCausalLM
 
-    torch.set_num_threads(threads)
+    set_threads(threads)
     return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
 
 
@@ -100,7 +107,7 @@ def _sharded(model_dir: str | Path, threads: int, par: Parallel, dtype: torch.dt
              attn_implementation: str = "auto", freeze_layers: int = 0) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    torch.set_num_threads(threads)
+    set_threads(threads)
     config = AutoConfig.from_pretrained(str(model_dir))
     with _parameters_on_meta():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)

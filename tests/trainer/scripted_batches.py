@@ -13,7 +13,7 @@ import torch
 from agentrl.config import RunConfig, load_config
 from agentrl.models import tiny
 from agentrl.trainer.batch import collate
-from agentrl.trainer.model_load import load_model
+from agentrl.trainer.model_load import load_model, set_threads
 from agentrl.trainer.select import shaped_rewards
 from agentrl.trainer.step import RLHyper, rl_step
 from agentrl.types import Status, Trajectory, TrajectoryBuilder
@@ -49,11 +49,11 @@ def step_batch(step: int, n_groups: int = 2, vocab: int = 250) -> list[Trajector
 def one_thread() -> Iterator[None]:
     """Every run here computes on one thread (as the trainer processes do): bit-equal float reductions."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    set_threads(1)  # not torch.set_num_threads: an earlier in-process vLLM engine here made it a no-op
     try:
         yield
     finally:
-        torch.set_num_threads(threads)
+        set_threads(threads)
 
 
 def settings_of(run_dir: Path) -> tuple[RunConfig, RLHyper]:

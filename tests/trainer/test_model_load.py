@@ -95,3 +95,19 @@ def test_tied_embeddings_load_sharded(loaded, tmp_path_factory) -> None:
     assert t1 == {} and t0.keys() == want.keys()
     assert all(torch.equal(t0[k], want[k]) for k in want)
     assert torch.equal(t0["lm_head.weight"], t0["model.embed_tokens.weight"])
+
+
+def test_the_thread_count_holds_after_vllm_made_torch_set_num_threads_a_no_op(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """An in-process vLLM CPU engine replaces torch.set_num_threads with a no-op for the rest of the process;
+    a model loaded afterwards must still compute on the trainer's count (CI: a test's reference update ran on
+    2 threads beside a 1-thread trainer and missed it by more than 1e-7)."""
+    model_dir = standins.build("qwen2.5", tmp_path / "m", hidden_size=64, num_layers=1)
+    before = torch.get_num_threads()
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    want = 2 if before == 1 else 1
+    try:
+        load_model(model_dir, want)
+        assert torch.get_num_threads() == want
+    finally:
+        torch._C.set_num_threads(before)
