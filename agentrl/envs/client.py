@@ -27,7 +27,8 @@ from typing import Any, Self
 import aiohttp
 
 from agentrl.auth import ENV_VAR, auth_header
-from agentrl.envs.api import EnvError, InteractResult, StartResult
+from agentrl.envs.task import EnvError
+from agentrl.envs.wire_types import InteractResult, StartResult
 
 log = logging.getLogger(__name__)
 TOUCH_BATCH = 5_000

@@ -32,7 +32,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.envs.api import EnvError, Episode, InteractResult, Session, StartResult, Task, ToolBox
+from agentrl.envs.session import Session, ToolBox
+from agentrl.envs.task import EnvError, Episode, Task
+from agentrl.envs.wire_types import InteractResult, StartResult
 from agentrl.types import Status
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from agentrl.envs.api import EnvError, Session, Task
+from agentrl.envs.session import Session
+from agentrl.envs.task import EnvError, Task
 from agentrl.types import Status
 
 log = logging.getLogger("agentrl.envs.expert")

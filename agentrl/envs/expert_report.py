@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from agentrl.config import Scalar, parse_override
-from agentrl.envs.api import EnvError, Task
 from agentrl.envs.expert import play
+from agentrl.envs.task import EnvError, Task
 from agentrl.envs.tasks import get_task
 from agentrl.types import Status
 

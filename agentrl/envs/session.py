@@ -1,38 +1,45 @@
-"""The Task API and the wire types of the env gateway (design §4).
+"""The layer every task shares: one episode behind the checks of its calls, its turn limit and its failures.
 
-What is here:
-  * `Task` / `Episode`: the two protocols a task author implements (tools, indices, an episode that
-    answers validated tool calls with messages until it ends with a reward and a status), and two
-    optional ones an episode may add: `AnswersInText` (a plain-text reply is an action, e.g. a final
-    answer) and `HasOwnTools` (each sample brings its own subset of the task's tools), and `Closable`
-    (an episode that holds a sandbox or a database frees it when the session ends);
-  * `ToolBox` and `Session`: the layer every task shares. It parses each tool call's JSON arguments,
-    checks them against the tool's JSON Schema, turns every kind of malformed action into an
-    observation the model can learn from, counts turns, enforces `max_turns`, and turns a raising task
-    into an `env_error` ending instead of a crashed worker;
-  * `StartResult`, `InteractResult`, `EnvError`: what travels over HTTP between rollout, controller
-    and workers (JSON; `to_wire`/`from_wire` convert).
+  * `ToolBox`: a task's tool schemas, compiled once, and the checks every tool call goes through (JSON
+    arguments, at most `MAX_ARGUMENT_BYTES`, valid against the tool's JSON Schema; at most
+    `MAX_TOOL_CALLS` in one message). Every kind of malformed action becomes an observation the model can
+    learn from;
+  * `Session`: one episode of a `Task` (`agentrl.envs.task`). It counts turns, enforces `max_turns`, runs
+    each message's work under the agent's budget (`MESSAGE_BUDGET_S`), cuts long observations
+    (`MAX_OUTPUT_CHARS`), and turns a raising task into an `env_error` ending instead of a crashed worker
+    (or into the agent's failure when the message asked for more than a budget allows: `agent_fault`).
 
-What is not here: HTTP (see `client.py` and `worker.py`), routing (`agentrl.controller`), any task
-(`agentrl.envs.tasks`). This module imports only the standard library, jsonschema, `agentrl.types`
-and `agentrl.envs.protocol` (the call policies of the faithful protocol).
+The env worker runs a `Session` per session (in a process of its own: `agentrl.envs.isolation`), as do the
+in-process client (`agentrl.envs.inprocess`) and the checks (`agentrl.envs.checks`). Not here: HTTP
+(`agentrl.envs.client`, `agentrl.envs.worker`), routing (`agentrl.controller`), any task
+(`agentrl.envs.tasks`). This module imports only the standard library, jsonschema, `agentrl.types` and
+the env modules below it: the task API, the wire types, `protocol` (the call policies of the faithful
+protocol) and `json_args`.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import math
-import threading
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import jsonschema
 
 from agentrl.envs.json_args import ArgumentsError, loads_arguments
 from agentrl.envs.protocol import STRICT, CallPolicy, parse_lenient, policy_of, select_calls
+from agentrl.envs.task import (
+    Action,
+    AnswersInText,
+    BudgetExceeded,
+    Closable,
+    EnvError,
+    HasOwnTools,
+    StepResult,
+    Task,
+    ToolCall,
+    message_budget,
+    tool_message,
+)
+from agentrl.envs.wire_types import SHOWN_CHARS, InteractResult, cut, shown
 from agentrl.types import Status
 
 log = logging.getLogger(__name__)
@@ -44,92 +51,11 @@ MAX_OUTPUT_CHARS = 16 * 1024
 MAX_TOOL_CALLS = 16
 """Tool calls in one assistant message beyond this are refused as a whole (none is run): a runaway
 generation of 38,000 calls must cost one cheap error observation, not seconds of validation."""
-SHOWN_CHARS = 200
-"""An error message quotes at most this much of the caller's input (`shown`)."""
 MESSAGE_BUDGET_S = 18.0
 """Wall time for the work one assistant message asks for: all its calls and the grading of an answer it
 gives. It is the agent's budget: work that stops at it (a statement cut short, a command stopped) is an
 observation, and a message whose work cannot be stopped in time ends the episode as the agent's failure
 (docs/tasks.md, "Whose failure is it"). The worker's own deadline for a call lies beyond it."""
-
-ERROR_HTTP_STATUS: dict[str, int] = {
-    "bad_request": 400,
-    "unauthorized": 401,
-    "forbidden": 403,
-    "busy": 409,
-    "unknown_session": 404,
-    "unknown_task": 404,
-    "not_found": 404,
-    "internal": 500,
-    "env_error": 502,
-    "no_capacity": 503,
-}
-
-
-class EnvError(Exception):
-    """An error of the env API, carried on the wire as `{"error": {"code", "message"}}`.
-
-    `code` is one of `ERROR_HTTP_STATUS`'s keys; the HTTP status follows from it.
-    """
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-
-    @property
-    def http_status(self) -> int:
-        return ERROR_HTTP_STATUS.get(self.code, 500)
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"error": {"code": self.code, "message": self.message}}
-
-    @classmethod
-    def from_wire(cls, body: Any, http_status: int) -> EnvError:
-        """Rebuild the error from a response body; a body that is not ours becomes env_error."""
-        err = body.get("error") if isinstance(body, dict) else None
-        if isinstance(err, dict) and isinstance(err.get("code"), str):
-            return cls(err["code"], str(err.get("message", "")))
-        return cls("env_error", f"HTTP {http_status}: {str(body)[:200]}")
-
-
-def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
-    """`repr(value)` for an error message, cut to `limit` characters: errors never echo a huge input back."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
-# ------------------------------------------------------------------------------------- the agent's budget
-
-class BudgetExceeded(Exception):
-    """Raised by task code when the agent's message asked for more than its budget allows (time, memory,
-    size): `Session` ends the episode as the agent's failure, never as env_error."""
-
-
-_message = threading.local()
-
-
-def message_deadline() -> float:
-    """The `time.monotonic()` by which the message being handled on this thread must be answered (inf
-    outside a message). Tasks give each unit of work what is left of it (`time_left`)."""
-    return float(getattr(_message, "deadline", float("inf")))
-
-
-def time_left() -> float:
-    """Seconds left of the current message's budget (inf outside a message)."""
-    return message_deadline() - time.monotonic()
-
-
-@contextlib.contextmanager
-def message_budget(seconds: float) -> Iterator[None]:
-    """The budget of one message on this thread: `message_deadline()` is now + `seconds` inside."""
-    before = getattr(_message, "deadline", None)
-    _message.deadline = time.monotonic() + seconds
-    try:
-        yield
-    finally:
-        _message.deadline = before if before is not None else float("inf")
-
 
 AGENT_FAULTS: tuple[type[BaseException], ...] = (BudgetExceeded, MemoryError, RecursionError, OverflowError)
 """Exceptions that say the agent's input asked for more than the environment's bounds: memory, depth, the
@@ -143,198 +69,6 @@ def agent_fault(e: BaseException) -> bool:
     if isinstance(e, AGENT_FAULTS):
         return True
     return isinstance(e, ValueError) and "integer string conversion" in str(e)
-
-
-def cut(text: str, limit: int = SHOWN_CHARS) -> str:
-    """`text` cut to `limit` characters, saying how long it was."""
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
-# ------------------------------------------------------------------------------------------ wire types
-
-@dataclass
-class StartResult:
-    """Answer to start_sample: the new session, the conversation so far, the tool schemas and the task's
-    own round limit (`max_turns`: assistant messages before the episode ends as turn_limit; None from a
-    server that does not say)."""
-
-    session_id: str
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]]
-    max_turns: int | None = None
-
-    def to_wire(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"session_id": self.session_id, "messages": self.messages, "tools": self.tools}
-        if self.max_turns is not None:
-            d["max_turns"] = self.max_turns
-        return d
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> StartResult:
-        turns = d.get("max_turns")
-        return cls(session_id=str(d["session_id"]), messages=list(d["messages"]), tools=list(d["tools"]),
-                   max_turns=int(turns) if turns is not None else None)
-
-
-@dataclass
-class StepResult:
-    """What an episode answers to one action. `status` is RUNNING until `done`."""
-
-    messages: list[dict[str, Any]]
-    done: bool = False
-    reward: float = 0.0
-    status: Status = Status.RUNNING
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class InteractResult(StepResult):
-    """StepResult on the wire. `error` explains an infrastructure ending (status env_error)."""
-
-    error: str | None = None
-
-    def to_wire(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"messages": self.messages, "done": self.done, "reward": float(self.reward),
-                             "status": Status(self.status).value, "metrics": dict(self.metrics)}
-        if self.error is not None:
-            d["error"] = self.error
-        return d
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> InteractResult:
-        reward = float(d["reward"])
-        if not math.isfinite(reward):  # NaN would be trained on as a number: the env failed
-            raise ValueError(f"reward {reward} is not a finite number")
-        return cls(messages=list(d["messages"]), done=bool(d["done"]), reward=reward,
-                   status=Status(d["status"]), metrics=dict(d.get("metrics") or {}), error=d.get("error"))
-
-    @classmethod
-    def from_step(cls, r: StepResult) -> InteractResult:
-        return cls(messages=r.messages, done=r.done, reward=r.reward, status=r.status, metrics=r.metrics)
-
-    @classmethod
-    def ended(cls, status: Status, error: str) -> InteractResult:
-        """An episode ended by the infrastructure (dead worker, expiry): no observation, no reward."""
-        return cls(messages=[], done=True, reward=0.0, status=status, error=error)
-
-
-def require(body: Any, key: str, kind: type | tuple[type, ...] = str) -> Any:
-    """`body[key]`, checked to be of `kind`; anything else is the caller's bad request."""
-    if not isinstance(body, dict):
-        raise EnvError("bad_request", "the request body must be a JSON object")
-    value = body.get(key)
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
-        raise EnvError("bad_request", f"field {key!r} is missing or not a {getattr(kind, '__name__', kind)}")
-    return value
-
-
-# ------------------------------------------------------------------------------------------ task API
-
-@dataclass
-class ToolCall:
-    """One tool call whose arguments parsed as JSON and passed the tool's schema.
-
-    Under a lenient `CallPolicy` (`agentrl.envs.protocol`) nothing is checked: `arguments` is whatever
-    JSON was sent (None when it did not parse, and `error` then says why) and `name` may be unknown.
-    """
-
-    id: str
-    name: str
-    arguments: Any
-    error: str | None = None
-
-
-@dataclass
-class Action:
-    """The validated assistant message an episode receives: its text and its valid tool calls.
-
-    `tool_calls` is never empty: a message without a valid call is answered by `Session` and never
-    reaches `step` (a message with no call at all goes to `text_step` on an `AnswersInText` episode).
-    `message` is the raw assistant message as the model sent it.
-    """
-
-    content: str
-    tool_calls: list[ToolCall]
-    message: dict[str, Any]
-
-
-@runtime_checkable
-class Episode(Protocol):
-    """One running sample. Methods may raise: `Session` turns that into an env_error ending."""
-
-    def initial_messages(self) -> list[dict[str, Any]]:
-        """System and user messages the conversation starts with."""
-        ...
-
-    def step(self, action: Action) -> StepResult:
-        """Answer validated tool calls with messages (usually one `role: tool` message per call)."""
-        ...
-
-    def expert_message(self) -> dict[str, Any]:
-        """The assistant message the task's scripted expert would send now."""
-        ...
-
-
-@runtime_checkable
-class AnswersInText(Protocol):
-    """Optional for an episode whose agent may end a step in plain text (no tool call).
-
-    AgentBench-FC's `kg` ends with an assistant message "Final Answer: #3" and BFCL's multi-turn cases
-    end each user turn with a message that calls no tool. `Session` hands such a message to
-    `text_step`; returning None falls back to the shared "please call a tool" observation.
-    """
-
-    def text_step(self, content: str) -> StepResult | None:
-        ...
-
-
-@runtime_checkable
-class HasOwnTools(Protocol):
-    """Optional for an episode whose sample brings its own tools (BFCL: the classes a case involves).
-
-    `tools()` must be a subset of the task's `tools()` (the worker validates against the task's), and
-    `Session.toolbox` then validates this sample's calls against the episode's own list.
-    """
-
-    def tools(self) -> list[dict[str, Any]]:
-        ...
-
-
-@runtime_checkable
-class Closable(Protocol):
-    """Optional for an episode that holds resources (a sandbox, a database connection).
-
-    `Session.close()` calls `close()` once: when the episode ends, and when the worker cancels or drops
-    the session. It must be idempotent and should not raise.
-    """
-
-    def close(self) -> None:
-        ...
-
-
-@runtime_checkable
-class Task(Protocol):
-    """A task: tool schemas, sample indices per split, and episodes. One instance serves all sessions.
-
-    `indices` and `start` raise `EnvError("bad_request", ...)` for an unknown split or index.
-    Set `blocking = True` on a task whose methods are slow; the worker then runs them in a thread.
-    """
-
-    name: str
-    max_turns: int
-
-    def tools(self) -> list[dict[str, Any]]:
-        ...
-
-    def indices(self, split: str) -> list[str]:
-        ...
-
-    def start(self, index: str) -> Episode:
-        ...
-
-
-def tool_message(call_id: str, name: str, content: str) -> dict[str, Any]:
-    return {"role": "tool", "tool_call_id": call_id, "name": name, "content": content}
 
 
 _COMPILED: dict[str, Any] = {}

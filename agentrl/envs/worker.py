@@ -43,24 +43,20 @@ from aiohttp import web
 
 from agentrl.auth import auth_header
 from agentrl.config import ControllerConfig, EnvsConfig
-from agentrl.envs.api import (
+from agentrl.envs.isolation import DEFAULT_MEMORY_MB, ProcessSession, SessionHost, isolation_of
+from agentrl.envs.json_args import clean_message
+from agentrl.envs.listener import GUARD_KEY, ConnectionGuard, ConnectionLimits, GuardedSite, runner_args
+from agentrl.envs.session import (
     MAX_ARGUMENT_BYTES,
     MAX_OUTPUT_CHARS,
     MAX_TOOL_CALLS,
     MESSAGE_BUDGET_S,
-    EnvError,
-    InteractResult,
     Session,
-    StartResult,
-    Task,
     ToolBox,
-    require,
-    shown,
 )
-from agentrl.envs.isolation import DEFAULT_MEMORY_MB, ProcessSession, SessionHost, isolation_of
-from agentrl.envs.json_args import clean_message
-from agentrl.envs.listener import GUARD_KEY, ConnectionGuard, ConnectionLimits, GuardedSite, runner_args
+from agentrl.envs.task import EnvError, Task
 from agentrl.envs.wire import Handler, auth_middleware, check_exposure, error_response, read_json
+from agentrl.envs.wire_types import InteractResult, StartResult, require, shown
 from agentrl.types import Status
 
 log = logging.getLogger(__name__)

@@ -29,9 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.envs.api import Action, StepResult, tool_message
 from agentrl.envs.attacks.runner import AttackResult
 from agentrl.envs.inprocess import InProcessClient
+from agentrl.envs.task import Action, StepResult, tool_message
 from agentrl.rollout.agent_loop import EpisodeLimits
 from agentrl.rollout.chat import SAMPLED, ChatFormat
 from agentrl.rollout.collect import Retry, collect

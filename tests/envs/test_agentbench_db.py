@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from agentbench_checkout import PROMPTS, build_checkout
 
-from agentrl.envs.api import EnvError, Session
 from agentrl.envs.replay import run_checks
+from agentrl.envs.session import Session
+from agentrl.envs.task import EnvError
 from agentrl.envs.tasks.db import DbTask
 from agentrl.envs.tasks.db.faithful import NO_CALLS, PARSE_ERROR, UNKNOWN_TOOL
 from agentrl.types import Status

@@ -10,8 +10,8 @@ import pytest
 from sandbox_helpers import missing_sandbox
 from system_tools import missing_system_tool
 
-from agentrl.envs.api import StepResult, Task
 from agentrl.envs.attacks import attacks_for, play_attacks
+from agentrl.envs.task import StepResult, Task
 from agentrl.envs.tasks.db import DbTask
 from agentrl.envs.tasks.kg import KGTask
 from agentrl.envs.tasks.lookup import LookupTask

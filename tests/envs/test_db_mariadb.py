@@ -15,8 +15,9 @@ from agentbench_checkout import build_checkout
 from env_helpers import call, expert_reward
 from system_tools import missing_system_tool
 
-from agentrl.envs.api import EnvError, Session
 from agentrl.envs.replay import run_checks
+from agentrl.envs.session import Session
+from agentrl.envs.task import EnvError
 from agentrl.envs.tasks.db import DbTask
 from agentrl.envs.tasks.db.backends import MYSQL8_SQL_MODE, MariaDBServer, find_mariadbd, rows_hash
 from agentrl.types import Status

@@ -11,8 +11,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from agentrl.envs.api import EnvError, Session, Task
 from agentrl.envs.replay.classes import DATA, HOST, NETWORK, NETWORK_COMMANDS, OURS, Outcome
+from agentrl.envs.session import Session
+from agentrl.envs.task import EnvError, Task
 from agentrl.envs.tasks.os_task import SCRIPT_TIMEOUT_S, OsEpisode, OsProblem, script_argv
 from agentrl.envs.tasks.shared import call_message
 from agentrl.types import Status

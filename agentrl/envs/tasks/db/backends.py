@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs.api import BudgetExceeded, time_left
+from agentrl.envs.task import BudgetExceeded, time_left
 
 log = logging.getLogger(__name__)
 
