@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from sandbox_helpers import require_sandbox
 
-from agentrl.envs import sandbox as sb
-from agentrl.envs import sandbox_config
 from agentrl.envs.sandbox import SandboxConfig, SandboxError, SandboxUnavailable, Shell
+from agentrl.envs.sandbox import config as sandbox_config
+from agentrl.envs.sandbox import shell as sb
 
 
 @pytest.fixture

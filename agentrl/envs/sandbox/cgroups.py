@@ -11,7 +11,7 @@ cgroup, with a probe that a group can be made there) and `SessionCgroup` (make o
 child before exec, remove it). Where the worker may not make cgroups (a non-root worker without a
 delegated subtree, a read-only /sys/fs/cgroup) `detect` says why; the os task logs that once at start
 and its sessions run with the per-process limits only (or fail, with `cgroup_required`).
-Not here: the sandbox itself (`agentrl.envs.sandbox`).
+Not here: the sandbox itself (`agentrl.envs.sandbox.shell`).
 """
 from __future__ import annotations
 
