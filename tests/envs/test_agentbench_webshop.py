@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from agentbench_checkout import PROMPTS, build_checkout
 
-from agentrl.envs.expert_report import report_split
+from agentrl.envs.checks.expert_report import report_split
 from agentrl.envs.session import Session
 from agentrl.envs.task import Action, StepResult
 from agentrl.envs.tasks.webshop import WebShopTask

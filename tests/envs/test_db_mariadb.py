@@ -15,7 +15,7 @@ from agentbench_checkout import build_checkout
 from env_helpers import call, expert_reward
 from system_tools import missing_system_tool
 
-from agentrl.envs.replay import run_checks
+from agentrl.envs.checks.replay import run_checks
 from agentrl.envs.session import Session
 from agentrl.envs.task import EnvError
 from agentrl.envs.tasks.db import DbTask

@@ -10,7 +10,7 @@ from env_helpers import call
 from os_fixtures import agentbench_checkout
 from sandbox_helpers import require_sandbox
 
-from agentrl.envs.expert import play
+from agentrl.envs.checks.expert import play
 from agentrl.envs.sandbox import PYTHON_PRELUDE, TRUSTED_PYTHON, CommandResult
 from agentrl.envs.session import Session
 from agentrl.envs.task_data import os_files

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs.attacks.library import Attack, call, calls, text
+from agentrl.envs.checks.attacks.library import Attack, call, calls, text
 
 log = logging.getLogger(__name__)
 

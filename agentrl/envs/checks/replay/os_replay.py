@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from agentrl.envs.replay.classes import DATA, HOST, NETWORK, NETWORK_COMMANDS, OURS, Outcome
+from agentrl.envs.checks.replay.classes import DATA, HOST, NETWORK, NETWORK_COMMANDS, OURS, Outcome
 from agentrl.envs.session import Session
 from agentrl.envs.task import EnvError, Task
 from agentrl.envs.tasks.os_task import SCRIPT_TIMEOUT_S, OsEpisode, OsProblem, script_argv

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from agentrl.envs.replay.classes import DATA, OURS, Outcome
+from agentrl.envs.checks.replay.classes import DATA, OURS, Outcome
 from agentrl.envs.session import Session
 from agentrl.envs.task import EnvError
 from agentrl.envs.tasks.db import MODIFY, DbSample, DbTask, answers_match

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from agentrl.envs.attacks.library import Attack
+from agentrl.envs.checks.attacks.library import Attack
 from agentrl.envs.task import Task
 from agentrl.envs.worker import EnvWorker, create_worker_app
 
