@@ -34,6 +34,14 @@ RE_EXPORTS: dict[str, tuple[list[str], list[str]]] = {
         "SplitReport", "expert_reports", "report_json", "report_split", "task_options"]),
     "agentrl.envs.attacks": (["agentrl.envs.checks.attacks"], ["Attack", "AttackResult", "attacks_for",
                                                                "play_attacks"]),
+    "agentrl.envs.tasks.db.backends": ([f"agentrl.envs.tasks.db.backends.{m}"
+                                        for m in ("tables", "sqlite", "mariadb", "server")], [
+        "ARGUMENT_PRAGMAS", "CACHE_KIB", "DENIED_FUNCTIONS", "GROUP_CONCAT_MAX", "KILL_GRACE_S", "MAX_ROWS",
+        "MAX_VALUE_BYTES", "MIN_STATEMENT_S", "MYSQL8_SQL_MODE", "MariaDBDatabase", "MariaDBServer", "NO_TIME_LEFT",
+        "READ_PRAGMAS", "RESULT_LIMIT", "SERVER_TEMP_BYTES", "SESSION_PRIVILEGES", "SQLITE_DBCONFIG_DEFENSIVE",
+        "SQLITE_DBCONFIG_ENABLE_FTS3_TOKENIZER", "ServerAddress", "SharedAccountRefused", "SqliteDatabase",
+        "TEMP_BYTES", "TEMP_LIMITS", "Table", "WATCH_PERIOD_S", "authorize", "combine_hashes", "defensive",
+        "find_mariadbd", "result_text", "rows_hash", "server_temp_usage", "tables_of", "truncate"]),
     "agentrl.envs.replay": (["agentrl.envs.checks.replay"], [
         "DATA", "HOST", "NETWORK", "NETWORK_COMMANDS", "OURS", "Outcome", "build", "check", "replay_db", "replay_os",
         "run_checks"]),
