@@ -125,17 +125,6 @@ class SessionCgroup:
             finally:
                 os.close(fd)
 
-    def memory_peak(self) -> int:
-        """The most memory the session held (bytes), 0 where unknown."""
-        for name in ("memory.max_usage_in_bytes", "memory.peak"):
-            path = self.dirs[0] / name
-            if path.exists():
-                try:
-                    return int(path.read_text())
-                except (OSError, ValueError):
-                    return 0
-        return 0
-
     def remove(self, wait_s: float = REMOVE_WAIT_S) -> None:
         """Kill whatever is left in the cgroup, wait until it is empty and remove it, child groups first.
 

@@ -26,7 +26,6 @@ INT_MATCH = ("import sys\n"
              "try:\n    ok = int(sys.argv[1].strip()) == int(sys.argv[2].strip())\n"
              "except ValueError:\n    ok = False\n"
              "sys.exit(0 if ok else 1)\n")
-TEXT_MATCH = "import sys\nsys.exit(0 if sys.argv[1].strip() == sys.argv[2].strip() else 1)\n"
 
 WORDS = ("alpha", "bravo", "cedar", "delta", "ember", "fable", "gamma", "harbor", "indigo", "juniper", "kettle",
          "lumen", "maple", "nectar", "orbit", "pepper", "quartz", "raven", "saffron", "tundra", "umber", "velvet",
