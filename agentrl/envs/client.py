@@ -1,4 +1,5 @@
-"""The async HTTP client of the env gateway: what the rollout (and the controller, towards workers) uses.
+"""The async HTTP client of the env gateway: what the rollout, the evaluation and the checks use (the
+controller has its own client towards the workers: `agentrl.controller.upstream`).
 
 One `aiohttp.ClientSession` per client, created on first use inside the running event loop, with a
 connection limit large enough for thousands of concurrent agent loops. Every failure surfaces as

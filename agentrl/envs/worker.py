@@ -10,9 +10,13 @@ know it. Every route requires the run's secret (`agentrl.auth`); /expert answers
 turned it on (`envs.expert_route`).
 
 Faults stay with the session that caused them:
-  * every task call runs on this worker's own thread pool (`blocking` or not: a session can make a fast
-    task slow), with a thread for every slot, so the event loop (and with it the heartbeats) never waits
-    on task work and one slow session never queues behind others;
+  * a session of a task whose `isolation` is "process" (the default) runs in a process of its own, forked
+    from a zygote made at start (`agentrl.envs.isolation`): a tool that holds the interpreter lock or
+    eats memory stops only its own session;
+  * every task call (to a session process or, for `isolation = "thread"`, to the task itself) runs on
+    this worker's own thread pool (`blocking` or not: a session can make a fast task slow), with a thread
+    for every slot, so the event loop (and with it the heartbeats) never waits on task work and one slow
+    session never queues behind others;
   * a call that outlives `call_timeout_s` (below the controller's request timeout) ends its session as
     env_error with that reason; the thread it holds is counted as taken (`stuck`) until it returns,
     when the session is closed;

@@ -21,7 +21,7 @@ from typing import Any
 
 SPLIT_SIZES = {"train": 300, "test": 60}
 
-# Our own check scripts (argv[1] = the answer, argv[2] = the example's output).
+# Our own check script (argv[1] = the answer, argv[2] = the example's output).
 INT_MATCH = ("import sys\n"
              "try:\n    ok = int(sys.argv[1].strip()) == int(sys.argv[2].strip())\n"
              "except ValueError:\n    ok = False\n"
