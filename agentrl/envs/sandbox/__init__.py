@@ -19,22 +19,13 @@ code. Used by the `os` task (`agentrl.envs.tasks.os_task`) and by the checks tha
 
 This package re-exports the names `agentrl.envs.sandbox` offered when it was one module.
 """
-from agentrl.envs.sandbox.shell import (
+from agentrl.envs.sandbox.config import (
     BACKENDS,
-    BASE_ENV,
     CAP_SYS_RESOURCE,
-    CHECK_ENV,
-    DOCKER_CAPS,
     DOCKER_NOFILE,
-    PYTHON_PRELUDE,
-    TRUSTED_PYTHON,
-    CommandResult,
     SandboxConfig,
     SandboxError,
     SandboxUnavailable,
-    Shell,
-    apptainer_argv,
-    bwrap_argv,
     cgroup_support,
     check_cgroups,
     check_image,
@@ -42,11 +33,18 @@ from agentrl.envs.sandbox.shell import (
     has_capability,
     nr_open,
     pid_max,
-    plan_mounts,
-    python_argv,
-    seed_archive,
     select_backend,
     session_budget,
+)
+from agentrl.envs.sandbox.layout import DOCKER_CAPS, apptainer_argv, bwrap_argv, plan_mounts, seed_archive
+from agentrl.envs.sandbox.shell import (
+    BASE_ENV,
+    CHECK_ENV,
+    PYTHON_PRELUDE,
+    TRUSTED_PYTHON,
+    CommandResult,
+    Shell,
+    python_argv,
 )
 
 __all__ = ["BACKENDS", "BASE_ENV", "CAP_SYS_RESOURCE", "CHECK_ENV", "DOCKER_CAPS", "DOCKER_NOFILE", "PYTHON_PRELUDE",

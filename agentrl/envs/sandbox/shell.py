@@ -8,7 +8,7 @@ process, waits for it, and answers the worker on a channel nothing inside can wr
 jobs keep running. `run` is the agent's shell; `run_independent` runs init and check scripts in /root with
 a fixed environment, stdout only, in a mount namespace of their own whose /usr is the image's, read-only
 (graders; under bubblewrap), and can stop every other process of the sandbox while it runs (graders the
-policy cannot touch). This module re-exports the names of `config` and `layout` it uses.
+policy cannot touch).
 
 Isolation with bubblewrap: new user, PID, network (loopback only), IPC, UTS and mount namespaces. The
 root is a tmpfs of `disk_mb` (everything a session writes lives there, bounded); the image's system
@@ -50,23 +50,13 @@ from pathlib import Path
 from agentrl.envs.sandbox import cgroups
 from agentrl.envs.sandbox.cgroups import SessionCgroup
 from agentrl.envs.sandbox.config import (
-    BACKENDS,
-    CAP_SYS_RESOURCE,
     CGROUP_EXTRA_PIDS,
-    DOCKER_NOFILE,
     SandboxConfig,
     SandboxError,
-    SandboxUnavailable,
     apptainer_binary,
-    cgroup_support,
     check_cgroups,
     check_image,
-    check_slots,
-    has_capability,
-    nr_open,
-    pid_max,
     select_backend,
-    session_budget,
 )
 from agentrl.envs.sandbox.layout import (
     COPIED_BIN,
@@ -80,12 +70,6 @@ from agentrl.envs.sandbox.layout import (
     top_links,
 )
 from agentrl.envs.sandbox.seccomp import SeccompUnavailable, filter_fd, seccomp_filter
-
-__all__ = ["BACKENDS", "BASE_ENV", "CAP_SYS_RESOURCE", "CHECK_ENV", "DOCKER_CAPS", "DOCKER_NOFILE", "PYTHON_PRELUDE",
-           "TRUSTED_PYTHON", "CommandResult", "SandboxConfig", "SandboxError", "SandboxUnavailable", "Shell",
-           "apptainer_argv", "bwrap_argv", "cgroup_support", "check_cgroups", "check_image", "check_slots",
-           "has_capability", "nr_open", "pid_max", "plan_mounts", "python_argv", "seed_archive", "select_backend",
-           "session_budget"]
 
 log = logging.getLogger(__name__)
 
