@@ -327,5 +327,5 @@ def _beyond_open_files(task: Task, index: str, observation: str) -> str | None:
             f"open-file limit {limit} (`ulimit -n` in it; Docker containers allow {DOCKER_NOFILE} up to containerd "
             "1.7, 1024 with Docker 29 / containerd 2.1, where AgentBench-FC fails this setup too); "
             f"fix: a worker allowed to raise RLIMIT_NOFILE above {fd} (root with CAP_SYS_RESOURCE, or a higher "
-            "`ulimit -Hn`; SandboxConfig.nofile(), sandbox_userns.py)")
+            "`ulimit -Hn`; SandboxConfig.nofile(), sandbox/userns.py)")
 
