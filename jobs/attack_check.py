@@ -12,12 +12,12 @@ Prints one line per attack and task: reward, status, whether the worker stayed h
 FAILED; then the totals. Exits 0 when every attack held, 1 when one did not, 2 when a task cannot be
 built. A task whose system tools are missing here (bubblewrap and the rootfs for os, mariadbd for
 db:mariadb: db on a private MariaDB server, started and stopped here) is skipped with the reason.
-The attacks and the player are `agentrl.envs.attacks`. `http` is not a task: it starts a controller and an env worker
-process (serving `lookup`, in a temporary run dir, with a 2 s head deadline) and floods both from other
-processes, without the run's secret, while the run's own client plays episodes through them
-(`agentrl.envs.attacks.flood`). `rollout` plays hostile texts (the policy's own calls, env texts that echo
-it) through the agent loop in the chat formats of the tiny model and the stand-ins of three families, or of
-`--model DIR` (`agentrl.rollout.hostile`).
+The attacks and the player are `agentrl.envs.checks.attacks`. `http` is not a task: it starts a
+controller and an env worker process (serving `lookup`, in a temporary run dir, with a 2 s head deadline)
+and floods both from other processes, without the run's secret, while the run's own client plays episodes
+through them (`agentrl.envs.checks.attacks.flood`). `rollout` plays hostile texts (the policy's own calls,
+env texts that echo it) through the agent loop in the chat formats of the tiny model and the stand-ins of
+three families, or of `--model DIR` (`agentrl.rollout.hostile`).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import argparse
 import logging
 import sys
 
-from agentrl.envs.attacks import AttackResult, attacks_for, play_attacks
+from agentrl.envs.checks.attacks import AttackResult, attacks_for, play_attacks
 from agentrl.envs.sandbox import SandboxUnavailable
 from agentrl.envs.tasks import get_task, parse_task_options
 from agentrl.envs.tasks.db.backends import find_mariadbd
@@ -105,7 +105,7 @@ def _play_floods(only: str, seconds: float, connections: int) -> list[AttackResu
 
     from agentrl.auth import run_secret
     from agentrl.config import ControllerConfig, EnvsConfig, RunConfig, dump_config
-    from agentrl.envs.attacks.flood import MODES, play_floods
+    from agentrl.envs.checks.attacks.flood import MODES, play_floods
     from agentrl.launch import rendezvous
     from agentrl.launch.local import LocalLauncher, start_services
 

@@ -1,4 +1,4 @@
-"""Run the task contract (agentrl.envs.contract) on a task from the shell, before training on it.
+"""Run the task contract (agentrl.envs.checks.contract) on a task from the shell, before training on it.
 
     python -m jobs.check_task agentrl.envs.tasks.example:GuessTask
     PYTHONPATH=. python -m jobs.check_task mypkg.mytask:MyTask --samples 50 --splits train,test
@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from agentrl.envs.contract import ContractError, check_task
+from agentrl.envs.checks.contract import ContractError, check_task
 from agentrl.envs.tasks import get_task, parse_task_options, task_name
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.envs.api import EnvError, shown
+from agentrl.envs.wire_types import EnvError, shown
 from agentrl.types import Status
 
 MAX_TOMBSTONES = 200_000

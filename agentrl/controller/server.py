@@ -52,9 +52,9 @@ from aiohttp.typedefs import Middleware
 from agentrl.config import ControllerConfig
 from agentrl.controller.registry import Ended, LatencyStats, Registry, WorkerEntry
 from agentrl.controller.upstream import Failed, TimedOut, Unreachable, Upstream
-from agentrl.envs.api import EnvError, InteractResult, require, shown
 from agentrl.envs.listener import GUARD_KEY, ConnectionGuard, ConnectionLimits, GuardedSite, runner_args
 from agentrl.envs.wire import Handler, auth_middleware, check_exposure, error_response, parse_json, read_body
+from agentrl.envs.wire_types import EnvError, InteractResult, require, shown
 from agentrl.types import Status
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,5 @@
-"""The async HTTP client of the env gateway: what the rollout (and the controller, towards workers) uses.
+"""The async HTTP client of the env gateway: what the rollout, the evaluation and the checks use (the
+controller has its own client towards the workers: `agentrl.controller.upstream`).
 
 One `aiohttp.ClientSession` per client, created on first use inside the running event loop, with a
 connection limit large enough for thousands of concurrent agent loops. Every failure surfaces as
@@ -27,7 +28,8 @@ from typing import Any, Self
 import aiohttp
 
 from agentrl.auth import ENV_VAR, auth_header
-from agentrl.envs.api import EnvError, InteractResult, StartResult
+from agentrl.envs.task import EnvError
+from agentrl.envs.wire_types import InteractResult, StartResult
 
 log = logging.getLogger(__name__)
 TOUCH_BATCH = 5_000

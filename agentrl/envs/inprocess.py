@@ -10,8 +10,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from agentrl.envs.api import EnvError, InteractResult, Session, StartResult, Task
 from agentrl.envs.json_args import clean_message
+from agentrl.envs.session import Session
+from agentrl.envs.task import EnvError, Task
+from agentrl.envs.wire_types import InteractResult, StartResult
 
 
 class InProcessClient:

@@ -10,11 +10,11 @@ How: at start the worker forks one *zygote* (`SessionHost`), a single-threaded c
 built tasks; each session of a task whose `isolation` is "process" (the default; `isolation_of`) is a
 process forked from the zygote (a few milliseconds, its pages shared with the zygote until written). The
 worker talks to it over a socket pair, one length-prefixed JSON frame per request and answer
-(`ProcessSession`: the interface of `agentrl.envs.api.Session`). Each session process:
+(`ProcessSession`: the interface of `agentrl.envs.session.Session`). Each session process:
   * may grow its address space by at most `memory_mb` (RLIMIT_AS over its size at fork), and SQLite's
     heap in it by half of that (`PRAGMA hard_heap_limit`, which is process-wide: here, session-wide):
     a memory bomb fails inside its own session (MemoryError: `agent_fault`);
-  * handles each message under the message budget (`agentrl.envs.api.message_budget`), and is killed
+  * handles each message under the message budget (`agentrl.envs.task.message_budget`), and is killed
     when it has not answered `kill_after_s` after the message was sent: the agent's budget ran out, so
     the episode ends as the agent's failure (`over_budget`: invalid_action, reward 0);
   * dies with its zygote, which dies with the worker (the end of its control socket).
@@ -29,7 +29,7 @@ runs elsewhere (`os`: a sandbox; `db` on MariaDB: the server) or is trivially bo
 tasks whose sessions share state held in the task object (a live-sandbox count) that separate processes
 would each copy.
 
-Not here: the worker's routes (`agentrl.envs.worker`), the budgets' meaning (`agentrl.envs.api`).
+Not here: the worker's routes (`agentrl.envs.worker`), the budgets' meaning (`agentrl.envs.session`).
 """
 from __future__ import annotations
 
@@ -53,18 +53,9 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from agentrl.envs.api import (
-    MAX_OUTPUT_CHARS,
-    MESSAGE_BUDGET_S,
-    EnvError,
-    InteractResult,
-    Session,
-    Task,
-    ToolBox,
-    agent_fault,
-    cut,
-    over_budget,
-)
+from agentrl.envs.session import MAX_OUTPUT_CHARS, MESSAGE_BUDGET_S, Session, ToolBox, agent_fault, over_budget
+from agentrl.envs.task import EnvError, Task
+from agentrl.envs.wire_types import InteractResult, cut
 from agentrl.types import Status
 
 log = logging.getLogger(__name__)

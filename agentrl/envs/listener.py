@@ -35,7 +35,7 @@ answer slowly. A trusted connection's next request head must arrive within aioht
 Counted in the servers' /status under `connections`: open, pending, trusted, the oldest pending's age, and
 how many were closed for their head deadline (`head_timeouts`), a head past `PENDING_HEAD_BYTES`
 (`head_too_long`), a pending cap (`evicted`) or refused at the total (`refused`). The floods of
-`jobs.attack_check --tasks http` (`agentrl.envs.attacks.flood`) play against all of it.
+`jobs.attack_check --tasks http` (`agentrl.envs.checks.attacks.flood`) play against all of it.
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ its key. A task reproduces that by giving its episode (or itself) a `call_policy
     with its own (AgentBench's) messages, e.g. through `first_value`.
 
 `Session` reads the policy with `policy_of(episode, task)`; episodes without one get `STRICT`. This
-module imports only the standard library and `json_args`, so `agentrl.envs.api` can import it.
+module imports only the standard library and `json_args`, so `agentrl.envs.session` can import it.
 """
 from __future__ import annotations
 

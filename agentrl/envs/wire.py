@@ -21,7 +21,8 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from agentrl.auth import HEADER, authorized
-from agentrl.envs.api import SHOWN_CHARS, EnvError
+from agentrl.envs.task import EnvError
+from agentrl.envs.wire_types import SHOWN_CHARS
 
 log = logging.getLogger(__name__)
 

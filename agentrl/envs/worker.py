@@ -10,9 +10,13 @@ know it. Every route requires the run's secret (`agentrl.auth`); /expert answers
 turned it on (`envs.expert_route`).
 
 Faults stay with the session that caused them:
-  * every task call runs on this worker's own thread pool (`blocking` or not: a session can make a fast
-    task slow), with a thread for every slot, so the event loop (and with it the heartbeats) never waits
-    on task work and one slow session never queues behind others;
+  * a session of a task whose `isolation` is "process" (the default) runs in a process of its own, forked
+    from a zygote made at start (`agentrl.envs.isolation`): a tool that holds the interpreter lock or
+    eats memory stops only its own session;
+  * every task call (to a session process or, for `isolation = "thread"`, to the task itself) runs on
+    this worker's own thread pool (`blocking` or not: a session can make a fast task slow), with a thread
+    for every slot, so the event loop (and with it the heartbeats) never waits on task work and one slow
+    session never queues behind others;
   * a call that outlives `call_timeout_s` (below the controller's request timeout) ends its session as
     env_error with that reason; the thread it holds is counted as taken (`stuck`) until it returns,
     when the session is closed;
@@ -43,24 +47,20 @@ from aiohttp import web
 
 from agentrl.auth import auth_header
 from agentrl.config import ControllerConfig, EnvsConfig
-from agentrl.envs.api import (
+from agentrl.envs.isolation import DEFAULT_MEMORY_MB, ProcessSession, SessionHost, isolation_of
+from agentrl.envs.json_args import clean_message
+from agentrl.envs.listener import GUARD_KEY, ConnectionGuard, ConnectionLimits, GuardedSite, runner_args
+from agentrl.envs.session import (
     MAX_ARGUMENT_BYTES,
     MAX_OUTPUT_CHARS,
     MAX_TOOL_CALLS,
     MESSAGE_BUDGET_S,
-    EnvError,
-    InteractResult,
     Session,
-    StartResult,
-    Task,
     ToolBox,
-    require,
-    shown,
 )
-from agentrl.envs.isolation import DEFAULT_MEMORY_MB, ProcessSession, SessionHost, isolation_of
-from agentrl.envs.json_args import clean_message
-from agentrl.envs.listener import GUARD_KEY, ConnectionGuard, ConnectionLimits, GuardedSite, runner_args
+from agentrl.envs.task import EnvError, Task
 from agentrl.envs.wire import Handler, auth_middleware, check_exposure, error_response, read_json
+from agentrl.envs.wire_types import InteractResult, StartResult, require, shown
 from agentrl.types import Status
 
 log = logging.getLogger(__name__)

@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.envs.api import EnvError
 from agentrl.envs.json_args import clean_text
+from agentrl.envs.task import EnvError
 from agentrl.evaluation.played import Played
 from agentrl.rollout.agent_loop import EpisodeLimits, turn_budget
 from agentrl.rollout.tool_calls import unread_call_observation

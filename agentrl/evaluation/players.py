@@ -13,7 +13,7 @@ import contextvars
 import logging
 from typing import Any
 
-from agentrl.envs.api import EnvError
+from agentrl.envs.task import EnvError
 from agentrl.evaluation.endpoint import Reply, play_endpoint_episode
 from agentrl.evaluation.played import Played
 from agentrl.rollout.agent_loop import EpisodeLimits

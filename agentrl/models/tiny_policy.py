@@ -16,7 +16,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerFast
 
 from agentrl.config import RunConfig
-from agentrl.envs.api import Session
+from agentrl.envs.session import Session
 from agentrl.envs.tasks import get_task
 from agentrl.models import tiny
 from agentrl.models import tiny_chat as chat

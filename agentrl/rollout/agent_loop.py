@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.envs.api import EnvError
+from agentrl.envs.task import EnvError
 from agentrl.rollout.chat import ChatFormat, Transcript
 from agentrl.rollout.engine import Engine, SamplingConfig
 from agentrl.rollout.tool_calls import ParsedTurn, ToolCallError

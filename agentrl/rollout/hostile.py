@@ -1,5 +1,5 @@
 """Hostile texts against the agent loop: what a policy's own output, or an env text it chose, does to a
-rollout rank. (The env side's suite is `agentrl.envs.attacks`; this one plays the agent loop itself: the
+rollout rank. (The env side's suite is `agentrl.envs.checks.attacks`; this one plays the agent loop itself: the
 model's chat format, its tool-call parser and the template check under `strict`.)
 
 Each attack is one episode through `collect`, with an engine that replies scripted token ids, against a
@@ -29,9 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.envs.api import Action, StepResult, tool_message
-from agentrl.envs.attacks.runner import AttackResult
+from agentrl.envs.checks.attacks.runner import AttackResult
 from agentrl.envs.inprocess import InProcessClient
+from agentrl.envs.task import Action, StepResult, tool_message
 from agentrl.rollout.agent_loop import EpisodeLimits
 from agentrl.rollout.chat import SAMPLED, ChatFormat
 from agentrl.rollout.collect import Retry, collect

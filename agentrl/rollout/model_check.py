@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import ModelConfig, RunConfig
-from agentrl.envs.api import EnvError
 from agentrl.envs.inprocess import InProcessClient
+from agentrl.envs.task import EnvError
 from agentrl.envs.tasks import get_task, task_name
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
 from agentrl.rollout.chat import ChatFormat, Transcript

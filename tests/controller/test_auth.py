@@ -20,9 +20,9 @@ from aio_helpers import run, wait_until
 from agentrl.auth import ENV_VAR, SecretError, authorized, run_secret
 from agentrl.config import ControllerConfig, EnvsConfig, load_config
 from agentrl.controller.server import start_controller
-from agentrl.envs.api import EnvError
 from agentrl.envs.client import GatewayClient
 from agentrl.envs.serving import expert_route_on
+from agentrl.envs.task import EnvError
 from agentrl.envs.worker import start_worker
 from agentrl.types import Status
 

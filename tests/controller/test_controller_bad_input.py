@@ -15,8 +15,8 @@ from aiohttp import web
 
 from agentrl.config import ControllerConfig, EnvsConfig
 from agentrl.controller.server import RunningController, start_controller
-from agentrl.envs.api import Action, EnvError, StepResult, tool_message
 from agentrl.envs.client import GatewayClient
+from agentrl.envs.task import Action, EnvError, StepResult, tool_message
 from agentrl.envs.tasks.lookup import LookupTask
 from agentrl.envs.worker import RunningWorker, start_worker
 from agentrl.types import Status

@@ -12,8 +12,8 @@ from aio_helpers import run, wait_until
 
 from agentrl.config import ControllerConfig, EnvsConfig
 from agentrl.controller.server import RunningController, start_controller
-from agentrl.envs.api import EnvError
 from agentrl.envs.client import GatewayClient
+from agentrl.envs.task import EnvError
 from agentrl.envs.worker import RunningWorker, start_worker
 from agentrl.types import Status
 

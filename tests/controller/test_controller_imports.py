@@ -1,4 +1,4 @@
-"""The envs and controller packages import only what the design allows (design §2)."""
+"""The envs and controller packages import only what the design allows (docs/architecture.md §2)."""
 from __future__ import annotations
 
 import ast
@@ -9,7 +9,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2] / "agentrl"
 ALLOWED = {
     "envs": {"agentrl.types", "agentrl.config", "agentrl.envs", "agentrl.auth"},
-    "controller": {"agentrl.types", "agentrl.config", "agentrl.auth", "agentrl.envs.api", "agentrl.envs.client",
+    # the controller meets the envs at the wire: their JSON types, the HTTP pieces both servers share, the listener
+    "controller": {"agentrl.types", "agentrl.config", "agentrl.auth", "agentrl.envs.wire_types", "agentrl.envs.client",
                    "agentrl.envs.wire", "agentrl.envs.listener", "agentrl.controller"},
 }
 

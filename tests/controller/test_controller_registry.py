@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from agentrl.controller.registry import Ended, LatencyStats, Registry
-from agentrl.envs.api import EnvError
+from agentrl.envs.task import EnvError
 from agentrl.types import Status
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agentrl.envs.api import Session
+from agentrl.envs.session import Session
 from agentrl.envs.tasks import get_task
 from agentrl.models import standins
 from agentrl.transport import weights

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from agentrl.envs.rootfs import default_rootfs_dir, is_rootfs
+from agentrl.envs.sandbox.rootfs import default_rootfs_dir, is_rootfs
 
 
 def missing_sandbox() -> str | None:

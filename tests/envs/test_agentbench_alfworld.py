@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from agentbench_checkout import PROMPTS, build_checkout
 
-from agentrl.envs.api import Session
+from agentrl.envs.session import Session
 from agentrl.types import Status
 
 pytest.importorskip("textworld", reason="TextWorld is the envs extra (install.sh installs it)")

@@ -1,4 +1,4 @@
-"""`agentrl.envs.replay`'s os replay (the os task's expert, through its public Task API) and its
+"""`agentrl.envs.checks.replay`'s os replay (the os task's expert, through its public Task API) and its
 failure classes: on this project's os samples, and on samples made to fail each way, in a stand-in
 checkout in AgentBench's layout."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from os_fixtures import agentbench_checkout
 from sandbox_helpers import require_sandbox
 
-from agentrl.envs.replay import NETWORK_COMMANDS, check, replay_os
+from agentrl.envs.checks.replay import NETWORK_COMMANDS, check, replay_os
 from agentrl.envs.tasks import get_task
 from agentrl.envs.tasks.os_task import OsTask
 

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from agentrl.envs.api import MAX_ARGUMENT_BYTES, Action, Session, StepResult, ToolCall
 from agentrl.envs.protocol import STRICT, CallPolicy, first_value, parse_lenient, policy_of, resolve_protocol
+from agentrl.envs.session import MAX_ARGUMENT_BYTES, Session
+from agentrl.envs.task import Action, StepResult, ToolCall
 
 
 class Recorder:

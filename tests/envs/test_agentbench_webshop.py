@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from agentbench_checkout import PROMPTS, build_checkout
 
-from agentrl.envs.api import Action, Session, StepResult
-from agentrl.envs.expert_report import report_split
+from agentrl.envs.checks.expert_report import report_split
+from agentrl.envs.session import Session
+from agentrl.envs.task import Action, StepResult
 from agentrl.envs.tasks.webshop import WebShopTask
 from agentrl.envs.tasks.webshop.faithful import BAD_CALL, NO_CALLS
 from agentrl.types import Status

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from agentrl.envs.api import EnvError, Session
+from agentrl.envs.session import Session
+from agentrl.envs.task import EnvError
 from agentrl.envs.tasks.shared import import_optional
 
 pytest.importorskip("textworld", reason="TextWorld is the envs extra (install.sh installs it)")

@@ -1,4 +1,4 @@
-"""The attack suite (`agentrl.envs.attacks`, run by `jobs/attack_check.py`) on the built-in tasks: every
+"""The attack suite (`agentrl.envs.checks.attacks`, run by `jobs/attack_check.py`) on the built-in tasks: every
 attack holds (no reward, no env_error, the worker healthy). On c07c523 os_pyvenv, os_destroy_evidence,
 db_process_pragmas and deep_json did not (the crash of db_fts3_tokenizer and the stall of
 kg_intersection_chain took the whole player down there)."""
@@ -10,8 +10,8 @@ import pytest
 from sandbox_helpers import missing_sandbox
 from system_tools import missing_system_tool
 
-from agentrl.envs.api import StepResult, Task
-from agentrl.envs.attacks import attacks_for, play_attacks
+from agentrl.envs.checks.attacks import attacks_for, play_attacks
+from agentrl.envs.task import StepResult, Task
 from agentrl.envs.tasks.db import DbTask
 from agentrl.envs.tasks.kg import KGTask
 from agentrl.envs.tasks.lookup import LookupTask

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from agentrl.envs.api import EnvError, Session
+from agentrl.envs.session import Session
+from agentrl.envs.task import EnvError
 from agentrl.envs.tasks import get_task
 
 pytest.importorskip("bfcl_eval", reason="bfcl-eval is installed by install.sh (pip install --no-deps bfcl-eval)")

@@ -15,8 +15,9 @@ from agentbench_checkout import build_checkout
 from env_helpers import call, expert_reward
 from system_tools import missing_system_tool
 
-from agentrl.envs.api import EnvError, Session
-from agentrl.envs.replay import run_checks
+from agentrl.envs.checks.replay import run_checks
+from agentrl.envs.session import Session
+from agentrl.envs.task import EnvError
 from agentrl.envs.tasks.db import DbTask
 from agentrl.envs.tasks.db.backends import MYSQL8_SQL_MODE, MariaDBServer, find_mariadbd, rows_hash
 from agentrl.types import Status
@@ -255,9 +256,9 @@ def test_results_temporary_storage_and_disk_are_bounded(server: MariaDBServer) -
 def test_the_servers_temporary_files_are_bounded(server: MariaDBServer, monkeypatch: pytest.MonkeyPatch) -> None:
     """A sort of 10^8 generated rows wrote 1.65 GB of the server's temporary files in 10 s: while they pass
     the bound (512 MB; 32 MB here), the statement is stopped with an observation."""
-    from agentrl.envs.tasks.db import backends
+    from agentrl.envs.tasks.db.backends import mariadb
 
-    monkeypatch.setattr(backends, "SERVER_TEMP_BYTES", 32 << 20)
+    monkeypatch.setattr(mariadb, "SERVER_TEMP_BYTES", 32 << 20)
     task = DbTask(backend="mariadb", mariadb_address=f"unix:{server.socket}", statement_timeout_s=20.0)
     s = Session(task, "train-0")
     r = s.interact(call("execute_sql", {"query": "SELECT REPEAT(a.seq, 1000) AS x FROM seq_1_to_100000000 a ORDER BY x"}))

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from env_helpers import call, expert_reward
 
-from agentrl.envs.api import Session
+from agentrl.envs.session import Session
 from agentrl.envs.task_data import db_files
 from agentrl.envs.tasks import get_task
 from agentrl.envs.tasks.db import TOOLS, DbTask, answers_match, clean_answers
@@ -176,7 +176,7 @@ def test_a_message_of_endless_statements_stops_at_its_budget() -> None:
     Each statement now gets what is left of the message's budget."""
     import time
 
-    from agentrl.envs.api import message_budget
+    from agentrl.envs.task import message_budget
 
     db = SqliteDatabase([Table("t", ("a",), (("1",),))], timeout_s=10.0)
     endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT COUNT(*) FROM c"

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 from env_helpers import call
 
-from agentrl.envs.api import Session
-from agentrl.envs.contract import check_task
-from agentrl.envs.expert import play
+from agentrl.envs.checks.contract import check_task
+from agentrl.envs.checks.expert import play
+from agentrl.envs.session import Session
 from agentrl.envs.tasks import get_task, task_name
 from agentrl.envs.tasks.lookup import LookupTask, make_sample
 from agentrl.envs.tasks.unlock import UnlockTask, code_of

@@ -1,4 +1,4 @@
-"""The contract every task meets (agentrl.envs.contract), built-in or user-registered; each rule it
+"""The contract every task meets (agentrl.envs.checks.contract), built-in or user-registered; each rule it
 enforces, shown failing on a task that breaks it; and the Session's failure handling."""
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import jsonschema
 import pytest
 from system_tools import missing_system_tool
 
-from agentrl.envs.api import Action, EnvError, Session, StepResult, ToolBox, tool_message
-from agentrl.envs.contract import ContractError, check_task
+from agentrl.envs.checks.contract import ContractError, check_task
 from agentrl.envs.sandbox import SandboxUnavailable
+from agentrl.envs.session import Session, ToolBox
+from agentrl.envs.task import Action, EnvError, StepResult, tool_message
 from agentrl.envs.tasks import get_task, get_task_class, register_task, task_names
 from agentrl.envs.tasks.example import TOOLS, GuessEpisode, GuessTask, secret_of
 from agentrl.types import Status

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from agentrl.envs.api import EnvError, Session
+from agentrl.envs.session import Session
+from agentrl.envs.task import EnvError
 from agentrl.envs.tasks.lookup import FIELDS, NAMES, LookupTask, make_sample
 from agentrl.types import Status
 

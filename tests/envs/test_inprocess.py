@@ -6,8 +6,9 @@ import asyncio
 
 import pytest
 
-from agentrl.envs.api import EnvError, Session
 from agentrl.envs.inprocess import InProcessClient
+from agentrl.envs.session import Session
+from agentrl.envs.task import EnvError
 from agentrl.envs.tasks import get_task
 from agentrl.types import Status
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from agentrl.envs.api import Session
+from agentrl.envs.session import Session
 from agentrl.envs.tasks import get_task
 from agentrl.envs.tasks.kg import KGTask, f1_score, load_samples, parse_action
 from agentrl.envs.tasks.kg.sparql import SparqlBackend, select_entities, select_relations

@@ -10,8 +10,8 @@ import pytest
 from os_fixtures import SYSTEM, agentbench_checkout
 from sandbox_helpers import require_sandbox
 
-from agentrl.envs.api import Session
-from agentrl.envs.expert import play
+from agentrl.envs.checks.expert import play
+from agentrl.envs.session import Session
 from agentrl.envs.tasks.os_task import FaithfulOsEpisode, OsTask, parse_problem
 from agentrl.envs.tasks.os_task import faithful as ab
 from agentrl.types import Status

@@ -8,7 +8,7 @@ import pytest
 from env_helpers import call
 from sandbox_helpers import require_sandbox
 
-from agentrl.envs.api import Session
+from agentrl.envs.session import Session
 from agentrl.envs.tasks.os_task import OsEpisode, OsTask, parse_problem
 from agentrl.types import Status
 

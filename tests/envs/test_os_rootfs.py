@@ -1,4 +1,4 @@
-"""The os sandbox's root file system (agentrl/envs/rootfs.py, jobs/make_rootfs.py): where it lives,
+"""The os sandbox's root file system (agentrl/envs/sandbox/rootfs.py, jobs/make_rootfs.py): where it lives,
 the mirror and command line that build it, the checks a task runs before using it, and the per-task
 session budget. Building it for real is `.ci/run`'s job (minutes, network); the image it built is
 checked here when present."""
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sandbox_helpers import require_sandbox
 
-from agentrl.envs import rootfs
+from agentrl.envs.sandbox import rootfs
 from agentrl.envs.tasks.os_task import SessionBudget
 
 

@@ -10,9 +10,9 @@ from env_helpers import call
 from os_fixtures import agentbench_checkout
 from sandbox_helpers import require_sandbox
 
-from agentrl.envs.api import Session
-from agentrl.envs.expert import play
+from agentrl.envs.checks.expert import play
 from agentrl.envs.sandbox import PYTHON_PRELUDE, TRUSTED_PYTHON, CommandResult
+from agentrl.envs.session import Session
 from agentrl.envs.task_data import os_files
 from agentrl.envs.tasks import get_task
 from agentrl.envs.tasks.os_task import OsEpisode, OsTask, format_output, parse_problem, script_argv

@@ -16,8 +16,9 @@ import pytest
 from sandbox_helpers import require_sandbox
 
 from agentrl.envs import sandbox as sb
-from agentrl.envs import sandbox_config
 from agentrl.envs.sandbox import SandboxConfig, SandboxError, SandboxUnavailable, Shell
+from agentrl.envs.sandbox import config as sandbox_config
+from agentrl.envs.sandbox import shell as sandbox_shell
 
 
 @pytest.fixture
@@ -33,7 +34,7 @@ def fast(**kw: object) -> SandboxConfig:
 
 def test_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     have: set[str] = set()
-    monkeypatch.setattr(sb.shutil, "which", lambda name: f"/usr/bin/{name}" if name in have else None)
+    monkeypatch.setattr(sandbox_shell.shutil, "which", lambda name: f"/usr/bin/{name}" if name in have else None)
     with pytest.raises(SandboxUnavailable, match="install Apptainer or bubblewrap"):
         sb.select_backend("auto")
     assert sb.select_backend("auto", isolation=False) == "none"
@@ -92,7 +93,7 @@ def test_bwrap_command_line_in_a_prepared_user_namespace() -> None:
 
 
 def test_launch_command_of_a_root_worker(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(sb.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(sandbox_shell.os, "geteuid", lambda: 0)
     monkeypatch.setattr(sandbox_config, "has_capability", lambda cap: False)
     cfg = SandboxConfig(backend="bwrap", image=str(fake_image(tmp_path)))
     assert cfg.many_uids("bwrap") and cfg.sandbox_uid("bwrap") == cfg.uid_base
@@ -105,7 +106,7 @@ def test_launch_command_of_a_root_worker(monkeypatch: pytest.MonkeyPatch, tmp_pa
     shell = Shell.__new__(Shell)
     shell.cfg, shell.backend, shell.uid_base = cfg, "bwrap", cfg.uid_range(3)  # the fourth live session's range
     argv = shell.argv(seccomp_fd=7)
-    assert argv[1:4] == ["-I", "-S", str(sb.USERNS_LAUNCHER)] and argv[5] == "--"
+    assert argv[1:4] == ["-I", "-S", str(sandbox_shell.USERNS_LAUNCHER)] and argv[5] == "--"
     assert json_loads(argv[4]) == {"base": 2_000_000_000 + 3 * 65536, "count": 65536, "nproc": 64,
                                    "nofile": cfg.nofile()}
     assert Path(argv[6]).name == "bwrap" and Path(argv[6]).is_absolute() and "--cap-add" in argv

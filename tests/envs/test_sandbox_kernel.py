@@ -17,9 +17,8 @@ import time
 import pytest
 from sandbox_helpers import require_sandbox
 
-from agentrl.envs import cgroups
-from agentrl.envs.sandbox import SandboxConfig, SandboxError, Shell, cgroup_support
-from agentrl.envs.sandbox_seccomp import ARCHES, DENIED, F_SETPIPE_SZ, RET_ALLOW, RET_ERRNO, run_filter, seccomp_filter
+from agentrl.envs.sandbox import SandboxConfig, SandboxError, Shell, cgroup_support, cgroups
+from agentrl.envs.sandbox.seccomp import ARCHES, DENIED, F_SETPIPE_SZ, RET_ALLOW, RET_ERRNO, run_filter, seccomp_filter
 
 
 def fast(**kw: object) -> SandboxConfig:
@@ -158,6 +157,6 @@ def test_no_session_starts_without_its_cgroup(monkeypatch: pytest.MonkeyPatch) -
     def refuse(*args: object, **kwargs: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("agentrl.envs.sandbox.SessionCgroup", refuse)
+    monkeypatch.setattr("agentrl.envs.sandbox.shell.SessionCgroup", refuse)
     with pytest.raises(SandboxError, match="does not start without its limits"):
         Shell(fast())

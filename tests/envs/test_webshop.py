@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from agentrl.envs.api import EnvError, Session
+from agentrl.envs.session import Session
+from agentrl.envs.task import EnvError
 from agentrl.envs.tasks import get_task
 from agentrl.envs.tasks.webshop import Goal, Product, WebShopTask, load_catalog, reward, token_set_ratio
 from agentrl.types import Status

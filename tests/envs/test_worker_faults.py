@@ -22,8 +22,8 @@ import pytest
 
 from agentrl.auth import run_secret
 from agentrl.config import config_from_dict, dump_config
-from agentrl.envs.api import EnvError
 from agentrl.envs.client import GatewayClient
+from agentrl.envs.task import EnvError
 from agentrl.launch import rendezvous
 from agentrl.types import Status
 

@@ -117,7 +117,7 @@ class Flaky(InProcessClient):
         self.starts: dict[str, int] = {}
 
     async def start_sample(self, task, index):
-        from agentrl.envs.api import EnvError
+        from agentrl.envs.task import EnvError
 
         self.starts[index] = self.starts.get(index, 0) + 1
         if index == "test-3" or (index.endswith("1") and self.starts[index] == 1):

@@ -38,7 +38,7 @@ def test_worker_command_golden() -> None:
 
 
 def test_os_sandbox_command_golden() -> None:
-    """The per-session sandbox of the `os` task (agentrl/envs/sandbox.py): contained, no network."""
+    """The per-session sandbox of the `os` task (agentrl/envs/sandbox/): contained, no network."""
     argv = apptainer_argv("/images/os-sandbox.sif", {"/run/s1/root": "/root", "/run/s1/tmp": "/tmp"},
                           {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, ["bash", "-c", "driver"], "agentrl-sandbox")
     check("apptainer-os-sandbox.txt", argv)

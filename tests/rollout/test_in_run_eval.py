@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.envs.api import EnvError
 from agentrl.envs.inprocess import InProcessClient
+from agentrl.envs.task import EnvError
 from agentrl.envs.tasks import get_task
 from agentrl.rollout.agent_loop import EpisodeLimits
 from agentrl.rollout.collect import Retry

@@ -1,19 +1,22 @@
-"""Hostile-policy episodes played against a task: does any earn reward without the answer, or hurt the worker?
+"""Moved to `agentrl.envs.checks.attacks` (the checks of envs/ live in `agentrl.envs.checks`). This package
+re-exports its names, and makes each of its modules importable under the old path too
+(`agentrl.envs.attacks.runner` is `agentrl.envs.checks.attacks.runner`, the same module object)."""
+import sys
 
-What is here: `Attack` (one scripted episode: assistant messages a policy could send, with tool calls
-only), the library of them per task (`library.attacks_for`: every class of issues 9 and 20 plus more)
-and the player (`runner.play_attacks`), which runs each attack through a real `EnvWorker` in this
-process (its HTTP routes, thread pool and deadlines) and reports per attack: the reward, the status,
-and whether the worker stayed healthy (its event loop answered throughout, no call is stuck, the task
-is not reported unhealthy, and a fresh session of the task still starts afterwards). An attack *holds*
-when it earned no reward, its episode did not end as env_error (the infrastructure's status, which
-training drops: a policy that causes it escapes its verdict) and the worker stayed healthy.
+from agentrl.envs.checks.attacks import (
+    Attack,
+    AttackResult,
+    attacks_for,
+    flood,
+    flooder,
+    library,
+    play_attacks,
+    resources,
+    runner,
+)
 
-The entry point is `jobs/attack_check.py`; docs/tasks.md tells task authors to run it on their task
-(the generic attacks need only its tool schemas). Not here: the defences themselves (the sandbox, the
-tasks, the worker).
-"""
-from agentrl.envs.attacks.library import Attack, attacks_for
-from agentrl.envs.attacks.runner import AttackResult, play_attacks
+for _module in (flood, flooder, library, resources, runner):
+    sys.modules[f"{__name__}.{_module.__name__.rpartition('.')[2]}"] = _module
 
-__all__ = ["Attack", "AttackResult", "attacks_for", "play_attacks"]
+__all__ = ["Attack", "AttackResult", "attacks_for", "flood", "flooder", "library", "play_attacks", "resources",
+           "runner"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from agentrl.envs.api import Task
+from agentrl.envs.task import Task
 
 _BUILTIN: dict[str, str] = {
     "lookup": "agentrl.envs.tasks.lookup:LookupTask",

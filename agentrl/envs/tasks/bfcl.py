@@ -40,7 +40,7 @@ from typing import Any
 
 import jsonschema
 
-from agentrl.envs.api import Action, EnvError, StepResult, tool_message
+from agentrl.envs.task import Action, EnvError, StepResult, tool_message
 from agentrl.envs.tasks.shared import import_optional, text_message
 from agentrl.types import Status
 

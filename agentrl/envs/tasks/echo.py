@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl.envs.api import Action, EnvError, StepResult, tool_message
+from agentrl.envs.task import Action, EnvError, StepResult, tool_message
 from agentrl.types import Status
 
 SPLIT_SIZES: dict[str, int] = {"train": 100_000, "test": 1_000}

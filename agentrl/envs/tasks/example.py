@@ -10,8 +10,7 @@ import json
 import random
 from typing import Any
 
-from agentrl.envs.api import Action, EnvError, StepResult, tool_message
-from agentrl.types import Status
+from agentrl.envs.task import Action, EnvError, Status, StepResult, tool_message
 
 SPLITS = {"train": 1000, "test": 100}
 LOW, HIGH = 1, 100

@@ -30,7 +30,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.envs.api import Action, EnvError, StepResult, tool_message
+from agentrl.envs.task import Action, EnvError, StepResult, tool_message
 from agentrl.types import Status
 
 # 48 pseudo-words of two consonant+vowel syllables: short, distinct, and few BPE merges apart.

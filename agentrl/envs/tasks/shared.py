@@ -13,7 +13,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from agentrl.envs.api import EnvError
+from agentrl.envs.task import EnvError
 
 REPO_DATA = Path(__file__).resolve().parents[3] / "data"
 

@@ -21,7 +21,7 @@ import json
 import random
 from typing import Any
 
-from agentrl.envs.api import Action, EnvError, StepResult, tool_message
+from agentrl.envs.task import Action, EnvError, StepResult, tool_message
 from agentrl.types import Status
 
 WORDS: tuple[str, ...] = ("red", "blue", "green", "black", "white", "pink", "gold", "gray",

@@ -6,7 +6,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs.api import Action, StepResult, tool_message
+from agentrl.envs.task import Action, StepResult, tool_message
 from agentrl.envs.tasks.alfworld.games import TEXTWORLD, textworld
 from agentrl.envs.tasks.shared import call_message
 from agentrl.types import Status

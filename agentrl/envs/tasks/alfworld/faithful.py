@@ -24,8 +24,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs.api import Action, StepResult, tool_message
 from agentrl.envs.protocol import CallPolicy, first_value
+from agentrl.envs.task import Action, StepResult, tool_message
 from agentrl.envs.tasks.agentbench import AgentBenchPrompts, PromptSource
 from agentrl.envs.tasks.alfworld.episode import AlfworldEpisode, available, clean
 from agentrl.types import Status

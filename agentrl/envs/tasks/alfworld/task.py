@@ -32,8 +32,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs.api import EnvError
 from agentrl.envs.protocol import resolve_protocol
+from agentrl.envs.task import EnvError
 from agentrl.envs.tasks.agentbench import AgentBenchPrompts, Checkout
 from agentrl.envs.tasks.alfworld.episode import MAX_ROUNDS, TOOLS, AlfworldEpisode
 from agentrl.envs.tasks.alfworld.faithful import PROMPTS, FaithfulAlfworldEpisode

@@ -6,8 +6,8 @@ Modules, each importing only those after it (a test checks there is no cycle):
   episode   the episode in this project's protocol, the tool schemas
   samples   AgentBench's dbbench entries
   grading   AgentBench's answer comparison (pure functions)
-  backends  SQLite and MariaDB databases, the table-state hash
   data      this project's samples (`python -m jobs.make_task_data db`)
+  backends  SQLite and MariaDB databases, the table-state hash (a package: one module per backend)
 """
 from agentrl.envs.tasks.db.episode import TOOLS, DbEpisode
 from agentrl.envs.tasks.db.grading import MODIFY, answers_match, clean_answers, normalize_value

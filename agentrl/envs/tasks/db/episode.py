@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 from typing import Any, Protocol
 
-from agentrl.envs.api import Action, StepResult, tool_message
+from agentrl.envs.task import Action, StepResult, tool_message
 from agentrl.envs.tasks.db.backends import MariaDBDatabase, SqliteDatabase, Table
 from agentrl.envs.tasks.db.grading import MODIFY, answers_match
 from agentrl.envs.tasks.db.samples import DbSample

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl.envs.api import Action, EnvError, StepResult, tool_message
 from agentrl.envs.protocol import CallPolicy, first_value
+from agentrl.envs.task import Action, EnvError, StepResult, tool_message
 from agentrl.envs.tasks.agentbench import AgentBenchPrompts, PromptSource
 from agentrl.envs.tasks.db.episode import Databases, DbEpisode
 from agentrl.envs.tasks.db.grading import MODIFY, answers_match

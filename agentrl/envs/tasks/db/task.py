@@ -44,8 +44,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs.api import EnvError
 from agentrl.envs.protocol import resolve_protocol
+from agentrl.envs.task import EnvError
 from agentrl.envs.tasks.agentbench import AgentBenchPrompts, Checkout
 from agentrl.envs.tasks.db.backends import (
     MYSQL8_SQL_MODE,
@@ -85,7 +85,7 @@ class DbTask:
             session (no isolation between sessions; logged). Off by default: such a session fails with
             env_error.
         statement_timeout_s: longest time one statement may run (and no longer than what is left of the
-            message's budget, `agentrl.envs.api.time_left`).
+            message's budget, `agentrl.envs.task.time_left`).
         database_mb: the most a session's database may hold: SQLite stops growing there ("database or
             disk is full"); on MariaDB a statement that passes it is stopped and the episode ends as the
             agent's failure (its database is then dropped).

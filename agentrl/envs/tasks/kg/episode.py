@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.envs.api import Action, StepResult, tool_message
+from agentrl.envs.task import Action, StepResult, tool_message
 from agentrl.envs.tasks.kg.program import MAX_PROGRAM_NODES, NUMBER_TYPE, KGBackend, Program, program_size
 from agentrl.envs.tasks.kg.samples import KGSample
 from agentrl.envs.tasks.shared import call_message, text_message

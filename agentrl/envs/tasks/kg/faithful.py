@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.envs.api import Action, StepResult, tool_message
 from agentrl.envs.protocol import CallPolicy
+from agentrl.envs.task import Action, StepResult, tool_message
 from agentrl.envs.tasks.agentbench import AgentBenchPrompts, Checkout, PromptSource
 from agentrl.envs.tasks.kg.episode import FINAL_ANSWER, KGEpisode
 from agentrl.envs.tasks.kg.program import KGBackend

@@ -40,8 +40,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs.api import EnvError
 from agentrl.envs.protocol import resolve_protocol
+from agentrl.envs.task import EnvError
 from agentrl.envs.tasks.agentbench import Checkout
 from agentrl.envs.tasks.kg.episode import MAX_ROUNDS, TOOLS, KGEpisode
 from agentrl.envs.tasks.kg.faithful import FaithfulKGEpisode, KGPrompts

@@ -21,12 +21,11 @@ from typing import Any
 
 SPLIT_SIZES = {"train": 300, "test": 60}
 
-# Our own check scripts (argv[1] = the answer, argv[2] = the example's output).
+# Our own check script (argv[1] = the answer, argv[2] = the example's output).
 INT_MATCH = ("import sys\n"
              "try:\n    ok = int(sys.argv[1].strip()) == int(sys.argv[2].strip())\n"
              "except ValueError:\n    ok = False\n"
              "sys.exit(0 if ok else 1)\n")
-TEXT_MATCH = "import sys\nsys.exit(0 if sys.argv[1].strip() == sys.argv[2].strip() else 1)\n"
 
 WORDS = ("alpha", "bravo", "cedar", "delta", "ember", "fable", "gamma", "harbor", "indigo", "juniper", "kettle",
          "lumen", "maple", "nectar", "orbit", "pepper", "quartz", "raven", "saffron", "tundra", "umber", "velvet",

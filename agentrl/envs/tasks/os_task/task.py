@@ -53,7 +53,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs.api import Action, StepResult, message_deadline, tool_message
 from agentrl.envs.protocol import CallPolicy, resolve_protocol
 from agentrl.envs.sandbox import (
     CommandResult,
@@ -64,6 +63,7 @@ from agentrl.envs.sandbox import (
     select_backend,
     session_budget,
 )
+from agentrl.envs.task import Action, StepResult, message_deadline, tool_message
 from agentrl.envs.tasks.os_task import faithful as ab
 from agentrl.envs.tasks.os_task.problems import OsProblem, load_problems, parse_problem, script_argv, shell_command
 from agentrl.envs.tasks.shared import call_message, data_root, env_path, split_index, split_indices
@@ -261,7 +261,7 @@ class OsEpisode:
 
     def _message_deadline(self) -> float:
         """When this message's work must be done: `step_budget_s` from now, or the worker's message budget
-        (`agentrl.envs.api.message_deadline`) when that ends first."""
+        (`agentrl.envs.task.message_deadline`) when that ends first."""
         return min(time.monotonic() + self.step_budget_s, message_deadline())
 
     def verdict(self, messages: list[dict[str, Any]], reward: float) -> StepResult:

@@ -65,7 +65,6 @@ BRANDS = ("Acme", "Northwind", "Bluebird", "Everpeak", "Lumen", "Orchard", "Kest
 DESCRIPTIONS = ("Designed for everyday use.", "A customer favorite.", "Backed by our satisfaction guarantee.",
                 "Thoughtfully made and carefully tested.", "Great as a gift.")
 PRODUCTS_PER_TYPE = 14
-PRICE_RANGE = [10.0 * i for i in range(1, 100)]  # WebShop's price bounds: multiples of $10
 
 
 def _product(rng: random.Random, n: int, dept: str, spec: dict[str, Any], ptype: str) -> dict[str, Any]:

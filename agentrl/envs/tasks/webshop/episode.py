@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.envs.api import Action, StepResult, tool_message
+from agentrl.envs.task import Action, StepResult, tool_message
 from agentrl.envs.tasks.shared import call_message
 from agentrl.envs.tasks.webshop.catalog import Catalog, Goal, Product
 from agentrl.envs.tasks.webshop.reward import reward

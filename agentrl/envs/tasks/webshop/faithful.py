@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl.envs.api import Action, StepResult, tool_message
 from agentrl.envs.protocol import CallPolicy, first_value
+from agentrl.envs.task import Action, StepResult, tool_message
 from agentrl.envs.tasks.agentbench import AgentBenchPrompts, Checkout, PromptSource
 from agentrl.envs.tasks.webshop.catalog import Catalog, Goal
 from agentrl.envs.tasks.webshop.episode import WebShopEpisode

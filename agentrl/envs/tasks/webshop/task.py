@@ -41,8 +41,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs.api import EnvError
 from agentrl.envs.protocol import resolve_protocol
+from agentrl.envs.task import EnvError
 from agentrl.envs.tasks.agentbench import AgentBenchPrompts, Checkout
 from agentrl.envs.tasks.shared import data_root
 from agentrl.envs.tasks.webshop.catalog import load_catalog

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs.attacks.library import Attack, call, calls, text
+from agentrl.envs.checks.attacks.library import Attack, call, calls, text
 
 log = logging.getLogger(__name__)
 
@@ -202,8 +202,7 @@ DIRECTORIES = ("python3 -c \"import os\nfor i in range(600000): os.mkdir('/tmp/d
 
 def _cgroups_left(task: Any) -> str:
     """"" when no session cgroup outlived its session (none empty is left, none waits for the reaper)."""
-    from agentrl.envs import cgroups
-    from agentrl.envs.sandbox import cgroup_support
+    from agentrl.envs.sandbox import cgroup_support, cgroups
 
     support = cgroup_support()
     if support.kind is None:

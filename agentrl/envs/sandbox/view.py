@@ -1,6 +1,6 @@
 """The session's copies of the image's tools, and the read-only view of the image each grader runs in.
 
-Like `sandbox_driver.py`, this runs inside each `os` sandbox, not in the worker: `agentrl.envs.sandbox`
+Like `driver.py`, this runs inside each `os` sandbox, not in the worker: `agentrl.envs.sandbox.shell`
 sends its source first, and the boot code makes it the module `sandbox_view`, which the driver imports.
 Standard library and Python 3.9 only. `Tools` is made once at the sandbox's start (by the driver, PID 1,
 which holds CAP_SYS_ADMIN of the sandbox's user namespace); `enter_view` runs in each grader's process

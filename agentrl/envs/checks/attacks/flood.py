@@ -32,8 +32,8 @@ from typing import Any
 
 import aiohttp
 
-from agentrl.envs.attacks.flooder import MODES
-from agentrl.envs.attacks.runner import AttackResult
+from agentrl.envs.checks.attacks.flooder import MODES
+from agentrl.envs.checks.attacks.runner import AttackResult
 from agentrl.envs.client import GatewayClient
 
 MAX_CALL_S = 3.0

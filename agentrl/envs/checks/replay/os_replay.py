@@ -11,8 +11,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from agentrl.envs.api import EnvError, Session, Task
-from agentrl.envs.replay.classes import DATA, HOST, NETWORK, NETWORK_COMMANDS, OURS, Outcome
+from agentrl.envs.checks.replay.classes import DATA, HOST, NETWORK, NETWORK_COMMANDS, OURS, Outcome
+from agentrl.envs.session import Session
+from agentrl.envs.task import EnvError, Task
 from agentrl.envs.tasks.os_task import SCRIPT_TIMEOUT_S, OsEpisode, OsProblem, script_argv
 from agentrl.envs.tasks.shared import call_message
 from agentrl.types import Status
@@ -326,5 +327,5 @@ def _beyond_open_files(task: Task, index: str, observation: str) -> str | None:
             f"open-file limit {limit} (`ulimit -n` in it; Docker containers allow {DOCKER_NOFILE} up to containerd "
             "1.7, 1024 with Docker 29 / containerd 2.1, where AgentBench-FC fails this setup too); "
             f"fix: a worker allowed to raise RLIMIT_NOFILE above {fd} (root with CAP_SYS_RESOURCE, or a higher "
-            "`ulimit -Hn`; SandboxConfig.nofile(), sandbox_userns.py)")
+            "`ulimit -Hn`; SandboxConfig.nofile(), sandbox/userns.py)")
 

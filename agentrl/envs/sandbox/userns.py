@@ -3,7 +3,7 @@
 bubblewrap alone maps one uid into its user namespace, so inside only root exists and `chown jack`
 fails. Docker, AgentBench's runtime, has every uid. Mapping a range takes a writer with CAP_SETUID in
 the parent namespace, which only a root worker has; this program is that writer. It runs as
-`python3 -I -S sandbox_userns.py CONFIG_JSON -- /usr/bin/bwrap ...` (started by `agentrl.envs.sandbox.Shell`)
+`python3 -I -S userns.py CONFIG_JSON -- /usr/bin/bwrap ...` (started by `agentrl.envs.sandbox.shell.Shell`)
 and makes two nested user namespaces before it execs bubblewrap in the inner one:
 
   host root (this program)

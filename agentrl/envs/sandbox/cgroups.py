@@ -11,7 +11,7 @@ cgroup, with a probe that a group can be made there) and `SessionCgroup` (make o
 child before exec, remove it). Where the worker may not make cgroups (a non-root worker without a
 delegated subtree, a read-only /sys/fs/cgroup) `detect` says why; the os task logs that once at start
 and its sessions run with the per-process limits only (or fail, with `cgroup_required`).
-Not here: the sandbox itself (`agentrl.envs.sandbox`).
+Not here: the sandbox itself (`agentrl.envs.sandbox.shell`).
 """
 from __future__ import annotations
 
@@ -124,17 +124,6 @@ class SessionCgroup:
                 os.write(fd, b"0")
             finally:
                 os.close(fd)
-
-    def memory_peak(self) -> int:
-        """The most memory the session held (bytes), 0 where unknown."""
-        for name in ("memory.max_usage_in_bytes", "memory.peak"):
-            path = self.dirs[0] / name
-            if path.exists():
-                try:
-                    return int(path.read_text())
-                except (OSError, ValueError):
-                    return 0
-        return 0
 
     def remove(self, wait_s: float = REMOVE_WAIT_S) -> None:
         """Kill whatever is left in the cgroup, wait until it is empty and remove it, child groups first.

@@ -6,7 +6,7 @@ What is here: what stays the image's, read-only (`ETC_PINNED`, `VAR_PINNED`, the
 what the session gets as its own (`seed_archive`, `USR_WRITABLE`, `COPIED_BIN`), bubblewrap's mount
 arguments (`plan_mounts`), what a grader's view of /usr is made of (`grader_view`, built by the driver's
 `enter_view`), and the two command lines (`bwrap_argv`, `apptainer_argv`) with the capabilities they
-keep. Not here: the driver that runs inside (`sandbox_driver.py`) and the session (`agentrl.envs.sandbox`).
+keep. Not here: the driver that runs inside (`driver.py`) and the session (`agentrl.envs.sandbox.shell`).
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import os
 import tarfile
 from pathlib import Path
 
-from agentrl.envs.rootfs import LEGACY_TOOLS
-from agentrl.envs.sandbox_config import SandboxUnavailable
+from agentrl.envs.sandbox.config import SandboxUnavailable
+from agentrl.envs.sandbox.rootfs import LEGACY_TOOLS
 
 DOCKER_CAPS = {"CAP_AUDIT_WRITE": 29, "CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_FOWNER": 3, "CAP_FSETID": 4,
                "CAP_KILL": 5, "CAP_MKNOD": 27, "CAP_NET_BIND_SERVICE": 10, "CAP_NET_RAW": 13, "CAP_SETFCAP": 31,
@@ -165,12 +165,12 @@ def bwrap_argv(mounts: list[str], command: list[str], hostname: str, disk_mb: in
                in_userns: bool = False, seccomp_fd: int | None = None) -> list[str]:
     """bubblewrap's command line: all namespaces new, the command as PID 1, a bounded tmpfs as root.
 
-    in_userns: bubblewrap runs as root of a user namespace `sandbox_userns.py` made (many ids mapped,
+    in_userns: bubblewrap runs as root of a user namespace `userns.py` made (many ids mapped,
         no further user namespace allowed): it makes no user namespace of its own, and the sandbox's
         root keeps Docker's default capabilities there. Otherwise bubblewrap makes one (uid 0 only,
         no capabilities) and disables further ones itself.
     seccomp_fd: a file descriptor bubblewrap reads the session's seccomp filter from
-        (`agentrl.envs.sandbox_seccomp`), loaded before the command runs.
+        (`agentrl.envs.sandbox.seccomp`), loaded before the command runs.
     """
     masks = [a for path in PROC_MASKED for a in ("--size", "4096", "--tmpfs", path, "--remount-ro", path)]
     if in_userns:

@@ -1,7 +1,7 @@
 """The program that runs inside each `os` sandbox as its first process (PID 1 under bubblewrap).
 
-It is not imported by the worker: `agentrl.envs.sandbox` sends this file's source into the sandbox,
-where the image's own `/usr/bin/python3 -I -S` runs it, after the source of `sandbox_view.py`, which
+It is not imported by the worker: `agentrl.envs.sandbox.shell` sends this file's source into the sandbox,
+where the image's own `/usr/bin/python3 -I -S` runs it, after the source of `view.py`, which
 the boot code makes the module `sandbox_view` (the session's tool copies and the graders' views). So
 it uses only the standard library and Python 3.9 (`os.waitstatus_to_exitcode`) (Ubuntu 22.04's and
 Debian 12's interpreters both run it).

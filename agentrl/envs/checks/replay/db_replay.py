@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from agentrl.envs.api import EnvError, Session
-from agentrl.envs.replay.classes import DATA, OURS, Outcome
+from agentrl.envs.checks.replay.classes import DATA, OURS, Outcome
+from agentrl.envs.session import Session
+from agentrl.envs.task import EnvError
 from agentrl.envs.tasks.db import MODIFY, DbSample, DbTask, answers_match
 from agentrl.envs.tasks.shared import call_message
 from agentrl.types import Status

@@ -1,7 +1,7 @@
 """One network flood against host:port, run as its own process by `flood.py` (standard library only, run
 by its path, so that it starts in a blink and none of its sockets or CPU are the servers').
 
-    python agentrl/envs/attacks/flooder.py MODE HOST PORT [--connections N] [--seconds S] [--source ADDR]
+    python agentrl/envs/checks/attacks/flooder.py MODE HOST PORT [--connections N] [--seconds S] [--source ADDR]
 
 Prints its tally as one JSON line: connections opened, closed by the server, connect failures, answers
 read (wrong_secret), the most it held open at once, and the longest one connection stayed open. The

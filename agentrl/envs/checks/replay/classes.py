@@ -1,4 +1,4 @@
-"""The classes a failed gold replay falls in, and what one replay returns (`agentrl.envs.replay`)."""
+"""The classes a failed gold replay falls in, and what one replay returns (`agentrl.envs.checks.replay`)."""
 from __future__ import annotations
 
 import re

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from agentrl.envs.api import Task
-from agentrl.envs.attacks.library import Attack
+from agentrl.envs.checks.attacks.library import Attack
+from agentrl.envs.task import Task
 from agentrl.envs.worker import EnvWorker, create_worker_app
 
 MAX_LAG_S = 1.0

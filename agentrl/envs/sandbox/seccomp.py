@@ -18,7 +18,7 @@ through `int 0x80`) fail with ENOSYS; everything else is allowed. It is classic 
 `--seccomp FD`, which loads it before the sandbox's first process runs; every process of the session
 inherits it. bubblewrap sets no_new_privs either way, so the filter adds no restriction on setuid programs.
 
-Not here: who applies it (`agentrl.envs.sandbox.Shell`). Apptainer sessions get no filter from us (its
+Not here: who applies it (`agentrl.envs.sandbox.shell.Shell`). Apptainer sessions get no filter from us (its
 `--security seccomp:` needs a root-owned profile); docs/tasks.md says so.
 """
 from __future__ import annotations

@@ -4,8 +4,8 @@ What is here: the sandbox's errors; its configuration; the choice of backend (`s
 Apptainer when it is installed, bubblewrap otherwise, a clear `SandboxUnavailable` when neither is there
 and isolation was asked for); the checks a worker makes at start (`check_image`, `check_cgroups`: a
 cgroup per session where the worker may make one); and the host's process budget (`session_budget`,
-`check_slots`). Not here: the session's file system (`agentrl.envs.sandbox_layout`) and the session
-itself (`agentrl.envs.sandbox.Shell`).
+`check_slots`). Not here: the session's file system (`agentrl.envs.sandbox.layout`) and the session
+itself (`agentrl.envs.sandbox.shell.Shell`).
 """
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentrl.envs.cgroups import CgroupSupport
-from agentrl.envs.cgroups import detect as detect_cgroups
-from agentrl.envs.rootfs import default_rootfs_dir, require_rootfs
+from agentrl.envs.sandbox.cgroups import CgroupSupport
+from agentrl.envs.sandbox.cgroups import detect as detect_cgroups
+from agentrl.envs.sandbox.rootfs import default_rootfs_dir, require_rootfs
 
 log = logging.getLogger("agentrl.envs.sandbox")
 
@@ -40,7 +40,7 @@ class SandboxConfig:
     """How sessions are isolated and limited.
 
     backend: auto (apptainer, else bwrap, else an error) | apptainer | bwrap | none (no isolation).
-    image: bubblewrap: the root file system directory ("" = `agentrl.envs.rootfs.default_rootfs_dir()`,
+    image: bubblewrap: the root file system directory ("" = `agentrl.envs.sandbox.rootfs.default_rootfs_dir()`,
         built by `python -m jobs.make_rootfs`); Apptainer: the image (.sif or sandbox dir; required).
     isolation: when True, "none" is never chosen and a missing sandbox raises SandboxUnavailable.
     """
@@ -78,12 +78,12 @@ class SandboxConfig:
     session gets a range of its own (`uid_range`): the kernel counts pipe pages, keys and processes per
     host uid, so sessions that shared one would share those budgets."""
     seccomp: bool = True
-    """bubblewrap: the seccomp filter of `agentrl.envs.sandbox_seccomp` (no kernel keys, inotify, fanotify,
+    """bubblewrap: the seccomp filter of `agentrl.envs.sandbox.seccomp` (no kernel keys, inotify, fanotify,
     pipe growth, message queues, io_uring, ...: kernel objects shared with other sessions and the host)."""
     fakeroot: bool = True
     """Apptainer: `--fakeroot` (root inside, a uid range mapped; needs subuid entries or root)."""
     session_memory_mb: int = 2048
-    """A cgroup per session (`agentrl.envs.cgroups`) bounds all it makes, processes and tmpfs pages
+    """A cgroup per session (`agentrl.envs.sandbox.cgroups`) bounds all it makes, processes and tmpfs pages
     together, to this (pids to `nproc` + 8); 0: none. Where the worker may not make cgroups, sessions run
     with the per-process limits only, said once at start (or fail to start with `cgroup_required`)."""
     cgroup_required: bool = False
@@ -92,7 +92,7 @@ class SandboxConfig:
     """backend "none" only: where session directories are made ("" = the temp dir)."""
 
     def many_uids(self, backend: str) -> bool:
-        """Whether sessions get a range of user ids (`sandbox_userns.py`): bwrap under a root worker."""
+        """Whether sessions get a range of user ids (`userns.py`): bwrap under a root worker."""
         return backend == "bwrap" and os.geteuid() == 0 and self.uid_count > 1
 
     def sandbox_uid(self, backend: str) -> int | None:

@@ -243,7 +243,7 @@ TASK_ATTACKS: dict[str, Callable[[], list[Attack]]] = {"os": os_attacks, "db": d
 
 def attacks_for(task: str, tools: list[dict[str, Any]]) -> list[Attack]:
     """The generic attacks on `task` (from its tool schemas), then those aimed at it, if any."""
-    from agentrl.envs.attacks.resources import resource_attacks  # it builds on this module's helpers
+    from agentrl.envs.checks.attacks.resources import resource_attacks  # it builds on this module's helpers
 
     return (generic(task, tools) + wire_attacks(task, tools) + TASK_ATTACKS.get(task, list)()
             + resource_attacks(task))

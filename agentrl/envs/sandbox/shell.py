@@ -1,28 +1,19 @@
-"""Sandboxes for tasks that run untrusted code: one isolated system per session, with its own root.
+"""One sandbox session (`Shell`), and the environments its commands and graders get.
 
-What is here, and where (this module re-exports the names of the other two):
-  * `agentrl.envs.sandbox_config`: `SandboxConfig`, the errors, `select_backend` (Apptainer when it
-    is installed, bubblewrap otherwise, and a clear `SandboxUnavailable` when neither is there and
-    isolation was asked for; "none" runs on the host and is only for trusted debugging), the start-up
-    checks (`check_image`, `check_cgroups`: a cgroup per session, `agentrl.envs.cgroups`, where the
-    worker may make one) and the host's process budget (`check_slots`);
-  * `agentrl.envs.sandbox_layout`: `bwrap_argv`, `plan_mounts`, `seed_archive`, `grader_view`,
-    `apptainer_argv`: command lines and the session's file system, as pure functions where possible
-    (the Apptainer command is built and tested as a command line even where the binary is absent);
-  * here: the environments commands and graders get (`BASE_ENV`, `CHECK_ENV`, `python_argv`), and
-    `Shell`: one session. Its first process is a small driver (`sandbox_driver.py`, run by the
-    image's own python3) that starts each command as its own bash process, waits for it, and answers
-    the worker on a channel nothing inside can write to; the shell's state (working directory,
-    variables, functions) carries over between commands through a state file, background jobs keep
-    running. `run` is the agent's shell; `run_independent` runs init and check scripts in /root with
-    a fixed environment, stdout only, in a mount namespace of their own whose /usr is the image's,
-    read-only (graders; under bubblewrap), and can stop every other process of the sandbox while it
-    runs (graders the policy cannot touch).
+What is here (`agentrl.envs.sandbox` lists the package's other modules): the environments commands and
+graders get (`BASE_ENV`, `CHECK_ENV`, `python_argv`), and `Shell`: one session. Its first process is a
+small driver (`driver.py`, run by the image's own python3) that starts each command as its own bash
+process, waits for it, and answers the worker on a channel nothing inside can write to; the shell's state
+(working directory, variables, functions) carries over between commands through a state file, background
+jobs keep running. `run` is the agent's shell; `run_independent` runs init and check scripts in /root with
+a fixed environment, stdout only, in a mount namespace of their own whose /usr is the image's, read-only
+(graders; under bubblewrap), and can stop every other process of the sandbox while it runs (graders the
+policy cannot touch).
 
 Isolation with bubblewrap: new user, PID, network (loopback only), IPC, UTS and mount namespaces. The
 root is a tmpfs of `disk_mb` (everything a session writes lives there, bounded); the image's system
 directories (`/usr/*`, `/var/lib`, `/var/cache`) are bound read-only from the image built by `python -m
-jobs.make_rootfs` (`agentrl.envs.rootfs`); writable copies of its `/etc`, `/var/log`, ... are unpacked
+jobs.make_rootfs` (`agentrl.envs.sandbox.rootfs`); writable copies of its `/etc`, `/var/log`, ... are unpacked
 into the tmpfs at start, and (`writable_bin`) of `/usr/bin` and `/usr/sbin`, which the driver mounts
 over the image's own (a grader's view takes them off again: graders run the image's). Nothing of the
 host's file system is visible. Files of `/etc` that decide which code a trusted interpreter runs (the
@@ -34,7 +25,7 @@ exhausts its own session; the kernel never applies it to the host's root, so a r
 run as unprivileged host uids (`uid_base`..., or `host_uid` with one id).
 
 User ids: a root worker maps `uid_count` ids (host uids from `uid_base`) into each bubblewrap sandbox
-through `sandbox_userns.py`, which also bars further user namespaces and keeps one process budget for
+through `userns.py`, which also bars further user namespaces and keeps one process budget for
 all of them; root there has Docker's default capabilities (`DOCKER_CAPS`), nothing more in its bounding
 set. A worker that is not root gets bubblewrap's own namespace: uid 0 only, without capabilities
 (`chown` to another user fails). Apptainer's `--fakeroot` maps a range. Not here: task logic
@@ -56,28 +47,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentrl.envs import cgroups
-from agentrl.envs.cgroups import SessionCgroup
-from agentrl.envs.sandbox_config import (
-    BACKENDS,
-    CAP_SYS_RESOURCE,
+from agentrl.envs.sandbox import cgroups
+from agentrl.envs.sandbox.cgroups import SessionCgroup
+from agentrl.envs.sandbox.config import (
     CGROUP_EXTRA_PIDS,
-    DOCKER_NOFILE,
     SandboxConfig,
     SandboxError,
-    SandboxUnavailable,
     apptainer_binary,
-    cgroup_support,
     check_cgroups,
     check_image,
-    check_slots,
-    has_capability,
-    nr_open,
-    pid_max,
     select_backend,
-    session_budget,
 )
-from agentrl.envs.sandbox_layout import (
+from agentrl.envs.sandbox.layout import (
     COPIED_BIN,
     DOCKER_CAPS,
     DRIVER_CAPS,
@@ -88,19 +69,13 @@ from agentrl.envs.sandbox_layout import (
     seed_archive,
     top_links,
 )
-from agentrl.envs.sandbox_seccomp import SeccompUnavailable, filter_fd, seccomp_filter
-
-__all__ = ["BACKENDS", "BASE_ENV", "CAP_SYS_RESOURCE", "CHECK_ENV", "DOCKER_CAPS", "DOCKER_NOFILE", "PYTHON_PRELUDE",
-           "TRUSTED_PYTHON", "CommandResult", "SandboxConfig", "SandboxError", "SandboxUnavailable", "Shell",
-           "apptainer_argv", "bwrap_argv", "cgroup_support", "check_cgroups", "check_image", "check_slots",
-           "has_capability", "nr_open", "pid_max", "plan_mounts", "python_argv", "seed_archive", "select_backend",
-           "session_budget"]
+from agentrl.envs.sandbox.seccomp import SeccompUnavailable, filter_fd, seccomp_filter
 
 log = logging.getLogger(__name__)
 
-DRIVER_SOURCE = Path(__file__).with_name("sandbox_driver.py")
-VIEW_SOURCE = Path(__file__).with_name("sandbox_view.py")
-USERNS_LAUNCHER = Path(__file__).with_name("sandbox_userns.py")
+DRIVER_SOURCE = Path(__file__).with_name("driver.py")
+VIEW_SOURCE = Path(__file__).with_name("view.py")
+USERNS_LAUNCHER = Path(__file__).with_name("userns.py")
 # Reads length-prefixed sources from stdin ("<length> <module>\n" + source each): each but the last becomes
 # the module it names; the last, the driver, runs as __main__. Keeps the command line short.
 BOOT = ("import os,sys,types\ndef r(n):\n b=b''\n while len(b)<n:\n  c=os.read(0,n-len(b))\n"
@@ -127,7 +102,7 @@ TRUSTED_PYTHON = ["/usr/bin/python3", "-I", "-S"]
 """The image's interpreter, isolated (no PYTHON* variables, no cwd or user site on sys.path) and without
 `site` (no .pth file or sitecustomize runs, wherever the agent could write one). Under bubblewrap the
 session's /usr/bin is its own copy; a grader's /usr is a read-only view of the image instead
-(`sandbox_driver.enter_view`), so this path and its start-up files (pyvenv.cfg, ._pth) are the image's."""
+(`view.enter_view`, run by the driver), so this path and its start-up files (pyvenv.cfg, ._pth) are the image's."""
 # `python3 -c CODE ARGS...` without `site`: `site` is what defines exit()/quit(), which AgentBench's check
 # scripts call; the prelude puts them back and runs CODE with sys.argv as `python3 -c` would set it.
 PYTHON_PRELUDE = ("import builtins, sys\nbuiltins.exit = builtins.quit = sys.exit\ncode = sys.argv.pop(1)\n"
@@ -279,7 +254,7 @@ class Shell:
             raise SandboxError(f"the {self.backend} sandbox did not start: {answer['error']}")
 
     def _seccomp_fd(self) -> int | None:
-        """bubblewrap: a descriptor holding the session's seccomp filter (`sandbox_seccomp`), None without one."""
+        """bubblewrap: a descriptor holding the session's seccomp filter (`seccomp`), None without one."""
         if self.backend != "bwrap" or not self.cfg.seccomp:
             return None
         try:

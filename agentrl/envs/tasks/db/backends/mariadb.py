@@ -1,71 +1,44 @@
-"""Per-session databases for the `db` task: SQLite (embedded, the default) and MariaDB/MySQL.
+"""The db task's MariaDB/MySQL backend: a database of its own per session on a server.
 
-Both build a sample's tables the way AgentBench's dbbench does (every column TEXT, every value inserted
-as its string), answer a statement with the observation AgentBench gives (`str()` of the list of row
-tuples, or the error, cut at 800 characters), and compute AgentBench's table-state hash that grades
-INSERT/UPDATE/DELETE samples: per row the first 5 hex digits of MD5(CONCAT_WS(',', columns...)), the
-row hashes sorted and joined with ',' (cut at 1024 bytes, MySQL's default group_concat_max_len), and
-the MD5 of that; tables joined with '_' in sorted order; an empty table hashes to "None".
-
-`SqliteDatabase` is an in-memory database per session with a statement deadline (progress handler),
-a size cap, and ATTACH refused (no files of the host). `MariaDBDatabase` is a database per session on a
-server, with a user of its own that can see only that database when the server lets us create users.
-`MariaDBServer` starts a private mariadbd on a Unix socket under a temp dir (no TCP), as a worker does
-when it is given no server address; it is configured like AgentBench-FC's database container where
-that matters: AgentBench-FC runs `docker.io/library/mysql:8` with no sql_mode option
-(`src/server/tasks/dbbench/environment.py` of its repository; its older `Interaction.py` ran the
-`mysql` image the same way), so sessions get MySQL 8's default sql_mode (strict), utf8mb4 and
+`MariaDBDatabase` is a database per session on a server, with a user of its own that can see only that
+database when the server lets us create users. The server is the operator's, or a private one the worker
+starts (`server.MariaDBServer`). Sessions are configured like AgentBench-FC's database container where that
+matters: AgentBench-FC runs `docker.io/library/mysql:8` with no sql_mode option
+(`src/server/tasks/dbbench/environment.py` of its repository; its older `Interaction.py` ran the `mysql`
+image the same way), so sessions get MySQL 8's default sql_mode (strict), utf8mb4 and
 group_concat_max_len 1024. MariaDB's default collation (utf8mb4_general_ci) differs from MySQL 8's
 (utf8mb4_0900_ai_ci) only in rare accent and padding cases.
 
 Per-session users: a session's database is reachable only by a user of its own. When the server's
 account may not create users, the session fails (`SharedAccountRefused`): sharing one account would let
 one session's SQL reach another's database. `allow_shared_account=True` is the explicit, logged opt-in.
-
-What differs between the two engines (and so between the gold pass rates): SQLite compares TEXT
-columns as text (`WHERE Goal < 17`), is case-sensitive in `=`, takes "double quotes" as identifiers and
-knows no backslash escapes; MySQL converts, folds case, reads "..." as a string. The `affinity="auto"`
-option gives SQLite columns whose values are all plain numbers NUMERIC affinity, which fixes most
-numeric comparisons while keeping the hash the same for values written back in canonical form.
 """
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import hashlib
 import logging
 import os
-import re
 import secrets
-import shutil
-import signal
-import sqlite3
-import subprocess
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs.api import BudgetExceeded, time_left
+from agentrl.envs.task import BudgetExceeded, time_left
+from agentrl.envs.tasks.db.backends.tables import (
+    GROUP_CONCAT_MAX,
+    MIN_STATEMENT_S,
+    NO_TIME_LEFT,
+    Table,
+    combine_hashes,
+    result_text,
+    truncate,
+)
 
 log = logging.getLogger(__name__)
 
-RESULT_LIMIT = 800  # AgentBench cuts a result string here and appends "[TRUNCATED]"
-MAX_ROWS = 10_000  # rows fetched for one observation (the text is cut at 800 characters anyway)
-MAX_VALUE_BYTES = 1 << 20
-"""SQLite: the longest string or blob a statement may make (SQLITE_LIMIT_LENGTH). AgentBench's values are
-short; a 16 MB `zeroblob` per row once cost the worker 86 MB per row it converted."""
-MIN_STATEMENT_S = 0.2
-"""A statement needs at least this much of its message's budget left to start."""
-NO_TIME_LEFT = "Error: this message's time is spent; the statement did not run."
-TEMP_BYTES = 64 << 20
-"""SQLite: the most a session's TEMP database may hold (kept in memory, `temp_store = MEMORY`: a TEMP table
-once wrote 1,175 MB to the host's disk in 11 s, where the main database stops at `max_bytes`)."""
-GROUP_CONCAT_MAX = 1024
-# MySQL 8's default sql_mode: AgentBench-FC's mysql:8 container sets none (environment.py, see above)
 KILL_GRACE_S = 2.0  # past a statement's deadline, our watchdog KILLs it (the server's own limit comes first)
 WATCH_PERIOD_S = 0.5  # how often the watchdog checks the size of a session's database while a statement runs
 SERVER_TEMP_BYTES = 256 << 20
@@ -81,276 +54,9 @@ SESSION_PRIVILEGES = ("SELECT, INSERT, UPDATE, DELETE, CREATE, DROP, ALTER, INDE
                       "LOCK TABLES, REFERENCES, TRIGGER")
 """What a session's user may do in its own database: everything AgentBench's tasks do, but no temporary
 tables (whose space the server cannot tell apart per session), stored routines or events."""
+# MySQL 8's default sql_mode: AgentBench-FC's mysql:8 container sets none (environment.py, see above)
 MYSQL8_SQL_MODE = ("ONLY_FULL_GROUP_BY,STRICT_TRANS_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,"
                    "ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION")
-
-
-@dataclass(frozen=True)
-class Table:
-    name: str
-    columns: tuple[str, ...]
-    rows: tuple[tuple[str, ...], ...]
-
-
-def tables_of(entry: dict[str, Any]) -> list[Table]:
-    """The tables of one AgentBench dbbench entry (`table` is one object or a list)."""
-    raw = entry["table"] if isinstance(entry["table"], list) else [entry["table"]]
-    tables = []
-    for t in raw:
-        cols = tuple(str(c["name"]) for c in t["table_info"]["columns"])
-        rows = tuple(tuple(str(v) for v in row) for row in t["table_info"]["rows"])
-        tables.append(Table(str(t["table_name"]), cols, rows))
-    return tables
-
-
-def truncate(text: str) -> str:
-    return text[:RESULT_LIMIT] + "[TRUNCATED]" if len(text) > RESULT_LIMIT else text
-
-
-def result_text(rows: Iterable[tuple[Any, ...]], limit: int = RESULT_LIMIT, max_rows: int = MAX_ROWS) -> str:
-    """AgentBench's observation text `str(list(rows))`, built row by row and no further than its first
-    `limit` characters need (then cut by `truncate` as before): a statement's rows are streamed, never held,
-    and a value's text is made from its first characters only (`_value_repr`)."""
-    parts, size = ["["], 1
-    for count, row in enumerate(rows):
-        if count >= max_rows:
-            break
-        values = [_value_repr(v, limit + 8) for v in row]
-        piece = (", " if count else "") + "(" + ", ".join(values) + ("," if len(values) == 1 else "") + ")"
-        parts.append(piece)
-        size += len(piece)
-        if size > limit:
-            return "".join(parts)
-    return "".join(parts) + "]"
-
-
-def _value_repr(value: Any, limit: int) -> str:
-    """`repr(value)`, or for a long str or bytes value a prefix of it of at least `limit` characters (the
-    same prefix `repr` would start with: the quote Python picks depends on the whole value, so it is picked
-    from the whole value and forced on the prefix with a suffix that is then cut off)."""
-    if not isinstance(value, (str, bytes)) or len(value) <= limit:
-        return repr(value)
-    quote_char, dquote_char = ("'", '"') if isinstance(value, str) else (b"'", b'"')
-    double = quote_char in value and dquote_char not in value  # repr would quote with "
-    head = value[:limit]
-    # head + '"' + "'" makes repr pick ' (when the whole does), head + "'" makes it pick " (when the whole does)
-    tail = quote_char if double else quote_char + dquote_char
-    text = repr(head + tail)
-    return text[:-(len(repr(tail)) - (1 if isinstance(value, str) else 2))]
-
-
-def combine_hashes(hashes: list[str]) -> str:
-    return "_".join(sorted(hashes))
-
-
-def rows_hash(rows: list[tuple[Any, ...]]) -> str:
-    """AgentBench's hash of one table from its rows, computed here instead of by MySQL (None skipped)."""
-    if not rows:
-        return "None"  # MD5(GROUP_CONCAT(<no rows>)) is NULL
-    row_hashes = sorted(hashlib.md5(",".join(str(v) for v in row if v is not None).encode()).hexdigest()[:5]
-                        for row in rows)
-    joined = ",".join(row_hashes).encode()[:GROUP_CONCAT_MAX]
-    return hashlib.md5(joined).hexdigest()
-
-
-def _is_number(text: str) -> bool:
-    """A plain number that SQLite's NUMERIC affinity stores and prints back unchanged."""
-    if not re.fullmatch(r"-?(0|[1-9]\d{0,14})(\.\d*[1-9])?", text):
-        return False
-    return "." not in text or repr(float(text)) == text
-
-
-# ----------------------------------------------------------------------------------------------- SQLite
-
-class SqliteDatabase:
-    """An in-memory SQLite database holding one sample's tables.
-
-    Args:
-        tables: the sample's tables.
-        timeout_s: longest time one statement may run.
-        affinity: "text" (every column TEXT, AgentBench's schema) or "auto" (NUMERIC for columns whose
-            values are all plain numbers).
-        sqlite_file: start from a copy of this database file instead (AgentBench's `user_sqlite` samples).
-        max_bytes: the database cannot grow past this.
-    """
-
-    kind = "sqlite"
-
-    def __init__(self, tables: list[Table], timeout_s: float = 10.0, affinity: str = "text",
-                 sqlite_file: str | Path | None = None, max_bytes: int = 256 << 20) -> None:
-        if affinity not in ("text", "auto"):
-            raise ValueError(f"unknown affinity {affinity!r} (text | auto)")
-        self.timeout_s = timeout_s
-        self.conn = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
-        self.conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
-        self._deadline = float("inf")
-        if sqlite_file is not None:
-            src = sqlite3.connect(f"file:{sqlite_file}?mode=ro", uri=True)
-            src.backup(self.conn)
-            src.close()
-        else:
-            for t in tables:
-                self._create(t, affinity)
-        page = self.conn.execute("PRAGMA page_size").fetchone()[0]
-        self.conn.execute(f"PRAGMA max_page_count = {max(1, max_bytes // page)}")
-        self.conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
-        self.conn.execute("PRAGMA temp_store = MEMORY")  # never the host's disk; bounded just below
-        self.conn.execute(f"PRAGMA temp.max_page_count = {max(1, TEMP_BYTES // page)}")
-        defensive(self.conn)
-        self.conn.set_authorizer(self._authorize)
-        self.conn.set_progress_handler(self._progress, 10_000)
-
-    def _create(self, t: Table, affinity: str) -> None:
-        types = []
-        for i in range(len(t.columns)):
-            numeric = affinity == "auto" and t.rows and all(_is_number(r[i]) for r in t.rows if i < len(r))
-            types.append("NUMERIC" if numeric else "TEXT")
-        cols = ", ".join(f"{_quote(c)} {ty}" for c, ty in zip(t.columns, types))
-        self.conn.execute(f"CREATE TABLE {_quote(t.name)} ({cols})")
-        marks = ", ".join("?" * len(t.columns))
-        self.conn.executemany(f"INSERT INTO {_quote(t.name)} VALUES ({marks})", t.rows)
-
-    @staticmethod
-    def _authorize(action: int, arg1: str | None, arg2: str | None, db: str | None, trigger: str | None) -> int:
-        return authorize(action, arg1, arg2)
-
-    def _progress(self) -> int:
-        return 1 if time.monotonic() > self._deadline else 0
-
-    def execute(self, sql: str) -> str:
-        """The observation for one statement: `str(rows)` (streamed: `result_text`) or the error. It runs at
-        most `timeout_s`, and no longer than what is left of the message's budget (`time_left`)."""
-        timeout = min(self.timeout_s, time_left())
-        if timeout < MIN_STATEMENT_S:
-            return NO_TIME_LEFT
-        self._deadline = time.monotonic() + timeout
-        cur = None
-        try:
-            cur = self.conn.execute(sql)
-            text = result_text(cur) if cur.description else "[]"
-        except sqlite3.OperationalError as e:
-            text = f"Error: the statement ran past {timeout:g} s" if str(e) == "interrupted" else f"Error: {e}"
-        except MemoryError:  # SQLite's heap limit in a session process (agentrl.envs.isolation)
-            text = "Error: out of memory"
-        except (sqlite3.Error, ValueError, OverflowError) as e:
-            text = f"Error: {e}"
-        finally:
-            if cur is not None:
-                cur.close()  # a result read only in part: the statement is reset here
-            self._deadline = float("inf")
-            if self.conn.in_transaction:  # a statement that opened a transaction: keep autocommit semantics
-                try:
-                    self.conn.execute("COMMIT")
-                except sqlite3.Error:
-                    pass
-        return truncate(text)
-
-    def table_hash(self, tables: list[Table]) -> str:
-        hashes = []
-        for t in tables:
-            cols = ", ".join(f"CAST({_quote(c)} AS TEXT)" for c in t.columns)
-            try:
-                rows = self.conn.execute(f"SELECT {cols} FROM {_quote(t.name)}").fetchall()
-            except sqlite3.Error as e:
-                return f"Error: {e}"
-            hashes.append(rows_hash(rows))
-        return combine_hashes(hashes)
-
-    def close(self) -> None:
-        self.conn.close()
-
-
-CACHE_KIB = 8 << 10  # the page cache of one session's connection (SQLite's default is 2 MiB)
-READ_PRAGMAS = frozenset({
-    "table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo", "foreign_key_list",
-    "foreign_key_check", "collation_list", "database_list", "function_list", "module_list", "pragma_list",
-    "integrity_check", "quick_check", "encoding", "user_version", "schema_version", "application_id",
-    "compile_options", "page_count", "page_size", "max_page_count", "freelist_count", "data_version",
-    "foreign_keys", "case_sensitive_like", "recursive_triggers", "defer_foreign_keys", "cache_size"})
-"""PRAGMAs a session may run: schema introspection and read-outs. Anything else is refused, since several
-act on the whole process (hard_heap_limit, soft_heap_limit, temp_store_directory, shrink_memory: one
-session's `PRAGMA hard_heap_limit = 1` once failed every later db session of its worker) or on the
-database's integrity (writable_schema, journal_mode)."""
-ARGUMENT_PRAGMAS = frozenset({
-    "foreign_keys", "case_sensitive_like", "recursive_triggers", "defer_foreign_keys", "user_version",
-    "application_id", "table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo",
-    "foreign_key_list", "foreign_key_check", "integrity_check", "quick_check"})
-"""The PRAGMAs of those that may take a value: a setting of the session's own connection or database, or
-the table or index an introspection PRAGMA reads."""
-DENIED_FUNCTIONS = frozenset({"fts3_tokenizer", "load_extension"})
-"""SQL functions no session may call: `fts3_tokenizer` reads and installs raw C pointers (one call leaked
-an address, its two-argument form then crashed the worker), `load_extension` loads native code."""
-
-
-def authorize(action: int, arg1: str | None, arg2: str | None) -> int:
-    """SQLite's authorizer for a session's statements: no other database file, no process-wide PRAGMA,
-    no function that touches native memory or code, no virtual table (each module is C code of its own)."""
-    if action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH, sqlite3.SQLITE_CREATE_VTABLE,
-                  sqlite3.SQLITE_DROP_VTABLE):
-        return sqlite3.SQLITE_DENY
-    if action == sqlite3.SQLITE_PRAGMA:
-        name = (arg1 or "").lower()
-        if name not in READ_PRAGMAS or (arg2 is not None and name not in ARGUMENT_PRAGMAS):
-            return sqlite3.SQLITE_DENY
-    if action == sqlite3.SQLITE_FUNCTION and (arg2 or "").lower() in DENIED_FUNCTIONS:
-        return sqlite3.SQLITE_DENY
-    return sqlite3.SQLITE_OK
-
-
-SQLITE_DBCONFIG_DEFENSIVE = 1010
-SQLITE_DBCONFIG_ENABLE_FTS3_TOKENIZER = 1004
-
-
-def defensive(conn: sqlite3.Connection) -> None:
-    """SQLite's defensive mode on `conn` (no writable_schema, no journal_mode=OFF, no writes to shadow
-    tables) and the two-argument fts3_tokenizer off: `setconfig` from Python 3.12; on 3.11 through the
-    C API of the very library the `sqlite3` module loaded (found in this process's mappings, its version
-    checked), with the connection's handle read from the object. Where neither works it logs and goes on:
-    the authorizer (`authorize`) refuses the same statements."""
-    setconfig = getattr(conn, "setconfig", None)
-    if setconfig is not None:
-        setconfig(SQLITE_DBCONFIG_DEFENSIVE, True)
-        setconfig(SQLITE_DBCONFIG_ENABLE_FTS3_TOKENIZER, False)
-        return
-    lib = _sqlite_library()
-    if lib is None:
-        return
-    handle = ctypes.c_void_p.from_address(id(conn) + ctypes.sizeof(ctypes.c_ssize_t) * 2).value  # after PyObject_HEAD
-    out = ctypes.c_int(-1)
-    for op, value in ((SQLITE_DBCONFIG_DEFENSIVE, 1), (SQLITE_DBCONFIG_ENABLE_FTS3_TOKENIZER, 0)):
-        if lib.sqlite3_db_config(ctypes.c_void_p(handle), op, ctypes.c_int(value), ctypes.byref(out)) != 0 \
-                or out.value != value:
-            log.warning("sqlite3_db_config(%d, %d) did not hold; the authorizer alone guards", op, value)
-
-
-_LIBRARY: list[Any] = []
-
-
-def _sqlite_library() -> Any:
-    """The SQLite library the `sqlite3` module uses, by ctypes (None where it cannot be found for sure)."""
-    if _LIBRARY:
-        return _LIBRARY[0]
-    lib = None
-    try:
-        maps = Path("/proc/self/maps").read_text()
-        paths = sorted({line.split()[-1] for line in maps.splitlines() if "libsqlite3" in line and "/" in line})
-        for path in paths:
-            candidate = ctypes.CDLL(path)
-            candidate.sqlite3_libversion.restype = ctypes.c_char_p
-            if candidate.sqlite3_libversion().decode() == sqlite3.sqlite_version:
-                candidate.sqlite3_db_config.restype = ctypes.c_int
-                lib = candidate
-                break
-    except (OSError, AttributeError, ValueError):
-        lib = None
-    if lib is None:
-        log.warning("SQLite's defensive mode is not set (no sqlite3_db_config found); the authorizer alone guards")
-    _LIBRARY.append(lib)
-    return lib
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 def _bquote(name: str) -> str:
@@ -365,6 +71,7 @@ def _bquote_fmt(name: str) -> str:
 
 class SharedAccountRefused(RuntimeError):
     """No user of its own could be made for a session, and sharing the server's account was not allowed."""
+
 
 
 # ---------------------------------------------------------------------------------------------- MariaDB
@@ -730,80 +437,3 @@ def _alive(conn: Any) -> bool:
         return True
     except Exception:
         return False
-
-
-def find_mariadbd() -> str | None:
-    """The server binary, also where /usr/sbin is not on PATH."""
-    for name in ("mariadbd", "mysqld"):
-        found = shutil.which(name) or next((p for p in (f"/usr/sbin/{name}", f"/usr/local/sbin/{name}")
-                                            if os.access(p, os.X_OK)), None)
-        if found:
-            return found
-    return None
-
-
-class MariaDBServer:
-    """A private mariadbd on a Unix socket under a temp dir: started by `start()`, removed by `stop()`."""
-
-    def __init__(self, base_dir: str | Path | None = None) -> None:
-        self.binary = find_mariadbd()
-        if self.binary is None:
-            raise FileNotFoundError("no mariadbd/mysqld found (Debian/Ubuntu: apt-get install mariadb-server), "
-                                    "or give the db task a server address")
-        self.dir = Path(tempfile.mkdtemp(prefix="agentrl-mariadb-", dir=base_dir))
-        self.socket = str(self.dir / "mysqld.sock")
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def address(self) -> ServerAddress:
-        return ServerAddress(unix_socket=self.socket, user="root")
-
-    def start(self, timeout_s: float = 60.0) -> MariaDBServer:
-        data = self.dir / "data"
-        install = shutil.which("mariadb-install-db") or shutil.which("mysql_install_db")
-        if install is None:
-            raise FileNotFoundError("mariadb-install-db not found (it comes with mariadb-server)")
-        as_root = ["--user=root"] if os.geteuid() == 0 else []
-        subprocess.run([install, "--no-defaults", f"--datadir={data}", "--auth-root-authentication-method=normal",
-                        "--skip-test-db", *as_root], check=True, capture_output=True, timeout=timeout_s)
-        (self.dir / "tmp").mkdir(exist_ok=True)
-        argv = [self.binary, "--no-defaults", f"--datadir={data}", f"--socket={self.socket}", "--skip-networking",
-                f"--tmpdir={self.dir / 'tmp'}",
-                f"--pid-file={self.dir / 'mysqld.pid'}", f"--log-error={self.dir / 'error.log'}", *as_root,
-                "--character-set-server=utf8mb4", "--collation-server=utf8mb4_general_ci",
-                f"--group-concat-max-len={GROUP_CONCAT_MAX}", f"--sql-mode={MYSQL8_SQL_MODE}", "--skip-log-bin",
-                *(f"--{flag}-{name.replace('_', '-')}={value}" for name, value in TEMP_LIMITS.items()
-                  for flag in ("loose", "maximum")),
-                "--innodb-temp-data-file-path=ibtmp1:12M:autoextend:max:1G",
-                "--innodb-buffer-pool-size=64M", "--innodb-flush-log-at-trx-commit=0", "--max-connections=2000"]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     start_new_session=True)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"mariadbd exited ({self.proc.returncode}): {self._log_tail()}")
-            try:
-                self.address.connect().close()
-                return self
-            except Exception:
-                time.sleep(0.1)
-        self.stop()
-        raise TimeoutError(f"mariadbd did not answer within {timeout_s:g} s: {self._log_tail()}")
-
-    def _log_tail(self) -> str:
-        try:
-            return (self.dir / "error.log").read_text(errors="replace")[-800:]
-        except OSError:
-            return ""
-
-    def stop(self) -> None:
-        """Stop the server, wait for it, remove its files. Idempotent."""
-        proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-        shutil.rmtree(self.dir, ignore_errors=True)

@@ -6,10 +6,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs.api import EnvError, Task
-from agentrl.envs.replay.classes import Outcome
-from agentrl.envs.replay.db_replay import replay_db
-from agentrl.envs.replay.os_replay import replay_os
+from agentrl.envs.checks.replay.classes import Outcome
+from agentrl.envs.checks.replay.db_replay import replay_db
+from agentrl.envs.checks.replay.os_replay import replay_os
+from agentrl.envs.task import EnvError, Task
 from agentrl.envs.tasks import get_task
 from agentrl.envs.tasks.db import DbTask
 
