@@ -1,4 +1,4 @@
-"""The controller's statistics over time, in TensorBoard under design §9's `env/*` names.
+"""The controller's statistics over time, in TensorBoard under docs/architecture.md §9's `env/*` names.
 
 The controller is the one process that sees every session of the run, so it logs them itself (role
 "controller", its own event file under RUN_DIR/tb), the same way whether it runs beside the trainer on a

@@ -1,4 +1,4 @@
-"""The Task API and the wire types of the env gateway (design §4).
+"""The Task API and the wire types of the env gateway (docs/architecture.md §4).
 
 What is here:
   * `Task` / `Episode`: the two protocols a task author implements (tools, indices, an episode that

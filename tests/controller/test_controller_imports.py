@@ -1,4 +1,4 @@
-"""The envs and controller packages import only what the design allows (design §2)."""
+"""The envs and controller packages import only what the design allows (docs/architecture.md §2)."""
 from __future__ import annotations
 
 import ast

@@ -1,6 +1,6 @@
 """The controller's statistics in TensorBoard (`agentrl.controller.stats`): a real controller and worker over
 sockets in this process, two sessions held, the worker killed; the event file read back must hold what
-/status said at each write, under design §9's names."""
+/status said at each write, under docs/architecture.md §9's names."""
 from __future__ import annotations
 
 import asyncio
