@@ -1,4 +1,4 @@
-"""Plain data shared by every role: the trajectory schema (design §3) and its status enum.
+"""Plain data shared by every role: the trajectory schema (docs/architecture.md §3) and its status enum.
 
 This module holds data only. It imports numpy and nothing else of the project, so every role
 (and a login node) can import it.
@@ -16,7 +16,7 @@ SCHEMA_VERSION = 1
 
 # Engine ids, the `engine` array of a trajectory (int16). Context tokens carry -1, the scripted expert -2.
 # Current engine j (newest weights) of rollout rank r is r * engines_per_rank + j, 0..LAGGING_ENGINE_BASE-1
-# (with one current engine per rank: the rank); lagging engine k of rank r (cross-policy sampling, design §5)
+# (one current engine per rank: the rank); lagging engine k of rank r (cross-policy sampling, docs/architecture.md §5)
 # is LAGGING_ENGINE_BASE + r * lagging_engines_per_rank + k.
 # So whether a token came from the lagging pool is read off its engine id alone (`is_lagging_engine`).
 LAGGING_ENGINE_BASE = 1000

@@ -1,4 +1,4 @@
-"""The dependency directions of design §2, checked over the package's imports (AST, no execution).
+"""The dependency directions of docs/architecture.md §2, checked over the package's imports (AST, no execution).
 
 Roles meet only at wire formats: rollout never imports trainer or controller, trainer never imports
 rollout/envs/controller, algorithms stay pure math, launch runs on a login node without torch or vLLM,
@@ -133,7 +133,7 @@ def test_tests_never_import_jobs(path: Path) -> None:
 
 
 def test_the_checker_catches_violations(tmp_path: Path) -> None:
-    """The rule table is live: each forbidden direction of design §2 is reported."""
+    """The rule table is live: each forbidden direction of docs/architecture.md §2 is reported."""
     bad = tmp_path / "x.py"
     bad.write_text("from agentrl.trainer.step import rl_step\nimport torch.distributed\nimport jobs.train\n")
     mods = _imports(bad)

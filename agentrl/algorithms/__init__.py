@@ -1,4 +1,4 @@
-"""Pure tensor math of the algorithm (design §5): advantages, task normalization, the PPO loss, KL
+"""Pure tensor math of the algorithm (docs/architecture.md §5): advantages, task normalization, the PPO loss, KL
 estimators and staleness. Imports torch only; no torch.distributed, MPI, vLLM, HDF5 or config, so
 each function is tested alone on CPU. Variants are picked from the dicts below by config strings.
 """

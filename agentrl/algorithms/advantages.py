@@ -1,4 +1,4 @@
-"""Outcome advantages from grouped rewards (design §5 steps 1–2), as vectorized tensor functions.
+"""Outcome advantages from grouped rewards (docs/architecture.md §5 steps 1–2), as vectorized tensor functions.
 
 A batch holds B trajectories; trajectory j belongs to group `group_index[j]` in 0..G-1 (a group is
 the n samples of one prompt). Each estimator maps rewards [B] to one advantage per trajectory [B];
@@ -147,7 +147,7 @@ def token_advantages(
     seq_adv: Tensor,  # [B]
     mask: Tensor,  # [B, T] loss mask (bool or 0/1)
 ) -> Tensor:  # [B, T]
-    """Broadcast one advantage per sequence to its action tokens (design §5 step 2).
+    """Broadcast one advantage per sequence to its action tokens (docs/architecture.md §5 step 2).
 
     Args:
         seq_adv: [B] sequence advantages.

@@ -5,7 +5,7 @@ With log r = log π_ref − log π_θ:
 
     k1 = −log r                 unbiased, high variance, can be negative
     k2 = ½ (log r)²             biased (low for close policies), always ≥ 0
-    k3 = (r − 1) − log r        unbiased, always ≥ 0, low variance (the paper's choice, design §5)
+    k3 = (r − 1) − log r        unbiased, always ≥ 0, low variance (the paper's choice, docs/architecture.md §5)
 
 The functions are per token and do not mask or reduce: the caller masks with the loss mask and reduces
 with the same reduction as the policy loss (`ppo.LOSS_REDUCTIONS`). No clamping is done; a caller that

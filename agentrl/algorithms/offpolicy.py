@@ -1,4 +1,4 @@
-"""Off-policy corrections for asynchronous rollout (design §6): decoupled PPO and truncated importance
+"""Off-policy corrections for asynchronous rollout (docs/architecture.md §6): decoupled PPO and truncated importance
 sampling, with AReaL's version-interpolated proximal log-probs.
 
 Three policies meet in an asynchronous batch: μ, the engine(s) that sampled each token (its log-probs

@@ -1,4 +1,4 @@
-"""The clipped policy loss with dual clip (design §5 step 4), its reductions, and token entropy.
+"""The clipped policy loss with dual clip (docs/architecture.md §5 step 4), its reductions, and token entropy.
 
 Per action token, with ratio = exp(logp − behaviour_logp):
 

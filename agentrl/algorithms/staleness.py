@@ -1,4 +1,4 @@
-"""Staleness of off-policy trajectories and truncated importance weights (design §5 steps 5–6).
+"""Staleness of off-policy trajectories and truncated importance weights (docs/architecture.md §5 steps 5–6).
 
 With asynchronous rollout and cross-policy sampling, each action token records the policy version
 that sampled it. A trajectory's staleness is how many versions its *oldest* action token is behind

@@ -1,4 +1,4 @@
-"""Task advantage normalization (AgentRL paper eq. 1; design §5 step 3).
+"""Task advantage normalization (AgentRL paper eq. 1; docs/architecture.md §5 step 3).
 
 For each task i, over all action tokens of task i in the batch: Ã = (Â − μ_i) / (σ_i + ε), with μ_i, σ_i
 the mean and *population* std of those tokens' advantages. Tasks with long trajectories thus weigh no

@@ -1,4 +1,4 @@
-"""Per-task rollout statistics with the metric names of design §9 (`rollout/<task>/...`)."""
+"""Per-task rollout statistics with the metric names of docs/architecture.md §9 (`rollout/<task>/...`)."""
 from __future__ import annotations
 
 from collections import defaultdict

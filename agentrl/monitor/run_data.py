@@ -1,4 +1,4 @@
-"""What a run directory holds, read for the report (design §8): TensorBoard scalars from tb/, trajectory
+"""What a run directory holds, read for the report (docs/architecture.md §8): TensorBoard scalars from tb/, trajectory
 facts from the HDF5 shards, and the json files under report/. Every reader tolerates a run in progress:
 a missing file or directory gives an empty result and a line in `RunData.missing` saying what was not
 there, never an exception.
@@ -92,7 +92,7 @@ def read_scalars(tb_dir: Path) -> dict[str, Series]:
 
 def shard_facts(trajectories: Iterable[Trajectory]) -> ShardFacts:
     """Counts over the rollout's trajectories (the caller reads them from shards/rollout-*: monitor does not
-    import transport, design §2; expert demonstrations are not the policy's and are left out there)."""
+    import transport, docs/architecture.md §2; expert demonstrations are not the policy's and are left out there)."""
     facts = ShardFacts()
     for t in trajectories:
         facts.trajectories += 1

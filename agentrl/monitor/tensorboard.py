@@ -1,4 +1,4 @@
-"""A thin monitor over TensorBoard's SummaryWriter with the stable metric names of design §9.
+"""A thin monitor over TensorBoard's SummaryWriter with the stable metric names of docs/architecture.md §9.
 
 `Monitor` writes event files under run_dir/tb (one file per role process, told apart by a filename
 suffix); `NullMonitor` is what non-zero ranks get, so callers never branch on rank. `EventMonitor` is

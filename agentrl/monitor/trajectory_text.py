@@ -6,7 +6,7 @@ The tokenizer is passed in (anything with `decode(ids, skip_special_tokens=...)`
 no model; `run_tokenizer` loads a run's for the terminal. The rollout role picks which episodes to log
 (`pick_per_task`) and logs them with `write_conversations`; `jobs/show_trajectories.py` prints the same
 facts on a terminal (`pick_latest`, `render_plain`). Shards are read by the caller's function: monitor
-does not import transport (design §2).
+does not import transport (docs/architecture.md §2).
 """
 from __future__ import annotations
 

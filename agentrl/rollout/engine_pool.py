@@ -1,4 +1,4 @@
-"""Cross-policy sampling (AgentRL §3.3, design §5): one rollout rank's current engines and its lagging pool.
+"""Cross-policy sampling (AgentRL §3.3, docs/architecture.md §5): a rollout rank's current engines and lagging pool.
 
 `EnginePool` looks like one engine to the agent loop. Each `generate` call (one assistant turn) goes to a
 lagging engine with probability `prob`, drawn from a seeded RNG, and otherwise to a current engine: the one

@@ -1,4 +1,4 @@
-"""The rollout role (design §6, docs/pipeline.md): one of `cluster.rollout.ranks` ranks that keep `concurrency`
+"""The rollout role (docs/architecture.md §6, docs/pipeline.md): one of `cluster.rollout.ranks` that keep `concurrency`
 episodes running and never wait for the trainer, except at the staleness bound. On the synchronous schedule
 (max_staleness 0, one rank) that bound is every step: the rank samples one step's groups, then waits.
 

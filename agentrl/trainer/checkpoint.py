@@ -1,4 +1,4 @@
-"""Trainer checkpoints in the run dir (design §7, §8), written atomically and resumable on any layout.
+"""Trainer checkpoints in the run dir (docs/architecture.md §7, §8), written atomically and resumable on any layout.
 
     ckpt/step-<N>/state/            model + optimizer state, torch.distributed.checkpoint (DCP) format: one
                                     file per rank plus `.metadata`; loads back into 1 or M ranks, DDP or FSDP2

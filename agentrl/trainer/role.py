@@ -1,4 +1,4 @@
-"""The trainer role (design §6, docs/pipeline.md): trajectories arrive from any number of rollout ranks while
+"""The trainer role (docs/architecture.md §6, docs/pipeline.md): trajectories arrive from the rollout ranks while
 the trainer trains; every step takes the complete GRPO groups available (`min_groups`..`max_groups` of
 `RunConfig.pipeline`), trains once, publishes v<N+1> and tells the rollout ranks.
 

@@ -1,4 +1,4 @@
-"""The warm start: supervised steps on the scripted expert's trajectories before RL (design §7).
+"""The warm start: supervised steps on the scripted expert's trajectories before RL (docs/architecture.md §7).
 
 Every trainer rank runs it alike (the same draws; each rank takes its share of each batch). It also serves
 the control run (`trainer.update=sft`), whose RL steps are replaced by more of these steps.

@@ -26,7 +26,7 @@ sees the newest version, not every one), and `send` carries nothing (the shard s
   rank's `bye-<r>.json`, which a rank writes after its last shard; segments read after a bye is seen
   include all of that rank's data.
 
-The rendezvous functions are passed in (transport does not import launch, design §2).
+The rendezvous functions are passed in (transport does not import launch, docs/architecture.md §2).
 Standard library and the shard reader only: no MPI is initialized, nothing happens on import.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The MPI channel between the trainer and the rollout ranks (design §1, §6): trajectories one way,
+"""The MPI channel between the trainer and the rollout ranks (docs/architecture.md §1, §6): trajectories one way,
 weight-version notices the other, in one MPMD world (`mpiexec -n 1 python -m mpi4py trainer : -n 2 python -m
 mpi4py rollout`, or `srun --mpi=pmi2 --het-group=0 ... : --het-group=1 ...`): `MpiTrainerChannel.world(...)`
 on the trainer's hub rank, `MpiRolloutChannel.world(rank)` on each rollout rank; peers are ranks of

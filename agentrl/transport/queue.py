@@ -1,4 +1,4 @@
-"""The trainer's bounded trajectory queue (design §6): whole GRPO groups, freshness, exactly once.
+"""The trainer's bounded trajectory queue (docs/architecture.md §6): whole GRPO groups, freshness, exactly once.
 
 Trajectories arrive one by one, from any rollout rank, in any order (the MPI channel, or shards drained
 after a restart). The queue holds them by `group_id` and releases only complete groups: a group is
@@ -9,7 +9,7 @@ Nothing leaves silently. Each trajectory that is not released for training is co
 reason (`EXCLUSION_REASONS`) and its id remembered, so that reconciling the shards against the ledger
 accounts for every trajectory:
 
-    env_error, cancelled,  infrastructure outcomes (design §3; internal_error: our own rollout code failed),
+    env_error, cancelled,  infrastructure outcomes (docs/architecture.md §3; internal_error: our rollout code failed),
     internal_error         never trained on. By default the group shrinks by one (`shrink_on_infra`, as
                            AReaL); otherwise it waits for a retry.
     stale                  trainer version − oldest current-pool action token's version > max_staleness,
@@ -258,7 +258,7 @@ class TrajectoryQueue:
         return max(self.capacity - self.ready_depth, 0)
 
     def metrics(self) -> dict[str, float]:
-        """Stable names for TensorBoard (design §9): depth, ready groups, and cumulative counts by reason."""
+        """Stable TensorBoard names (docs/architecture.md §9): depth, ready groups, and cumulative counts by reason."""
         out = {"pipeline/queue_depth": float(self.depth), "pipeline/queue_ready_groups": float(self.ready_groups)}
         out.update({f"pipeline/excluded/{r}": float(self.counts[r]) for r in EXCLUSION_REASONS})
         out["pipeline/consumed"] = float(self.counts["consumed"])

@@ -1,5 +1,5 @@
 """HDF5 shards of trajectories: the persisted record of every rollout, and the trajectory channel of
-the synchronous schedule (design §3, §6, §8: `runs/<name>/shards/<role>-<rank>/<seq>.h5`).
+the synchronous schedule (docs/architecture.md §3, §6, §8: `runs/<name>/shards/<role>-<rank>/<seq>.h5`).
 
 One shard is one HDF5 file holding N trajectories, one row per trajectory in each dataset:
 
@@ -13,7 +13,7 @@ One shard is one HDF5 file holding N trajectories, one row per trajectory in eac
 Writes are atomic: a hidden temp file in the same directory (`.<name>.<random>.tmp`, which never
 matches the reader's `NNNNNN.h5` pattern) is written, fsynced and `os.replace`d onto its final name,
 and the directory is fsynced. A crash leaves either the whole shard or no shard under the final name.
-Each directory has one writer (design §6), so sequence numbers need no lock.
+Each directory has one writer (docs/architecture.md §6), so sequence numbers need no lock.
 
 Each rank writes its own directory, `shard_dir(run_dir, "rollout", rank)`; segments are numbered from
 0 and a restarted writer continues after the highest segment present (removing temp files a crash left),
@@ -52,7 +52,7 @@ TEMP_NAME = re.compile(r"^\.\d{6,}\.h5\.[0-9a-f]+\.tmp$")
 
 
 def shard_dir(run_dir: str | os.PathLike[str], role: str, rank: int) -> Path:
-    """`run_dir/shards/<role>-<rank>`: the directory of one writer (design §8)."""
+    """`run_dir/shards/<role>-<rank>`: the directory of one writer (docs/architecture.md §8)."""
     return Path(run_dir) / "shards" / f"{role}-{rank}"
 
 
