@@ -101,7 +101,7 @@ def test_the_synchronous_schedule_is_the_pipeline_with_fixed_numbers() -> None:
     assert (sync.max_staleness, sync.inflight, sync.min_groups, sync.max_groups) == (0, "drain", step_groups,
                                                                                      step_groups)
     asy = load_config("demo", ["algo.max_staleness=2", "transport.max_groups=40", "transport.inflight=abort",
-                               "cluster.rollout.lagging_engines_per_rank=1", "cluster.rollout.lagging_prob=0.5",
+                               "cluster.rollout.lagging_engines_per_rank=1", "rollout.lagging_prob=0.5",
                                "cluster.rollout.lagging_refresh_steps=5"]).pipeline
     assert (asy.max_staleness, asy.inflight, asy.min_groups, asy.max_groups) == (2, "abort", step_groups, 40)
     assert asy.lagging_max_staleness == 2 + 5 and asy.capacity == 4 * 40 * asy.group_size

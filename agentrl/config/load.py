@@ -64,11 +64,17 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     raise ConfigError(f"{path}: unsupported type {tp}")
 
 
+MOVED = {"cluster.rollout.lagging_prob": "rollout.lagging_prob", "cluster.rollout.linger_ms": "rollout.linger_ms"}
+"""Fields that moved, old place → new: a config that still sets the old one fails at load naming both (sampling
+settings live in `rollout`, the topology in `cluster`)."""
+
+
 def _build(cls: type, data: dict[str, Any], path: str) -> Any:
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     for key in data:
         where = f"{path}.{key}" if path else key
+        _check(where not in MOVED, where, f"moved to {MOVED.get(where)}: set that instead")
         _check(key in names, where, f"unknown field (known: {', '.join(sorted(names))})")
     kwargs = {k: _coerce(v, hints[k], f"{path}.{k}" if path else k) for k, v in data.items()}
     return cls(**kwargs)

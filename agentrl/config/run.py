@@ -93,6 +93,9 @@ class RunConfig:
                "sft (the control run) continues the warm start: it needs trainer.sft_steps > 0")
         _check(self.trainer.steps == 0 or self.rollout.samples_per_prompt >= 2, "rollout.samples_per_prompt",
                "must be >= 2 for RL: group advantages of a group of one are 0")
+        _check(self.rollout.lagging_prob == 0.0 or self.cluster.rollout.lagging_engines_per_rank >= 1,
+               "rollout.lagging_prob", f"is {self.rollout.lagging_prob} but cluster.rollout.lagging_engines_per_rank "
+               "is 0: no lagging engine to route turns to")
         _check(self.envs.workers >= self.cluster.env.nodes, "envs.workers",
                f"must be >= cluster.env.nodes ({self.cluster.env.nodes}): every env node runs a worker")
         _check(bool(self.model.path) or self.rollout.max_model_len <= self.model.max_position,

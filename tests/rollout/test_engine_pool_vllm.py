@@ -173,7 +173,7 @@ def test_prob_zero_with_a_lagging_engine_is_the_plain_rank(lookup_format, model_
 
     plain = run([])
     release_vllm()
-    pooled = run(["cluster.rollout.lagging_engines_per_rank=1", "cluster.rollout.lagging_prob=0"])
+    pooled = run(["cluster.rollout.lagging_engines_per_rank=1", "rollout.lagging_prob=0"])
     assert [t.index for t in plain] == [t.index for t in pooled]
     assert sum(t.num_action_tokens for t in plain) > 20
     for a, b in zip(plain, pooled):
