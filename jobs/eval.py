@@ -38,9 +38,9 @@ from pathlib import Path
 import yaml
 
 from agentrl.config import ConfigError, load_config
+from agentrl.evaluation.eval_job import add_slurm_arguments, eval_argv, job_of, render
 from agentrl.evaluation.evaluate import Settings, evaluate, evaluate_cross
 from agentrl.evaluation.runner import EvalPlan
-from agentrl.evaluation.sbatch import add_slurm_arguments, eval_argv, job_of, render
 from agentrl.evaluation.services import env_client, eval_config
 from agentrl.evaluation.targets import Target, resolve
 from agentrl.rollout.agent_loop import EpisodeLimits

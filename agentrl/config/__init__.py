@@ -3,7 +3,8 @@
 `load_config("demo", ["trainer.lr=1e-5"])` reads `agentrl/presets/demo.yaml`, applies the overrides
 (dotted paths, values parsed as YAML scalars), checks every field's type and range, and returns a frozen
 `RunConfig`. Any problem raises `ConfigError` naming the field, at load time, before a process starts.
-Each role receives only its own sub-config.
+Every role takes the whole `RunConfig` and reads a setting where it uses it (the trainer step reads
+`cfg.trainer.micro_batch_tokens`, a rollout rank `cfg.rollout.lagging_prob` where it builds its engines).
 
 By place: `model` (the model and its conversation format), `sections` (controller, envs, rollout, trainer, algo,
 transport, monitor), `cluster` (where the roles run: schedule, topology, Slurm), `run` (`RunConfig`, the checks

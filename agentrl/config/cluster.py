@@ -211,7 +211,9 @@ class ClusterConfig:
     launcher: Literal["local", "slurm"] = "local"
     """local: roles as processes on this machine | slurm: one Slurm job through submitit (jobs.launch)."""
     role_timeout_s: float = 3600.0
-    """The local launcher stops the run if a role has not finished by then."""
+    """How long one role waits for another: the local launcher stops the run if a role has not finished by
+    then; the trainer waits this long for a step's groups, for the expert's demonstrations and for the rollout
+    ranks to close their channels; a rollout rank this long for new weights."""
     max_restarts: int = 3
     """Times a dead env worker is started again (per worker) before it counts as failed: by the local launcher
     (which also restarts the asynchronous MPI world as often) and by the rendered Slurm scripts (each worker

@@ -309,11 +309,11 @@ class AlgoConfig:
 class TransportConfig:
     poll_s: float = 0.05
     weights: Literal["dir", "broadcast"] = "dir"
-    """Asynchronous schedule: how engines get new weights. dir: versioned safetensors directories (also
+    """How engines get new weights. dir: versioned safetensors directories (also
     what restarts read); broadcast: the in-job gloo/NCCL broadcast, with the directory still written."""
     min_groups: int = 0
-    """Asynchronous schedule: complete GRPO groups a step waits for; 0: one synchronous step's worth
-    (prompts_per_step × tasks)."""
+    """Complete GRPO groups a step waits for; 0: one synchronous step's worth (prompts_per_step × tasks), which
+    is what `cluster.schedule=sync` always takes (there it must stay 0)."""
     max_groups: int = 0
     """The most complete groups one step takes (the dynamic batch); 0: min_groups."""
     group_timeout_s: float = 600.0
@@ -322,7 +322,7 @@ class TransportConfig:
     """Trajectories in complete groups at which the trainer's queue stops receiving (back-pressure); 0:
     4 × max_groups × group size. At least min_groups × group size, so that a full queue can release a batch."""
     channel: Literal["mpi", "files"] = "mpi"
-    """Asynchronous schedule: how trajectories and notices travel. mpi: one MPI world (mpiexec, or srun
+    """How trajectories and notices travel. mpi: one MPI world (mpiexec, or srun
     across het groups); files: no MPI, the shard segments and a notice file in the run dir, polled every
     `poll_s`, for roles that run as separate jobs (each rollout rank restarts alone; weights must be dir)."""
     inflight: Literal["swap", "abort", "drain"] = "swap"

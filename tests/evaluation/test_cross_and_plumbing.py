@@ -180,7 +180,7 @@ def test_endpoint_loop_endings() -> None:
 
 
 def test_sbatch_script_of_an_evaluation() -> None:
-    from agentrl.evaluation.sbatch import EvalJob, eval_argv, render
+    from agentrl.evaluation.eval_job import EvalJob, eval_argv, render
 
     argv = ["runs/demo", "--tasks", "os,db", "--render-sbatch", "--slurm-partition", "gpu", "--slurm-time=2:00:00",
             "--label", "my model"]
