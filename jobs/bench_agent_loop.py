@@ -88,7 +88,7 @@ class Bench:
         # own_process: vLLM's EngineCore in a process of its own, as every engine runs on GPU nodes (`devices`
         # given; "" here: no GPU), so its scheduler's Python does not share this process's GIL with the loops
         self.engine = VLLMEngine(str(model_dir), self.plan.limits.max_model_len, max_num_seqs=concurrency,
-                                 kv_cache_gib=cfg.rollout.kv_cache_gib, seed=cfg.seed,
+                                 kv_cache_gib=cfg.cluster.rollout.cpu_kv_cache_gib, seed=cfg.seed,
                                  devices="" if own_process else None)
         self.sampling = SamplingConfig(self.plan.limits.max_new_tokens, self.plan.temperature, self.plan.top_p,
                                        self.fmt.stop_ids)

@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         protocol=args.protocol, tool_parser=cfg.model.tool_parser, chat_template=cfg.model.chat_template,
         stop_tokens=cfg.model.stop_tokens, template_kwargs=tuple(sorted(cfg.model.template_kwargs.items())),
         template_check=r.template_check,
-        kv_cache_gib=r.kv_cache_gib, seed=cfg.seed, engine_options=(("dtype", args.dtype),))
+        kv_cache_gib=cfg.cluster.rollout.cpu_kv_cache_gib, seed=cfg.seed, engine_options=(("dtype", args.dtype),))
     if temperature == 0 and runs > 1:
         print(f"note: at temperature 0 the {runs} runs play the same tokens; --greedy plays one", file=sys.stderr)
     plan = EvalPlan(tuple(cfg.envs.tasks), args.split, args.samples, runs, args.concurrency)

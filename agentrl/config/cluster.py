@@ -99,7 +99,7 @@ class RolloutTopology:
     """The rollout het group: `ranks` processes, each driving its own vLLM engines: `engines_per_rank` current
     ones (each episode's turns on one of them, `agentrl.rollout.engine_pool`) plus `lagging_engines_per_rank`
     lagging ones (cross-policy sampling). The engine settings (dtype, tensor_parallel_size,
-    gpu_memory_utilization, enforce_eager, max_num_seqs, kv_cache_memory_gib) reach every engine
+    gpu_memory_utilization, enforce_eager, max_num_seqs, kv_cache_gib) reach every engine
     (`agentrl.rollout.from_config`). With gpus_per_node 0 (CPU) the engines run in the rank's process, float32
     and eager, as before; on GPU nodes each engine runs in its own process on its own tensor_parallel_size GPUs
     of the rank's (`agentrl.rollout.placement`; docs/slurm.md, GPU placement)."""
@@ -130,10 +130,16 @@ class RolloutTopology:
     more start-up time and memory). CPU engines always run eager."""
     max_num_seqs: int = 0
     """Sequences one engine batches at once (vLLM's max_num_seqs); 0: rollout.concurrency."""
-    kv_cache_memory_gib: float = 0.0
-    """GPU engines: KV-cache size per engine in GiB (vLLM's kv_cache_memory_bytes), instead of what
-    gpu_memory_utilization leaves after the weights; 0: that remainder. CPU engines use rollout.kv_cache_gib."""
+    kv_cache_gib: float = 0.0
+    """KV-cache size per engine in GiB, the one KV-cache setting. GPU engines: vLLM's kv_cache_memory_bytes,
+    instead of what gpu_memory_utilization leaves after the weights (0: that remainder). CPU engines (in the
+    rank's process): whole GiB, vLLM's VLLM_CPU_KVCACHE_SPACE (0: 1 GiB)."""
     slurm: SlurmGroupConfig = field(default_factory=SlurmGroupConfig)
+
+    @property
+    def cpu_kv_cache_gib(self) -> int:
+        """A CPU engine's KV cache in whole GiB (`kv_cache_gib`, 0: 1)."""
+        return int(self.kv_cache_gib) or 1
 
     @property
     def gpus_per_rank(self) -> int:
@@ -150,8 +156,8 @@ class RolloutTopology:
         seqs = self.max_num_seqs or concurrency
         if not self.gpus_per_node:
             return {"dtype": "float32" if self.dtype == "auto" else self.dtype, "max_num_seqs": seqs,
-                    "linger_s": linger_ms / 1e3}
-        kv = int(self.kv_cache_memory_gib * (1 << 30)) or None
+                    "linger_s": linger_ms / 1e3, "kv_cache_gib": self.cpu_kv_cache_gib}
+        kv = int(self.kv_cache_gib * (1 << 30)) or None
         return {"dtype": self.dtype, "max_num_seqs": seqs, "enforce_eager": self.enforce_eager,
                 "tensor_parallel_size": self.tensor_parallel_size,
                 "gpu_memory_utilization": self.gpu_memory_utilization, "kv_cache_memory_bytes": kv}
@@ -168,7 +174,9 @@ class RolloutTopology:
         _check(self.ranks % self.nodes == 0, f"{p}.ranks", f"must be a multiple of nodes ({self.nodes})")
         _check(0.0 < self.gpu_memory_utilization <= 1.0, f"{p}.gpu_memory_utilization", "must be in (0, 1]")
         _check(self.max_num_seqs >= 0, f"{p}.max_num_seqs", "must be >= 0 (0: rollout.concurrency)")
-        _check(self.kv_cache_memory_gib >= 0, f"{p}.kv_cache_memory_gib", "must be >= 0 (0: off)")
+        _check(self.kv_cache_gib >= 0, f"{p}.kv_cache_gib", "must be >= 0 (0: the engine's default)")
+        _check(bool(self.gpus_per_node) or self.kv_cache_gib == int(self.kv_cache_gib), f"{p}.kv_cache_gib",
+               "must be a whole number of GiB for CPU engines (gpus_per_node 0)")
         _check(self.gpus_per_node >= 0, f"{p}.gpus_per_node", "must be >= 0")
         if self.gpus_per_node:  # every engine gets its own GPUs: the node must hold exactly the ranks' engines
             per_rank, rem = divmod(self.gpus_per_node, self.ranks // self.nodes)

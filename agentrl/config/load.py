@@ -64,9 +64,11 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     raise ConfigError(f"{path}: unsupported type {tp}")
 
 
-MOVED = {"cluster.rollout.lagging_prob": "rollout.lagging_prob", "cluster.rollout.linger_ms": "rollout.linger_ms"}
+MOVED = {"cluster.rollout.lagging_prob": "rollout.lagging_prob", "cluster.rollout.linger_ms": "rollout.linger_ms",
+         "rollout.kv_cache_gib": "cluster.rollout.kv_cache_gib",
+         "cluster.rollout.kv_cache_memory_gib": "cluster.rollout.kv_cache_gib"}
 """Fields that moved, old place → new: a config that still sets the old one fails at load naming both (sampling
-settings live in `rollout`, the topology in `cluster`)."""
+settings live in `rollout`; the topology and the engines' memory in `cluster`, with one KV-cache size)."""
 
 
 def _build(cls: type, data: dict[str, Any], path: str) -> Any:

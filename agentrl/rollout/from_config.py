@@ -46,7 +46,7 @@ def engine_factory(cfg: RunConfig, model_dir: Path, client: Any, fmt: ChatFormat
         built: list[VLLMEngine] = []
         try:
             for i, engine_id in enumerate(ids):  # one after the other (each start-up holds a lock)
-                built.append(VLLMEngine(str(model_dir), r.max_model_len, kv_cache_gib=r.kv_cache_gib, seed=cfg.seed,
+                built.append(VLLMEngine(str(model_dir), r.max_model_len, seed=cfg.seed,
                                         engine_id=engine_id, devices=devices[i], **settings))
         except BaseException:
             for engine in built:

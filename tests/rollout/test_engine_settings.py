@@ -61,7 +61,7 @@ def test_gpu_engines_take_every_setting_from_the_config(fake_vllm: None) -> None
     kw = llm_kwargs("agentbench-qwen2.5-7b", [
         "cluster.rollout.engines_per_rank=1", "cluster.rollout.tensor_parallel_size=2",
         "cluster.rollout.gpu_memory_utilization=0.9", "cluster.rollout.max_num_seqs=96",
-        "cluster.rollout.kv_cache_memory_gib=8"], gpus=4)
+        "cluster.rollout.kv_cache_gib=8"], gpus=4)
     assert kw["dtype"] == "bfloat16" and kw["enforce_eager"] is False  # the preset: CUDA graphs
     assert kw["tensor_parallel_size"] == 2 and kw["max_num_seqs"] == 96
     assert kw["gpu_memory_utilization"] == pytest.approx(0.9)  # the current engine's GPUs are its own
