@@ -78,10 +78,10 @@ class Bench:
         from agentrl.envs.tasks import get_task, task_name
         from agentrl.rollout.engine import SamplingConfig, VLLMEngine
         from agentrl.rollout.from_config import chat_format
-        from agentrl.rollout.plan import RolloutPlan
+        from agentrl.rollout.spec import RolloutSpec
 
         self.cfg, self.concurrency = cfg, concurrency
-        self.plan = RolloutPlan.from_config(cfg)
+        self.plan = RolloutSpec.from_config(cfg)
         self.fmt = chat_format(cfg, model_dir)
         tasks = {task_name(t): get_task(t, **cfg.envs.task_options.get(t, {})) for t in cfg.envs.tasks}
         self.client = InProcessClient(tasks)

@@ -42,7 +42,7 @@ def may_admit(started: int, limit: int, running: int, samples_per_prompt: int, c
 
 
 def groups_of_rank(total_groups: int, ranks: int, rank: int) -> int:
-    """`RankPlan.groups_per_step`: one step's groups split over the ranks, the first ones taking the rest."""
+    """`RankPlace.groups_per_step`: one step's groups split over the ranks, the first ones taking the rest."""
     return total_groups // ranks + (rank < total_groups % ranks)
 
 

@@ -1,5 +1,5 @@
 """The rollout's model-facing slices of the run config: the model's conversation format and the engines a rank
-builds (what it plays is `rollout.plan.RolloutPlan.from_config`)."""
+builds (what it plays is `rollout.spec.RolloutSpec.from_config`)."""
 from __future__ import annotations
 
 import os

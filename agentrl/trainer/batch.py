@@ -22,7 +22,7 @@ import torch
 
 from agentrl.types import Trajectory
 
-Plan = list[list[list[int]]]
+MicroBatchRows = list[list[list[int]]]
 """micro-batches → rows → indices of the trajectories (rows of the TrainBatch) laid out in that row."""
 
 
@@ -76,7 +76,7 @@ def collate(trajs: list[Trajectory], rewards: list[float], pad_id: int) -> Train
 
 # ------------------------------------------------------------------------------------------------ planning
 
-def plan_micro_batches(lengths: list[int], micro_batch_tokens: int, packing: bool) -> Plan:
+def plan_micro_batches(lengths: list[int], micro_batch_tokens: int, packing: bool) -> MicroBatchRows:
     """Split trajectories of the given lengths into micro-batches of at most `micro_batch_tokens` slots (rows × row
     length, padding included); a trajectory longer than the budget gets a micro-batch of its own.
 
@@ -106,9 +106,9 @@ def plan_micro_batches(lengths: list[int], micro_batch_tokens: int, packing: boo
     return _group_rows([rows[r] for r in order], [fill[r] for r in order], micro_batch_tokens)
 
 
-def _group_rows(rows: list[list[int]], widths: list[int], micro_batch_tokens: int) -> Plan:
+def _group_rows(rows: list[list[int]], widths: list[int], micro_batch_tokens: int) -> MicroBatchRows:
     """Consecutive rows (widths non-increasing) per micro-batch while count × first width ≤ micro_batch_tokens."""
-    out: Plan = []
+    out: MicroBatchRows = []
     start = 0
     while start < len(rows):
         end = start + 1
@@ -119,7 +119,7 @@ def _group_rows(rows: list[list[int]], widths: list[int], micro_batch_tokens: in
     return out
 
 
-def padding_fraction(plan: Plan, lengths: list[int]) -> float:
+def padding_fraction(plan: MicroBatchRows, lengths: list[int]) -> float:
     """Share of the micro-batches' token slots that hold padding, not trajectory tokens."""
     slots = real = 0
     for mb in plan:
