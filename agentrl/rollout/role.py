@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentrl.algorithms.staleness import admit_limit
 from agentrl.config import RunConfig
 from agentrl.fsio import write_json_atomic
 from agentrl.monitor.eval_summary import per_task_summary
@@ -138,7 +139,7 @@ class RolloutLoop:
     def _admit_limit(self) -> int:
         """Groups this rank may have started: AReaL's bound, with the version that will sample them (counted
         from the version this life of the rank began on)."""
-        return (self.place.max_staleness + self.engine.version - self.base_version + 1) * self.per_step
+        return admit_limit(self.place.max_staleness, self.engine.version, self.base_version, self.per_step)
 
     def _has_room(self) -> bool:
         """Another group fits under `concurrency`."""
