@@ -15,7 +15,7 @@ next, more than the per-turn cost we look for. On one engine, that drift divides
    futures, per-request log-probs) at `--concurrency` episodes at once. The envs run in this process
    (`InProcessClient`: no HTTP, no latency), so what is measured is the loop, not the envs. Every generation
    request is recorded per episode (`loop_replay.Recording`): prompt ids, budget, tokens made. Its engine lingers
-   as the pipeline's does (`cluster.rollout.linger_ms`); `--linger-ms 0,5` runs ours with 0 (the headline side)
+   as the pipeline's does (`rollout.linger_ms`); `--linger-ms 0,5` runs ours with 0 (the headline side)
    and adds a side `ours-linger5ms` with `VLLMEngine(linger_s=0.005)`.
 2. Replay, the same structure on raw vLLM (`loop_replay.replay_turns` on the engine's own `LLMEngine`, run on its
    engine thread by `VLLMEngine.run_idle`): each episode's turns in order, turn k+1 added as soon as the step that
@@ -78,17 +78,17 @@ class Bench:
         from agentrl.envs.tasks import get_task, task_name
         from agentrl.rollout.engine import SamplingConfig, VLLMEngine
         from agentrl.rollout.from_config import chat_format
-        from agentrl.rollout.plan import RolloutPlan
+        from agentrl.rollout.spec import RolloutSpec
 
         self.cfg, self.concurrency = cfg, concurrency
-        self.plan = RolloutPlan.from_config(cfg)
+        self.plan = RolloutSpec.from_config(cfg)
         self.fmt = chat_format(cfg, model_dir)
         tasks = {task_name(t): get_task(t, **cfg.envs.task_options.get(t, {})) for t in cfg.envs.tasks}
         self.client = InProcessClient(tasks)
         # own_process: vLLM's EngineCore in a process of its own, as every engine runs on GPU nodes (`devices`
         # given; "" here: no GPU), so its scheduler's Python does not share this process's GIL with the loops
         self.engine = VLLMEngine(str(model_dir), self.plan.limits.max_model_len, max_num_seqs=concurrency,
-                                 kv_cache_gib=cfg.rollout.kv_cache_gib, seed=cfg.seed,
+                                 kv_cache_gib=cfg.cluster.rollout.cpu_kv_cache_gib, seed=cfg.seed,
                                  devices="" if own_process else None)
         self.sampling = SamplingConfig(self.plan.limits.max_new_tokens, self.plan.temperature, self.plan.top_p,
                                        self.fmt.stop_ids)
@@ -195,9 +195,9 @@ def measure(model_dir: Path, preset: str, overrides: list[str], episodes: int, c
             repeats: int = repeat.MIN_REPEATS, linger_ms: list[float] | None = None,
             profile: bool = False, own_process: bool = False) -> dict[str, Any]:
     """Build the engine, warm every side up, then run the sides interleaved `repeats` times on it. `linger_ms`:
-    one side of ours per value, the first the headline (None: the config's `cluster.rollout.linger_ms` alone)."""
+    one side of ours per value, the first the headline (None: the config's `rollout.linger_ms` alone)."""
     cfg = load_config(preset, overrides)
-    lingers = linger_ms or [cfg.cluster.rollout.linger_ms]
+    lingers = linger_ms or [cfg.rollout.linger_ms]
     loop = asyncio.new_event_loop()
     bench = Bench(model_dir, cfg, episodes, concurrency, own_process)
     recorded: dict[int, list[list[Turn]]] = {}
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                          "loop's costliest functions go into the JSON under `profile`")
     ap.add_argument("--linger-ms", type=linger_values, default=None,
                     help="`VLLMEngine(linger_s=)` of ours, in ms: how long its engine thread waits for the next turns "
-                         "after a step that finished requests (default: the config's cluster.rollout.linger_ms); a "
+                         "after a step that finished requests (default: the config's rollout.linger_ms); a "
                          "list (0,5) runs one side of ours per value, the first the headline")
     ap.add_argument("--own-process", action="store_true",
                     help="run the engine's EngineCore in a process of its own (as on GPU nodes) instead of in this "

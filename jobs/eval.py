@@ -38,9 +38,9 @@ from pathlib import Path
 import yaml
 
 from agentrl.config import ConfigError, load_config
+from agentrl.evaluation.eval_job import add_slurm_arguments, eval_argv, job_of, render
 from agentrl.evaluation.evaluate import Settings, evaluate, evaluate_cross
-from agentrl.evaluation.runner import EvalPlan
-from agentrl.evaluation.sbatch import add_slurm_arguments, eval_argv, job_of, render
+from agentrl.evaluation.runner import EvalScope
 from agentrl.evaluation.services import env_client, eval_config
 from agentrl.evaluation.targets import Target, resolve
 from agentrl.rollout.agent_loop import EpisodeLimits
@@ -162,10 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         protocol=args.protocol, tool_parser=cfg.model.tool_parser, chat_template=cfg.model.chat_template,
         stop_tokens=cfg.model.stop_tokens, template_kwargs=tuple(sorted(cfg.model.template_kwargs.items())),
         template_check=r.template_check,
-        kv_cache_gib=r.kv_cache_gib, seed=cfg.seed, engine_options=(("dtype", args.dtype),))
+        kv_cache_gib=cfg.cluster.rollout.cpu_kv_cache_gib, seed=cfg.seed, engine_options=(("dtype", args.dtype),))
     if temperature == 0 and runs > 1:
         print(f"note: at temperature 0 the {runs} runs play the same tokens; --greedy plays one", file=sys.stderr)
-    plan = EvalPlan(tuple(cfg.envs.tasks), args.split, args.samples, runs, args.concurrency)
+    plan = EvalScope(tuple(cfg.envs.tasks), args.split, args.samples, runs, args.concurrency)
     stem = f"{'cross' if other else 'eval'}-{args.split}" + (f"-v{target.version}" if target.version is not None
                                                             else "") + ("-greedy" if temperature == 0 else "")
     if args.fresh:
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-async def _run(cfg, out: Path, inprocess: bool, target: Target, other: Target | None, prob: float, plan: EvalPlan,
+async def _run(cfg, out: Path, inprocess: bool, target: Target, other: Target | None, prob: float, plan: EvalScope,
                settings: Settings, stem: str, bars: bool | None, bootstrap: int) -> str:
     async with env_client(cfg, out, inprocess) as client:
         if other is not None:

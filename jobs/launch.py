@@ -9,7 +9,7 @@ An evaluation (`--eval` first, then jobs.eval's own arguments; its --slurm-* opt
     python -m jobs.launch --eval runs/demo --tasks os,db --slurm-partition gpu      # sbatch'd, one node
     python -m jobs.launch --eval runs/demo --tasks os,db --render-sbatch           # the script, not submitted
     python -m jobs.launch --eval runs/demo --tasks os,db --local                   # here: jobs.eval itself
-The job is `agentrl.evaluation.sbatch.render`'s: one task whose jobs.eval starts the controller, the env
+The job is `agentrl.evaluation.eval_job.render`'s: one task whose jobs.eval starts the controller, the env
 workers and its engine on the node, requeued at will (it resumes from its results file); the script
 submitted is kept in runs/eval-jobs/.
 
@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def launch_eval(argv: list[str]) -> int:
     """`--eval ARGS`: jobs.eval's job, printed (--render-sbatch), run here (--local: jobs.eval itself) or submitted."""
-    from agentrl.evaluation.sbatch import eval_argv, job_of, render, submit
+    from agentrl.evaluation.eval_job import eval_argv, job_of, render, submit
 
     if "--local" in argv or "--render-sbatch" in argv:
         os.execv(sys.executable, [sys.executable, "-m", "jobs.eval", *[a for a in argv if a != "--local"]])

@@ -65,7 +65,7 @@ async def amain(run_dir: Path, rank: int, files: bool = False) -> dict:
     from agentrl.rollout.env_latency import maybe_slow
     from agentrl.rollout.from_config import chat_format, engine_factory
     from agentrl.rollout.model_check import check_prompts_fit
-    from agentrl.rollout.plan import RolloutPlan
+    from agentrl.rollout.spec import RolloutSpec
     from agentrl.rollout.weight_sources import BroadcastWeights, DirWeights
     from agentrl.transport.file_channel import FileRolloutChannel
 
@@ -79,8 +79,8 @@ async def amain(run_dir: Path, rank: int, files: bool = False) -> dict:
         raise SystemExit(f"rollout rank {rank} is outside 0..{cfg.cluster.rollout.ranks - 1} (cluster.rollout.ranks)")
     model_dir = Path(cfg.model.path) if cfg.model.path else run_dir / "model"
     fmt = chat_format(cfg, model_dir)  # the model's template, parser and stop tokens; bad settings fail here
-    plan = RolloutPlan.from_config(cfg)
-    ap = role.RankPlan.from_config(cfg, rank)
+    plan = RolloutSpec.from_config(cfg)
+    place = role.RankPlace.from_config(cfg, rank)
     timeout = cfg.cluster.role_timeout_s
 
     def channel():
@@ -103,7 +103,7 @@ async def amain(run_dir: Path, rank: int, files: bool = False) -> dict:
             if rank == 0:  # before any episode: a prompt that cannot fit with a turn is a settings error, named
                 await check_prompts_fit(gateway, fmt, plan.tasks, r.max_model_len, r.max_new_tokens)
             make_engine = engine_factory(cfg, model_dir, client, fmt, rank=rank)
-            return await role.run(run_dir, client, fmt, make_engine, plan, ap, monitor, channel, weights)
+            return await role.run(run_dir, client, fmt, make_engine, plan, place, monitor, channel, weights)
     finally:
         monitor.close()
 

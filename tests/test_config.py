@@ -92,22 +92,6 @@ def test_a_yaml_file_string_that_looks_like_a_number_stays_a_string(tmp_path: Pa
     assert load_config(str(tmp_path / "config.yaml")) == cfg
 
 
-def test_rl_hyper_takes_every_shared_field_by_name() -> None:
-    import dataclasses
-
-    from agentrl.trainer.step import RLHyper
-
-    cfg = load_config("demo", ["algo.eps_high=0.28", "algo.kl_estimator=k2", "trainer.grad_clip=0.5",
-                               "trainer.micro_batch_tokens=1234", "trainer.packing=false", "rollout.temperature=0.8"])
-    h = RLHyper.from_config(cfg.algo, cfg.trainer, cfg.rollout.temperature)
-    assert (h.eps_high, h.kl_estimator, h.grad_clip, h.micro_batch_tokens, h.packing, h.temperature) == \
-        (0.28, "k2", 0.5, 1234, False, 0.8)
-    for f in dataclasses.fields(h):  # every field comes from the config, none is left at a default by accident
-        if f.name != "temperature":
-            src = cfg.algo if hasattr(cfg.algo, f.name) else cfg.trainer
-            assert getattr(h, f.name) == getattr(src, f.name), f.name
-
-
 def test_the_synchronous_schedule_is_the_pipeline_with_fixed_numbers() -> None:
     """`RunConfig.pipeline` works out every derived number once: the baseline's are fixed (max_staleness 0,
     drain, exactly one step's groups), the asynchronous schedule's follow `transport` and `algo`."""
@@ -117,7 +101,7 @@ def test_the_synchronous_schedule_is_the_pipeline_with_fixed_numbers() -> None:
     assert (sync.max_staleness, sync.inflight, sync.min_groups, sync.max_groups) == (0, "drain", step_groups,
                                                                                      step_groups)
     asy = load_config("demo", ["algo.max_staleness=2", "transport.max_groups=40", "transport.inflight=abort",
-                               "cluster.rollout.lagging_engines_per_rank=1", "cluster.rollout.lagging_prob=0.5",
+                               "cluster.rollout.lagging_engines_per_rank=1", "rollout.lagging_prob=0.5",
                                "cluster.rollout.lagging_refresh_steps=5"]).pipeline
     assert (asy.max_staleness, asy.inflight, asy.min_groups, asy.max_groups) == (2, "abort", step_groups, 40)
     assert asy.lagging_max_staleness == 2 + 5 and asy.capacity == 4 * 40 * asy.group_size

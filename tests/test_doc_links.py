@@ -41,3 +41,21 @@ def test_relative_links_resolve(page: Path) -> None:
         elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
             bad.append(f"{target}: no heading makes #{anchor}")
     assert bad == [], bad
+
+
+CODE_LINK = re.compile(r"\[`([^`]+)::([A-Za-z_][\w.]*)(?:\(\))?`\]\(([^)#\s]+\.py)\)")
+
+
+def test_the_loops_function_links_name_what_the_file_defines() -> None:
+    """Each "[`file::name`](path.py)" of the README (the loop, the code map) names a function, class or module-level
+    name the linked file defines: a rename that forgets the README fails here, not in a newcomer's first hour."""
+    text = (ROOT / "README.md").read_text()
+    links = CODE_LINK.findall(text)
+    assert len(links) > 20, links  # the loop's steps are linked
+    bad = []
+    for _, name, path in links:
+        src = (ROOT / path).read_text()
+        last = name.split(".")[-1]
+        if not re.search(rf"^\s*(async\s+def|def|class)\s+{last}\b|^\s*{last}\s*[:=]", src, re.M):
+            bad.append(f"{path}::{name}")
+    assert bad == [], bad

@@ -29,11 +29,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-
-def admit_limit(max_staleness: int, engine_version: int, base_version: int, groups_per_step: int) -> int:
-    """Groups a rank may have started (`RolloutLoop._admit_limit`): AReaL's bound, counted from the version this
-    life of the rank began on, with the engine's version (the one that samples them)."""
-    return (max_staleness + engine_version - base_version + 1) * groups_per_step
+from agentrl.algorithms.staleness import admit_limit, version_staleness
 
 
 def may_admit(started: int, limit: int, running: int, samples_per_prompt: int, concurrency: int) -> bool:
@@ -42,7 +38,7 @@ def may_admit(started: int, limit: int, running: int, samples_per_prompt: int, c
 
 
 def groups_of_rank(total_groups: int, ranks: int, rank: int) -> int:
-    """`RankPlan.groups_per_step`: one step's groups split over the ranks, the first ones taking the rest."""
+    """`RankPlace.groups_per_step`: one step's groups split over the ranks, the first ones taking the rest."""
     return total_groups // ranks + (rank < total_groups % ranks)
 
 
@@ -425,7 +421,7 @@ class _Sim:
         for g in take:
             for eid in self.group_eps.pop(g):
                 ep = self.eps[eid]
-                s = self.version - min(ep.versions, default=self.version)
+                s = version_staleness(min(ep.versions, default=-1), self.version)
                 if s > L.max_staleness:  # the queue's staleness filter: excluded, not in the step's statistics
                     self.dropped += 1
                 else:

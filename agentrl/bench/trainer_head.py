@@ -19,12 +19,13 @@ from typing import Any
 
 import torch
 
+from agentrl.config import AlgoConfig, TrainerConfig
 from agentrl.trainer.batch import MicroBatch, TrainBatch, collate, layout, plan_micro_batches
 from agentrl.trainer.gpu_check import ShardedAlone, build_model, start_process_group, synthetic_trajectories
 from agentrl.trainer.logprobs import entropy_from_log_probs, full_vocab_logprobs
 from agentrl.trainer.memory import Shape
 from agentrl.trainer.parallel import DistEnv, Parallel, close_distributed
-from agentrl.trainer.step import PG_LOSSES, RLHyper, advantages, rl_step
+from agentrl.trainer.step import PG_LOSSES, advantages, rl_step
 
 
 @dataclass(frozen=True)
@@ -48,26 +49,26 @@ def _rows(mb: MicroBatch, grid: torch.Tensor) -> torch.Tensor:  # [K, C] target 
     return vals.new_zeros(R * L).index_copy(0, mb.select, vals).view(R, L)[:, :-1]
 
 
-def full_vocab_rl_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: TrainBatch, h: RLHyper,
-                       par: Parallel) -> dict[str, float]:
+def full_vocab_rl_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: TrainBatch, algo: AlgoConfig,
+                       trainer: TrainerConfig, temperature: float, par: Parallel) -> dict[str, float]:
     """The old rl_step (no KL): the whole float32 log-softmax per micro-batch. Returns loss and grad_norm."""
-    adv = advantages(batch, h)
+    adv = advantages(batch, algo)
     total = max(batch.num_action_tokens, 1)
     per_target = {"mask": batch.mask, "behaviour_logp": batch.behaviour_logp, "adv": adv}
     opt.zero_grad(set_to_none=True)
     loss_sum = 0.0
-    for rows in plan_micro_batches(batch.lengths, h.micro_batch_tokens, h.packing):
-        mb = layout(batch, rows, per_target, h.packing).to(par.device)
+    for rows in plan_micro_batches(batch.lengths, trainer.micro_batch_tokens, trainer.packing):
+        mb = layout(batch, rows, per_target, trainer.packing).to(par.device)
         t = {k: _rows(mb, v) for k, v in mb.targets.items()}  # [R, L-1] each, as the old layout made them
         with par.autocast():
-            logp, log_probs = full_vocab_logprobs(model, mb.tokens, mb.attention, h.temperature, mb.position_ids)
+            logp, log_probs = full_vocab_logprobs(model, mb.tokens, mb.attention, temperature, mb.position_ids)
             on = t["mask"] > 0
-            pg_sum, _ = PG_LOSSES[h.offpolicy](logp, t["behaviour_logp"], t["adv"], t["mask"], h)
+            pg_sum, _ = PG_LOSSES[algo.offpolicy](logp, t["behaviour_logp"], t["adv"], t["mask"], algo)
             with torch.no_grad():
                 entropy_from_log_probs(log_probs[on]).sum()  # the statistic the old step computed
         (pg_sum / total * par.grad_scale).backward()
         loss_sum += float(pg_sum.detach())
-    grad_norm = par.clip_grad_norm(model.parameters(), h.grad_clip)
+    grad_norm = par.clip_grad_norm(model.parameters(), trainer.grad_clip)
     opt.step()
     return {"loss": loss_sum / total, "grad_norm": grad_norm}
 
@@ -100,12 +101,12 @@ def measure(side: str, b: HeadBench) -> dict[str, Any]:
         n = b.tokens // b.trajectories
         trajs = synthetic_trajectories(b.trajectories, b.trajectories, n, n, b.vocab, b.seed)
         batch = collate(trajs, [t.reward for t in trajs], pad_id=0)
-        h = RLHyper(micro_batch_tokens=b.tokens, packing=True, kl_coef=0.0)
-        assert len(plan_micro_batches(batch.lengths, h.micro_batch_tokens, True)) == 1
+        algo, trainer = AlgoConfig(kl_coef=0.0), TrainerConfig(micro_batch_tokens=b.tokens, packing=True)
+        assert len(plan_micro_batches(batch.lengths, trainer.micro_batch_tokens, True)) == 1
         before, peak_before = _rss_gib(), _peak_gib()
         t0 = time.perf_counter()
-        stats = rl_step(model, opt, batch, h, None, par) if side == "lean" else \
-            full_vocab_rl_step(model, opt, batch, h, par)
+        stats = rl_step(model, opt, batch, algo, trainer, 1.0, None, par) if side == "lean" else \
+            full_vocab_rl_step(model, opt, batch, algo, trainer, 1.0, par)
         step_s = time.perf_counter() - t0
     finally:
         close_distributed()

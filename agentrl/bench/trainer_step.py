@@ -20,12 +20,13 @@ from typing import Any
 import torch
 
 from agentrl.bench.repeat import Ratio, interleave, summarize
+from agentrl.config import AlgoConfig, TrainerConfig
 from agentrl.trainer import attention
 from agentrl.trainer.bare import bare_batches, bare_step
 from agentrl.trainer.batch import collate, padding_fraction, plan_micro_batches
 from agentrl.trainer.gpu_check import synthetic_trajectories
 from agentrl.trainer.parallel import Parallel
-from agentrl.trainer.step import RLHyper, advantages, rl_step
+from agentrl.trainer.step import advantages, rl_step
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,8 @@ def compare_steps(s: StepBench) -> dict[str, Any]:
     device = torch.device(s.device)
     trajs = synthetic_trajectories(s.trajectories, s.group, s.min_len, s.max_len, s.vocab, s.seed)
     batch = collate(trajs, [t.reward for t in trajs], pad_id=0)
-    h = RLHyper(micro_batch_tokens=s.micro_batch_tokens, packing=s.packing, kl_coef=s.kl_coef)
+    algo, trainer = AlgoConfig(kl_coef=s.kl_coef), TrainerConfig(micro_batch_tokens=s.micro_batch_tokens,
+                                                                  packing=s.packing)
     par = Parallel(device=device, mixed_precision=s.mixed_precision)
     base = make_model(s.hidden, s.layers, s.heads, s.vocab, s.max_len, s.seed)
     impl = attention.apply(base, s.attn_implementation, device, par.dtype)
@@ -83,8 +85,8 @@ def compare_steps(s: StepBench) -> dict[str, Any]:
     bare_opt = torch.optim.AdamW(bare_model.parameters(), lr=1e-5)
 
     # the bare step's inputs, laid out once (outside its timing): the same plan and packing as ours
-    plan = plan_micro_batches(batch.lengths, h.micro_batch_tokens, s.packing)
-    bbs = bare_batches(batch, advantages(batch, h), h.micro_batch_tokens, s.packing, impl, par)
+    plan = plan_micro_batches(batch.lengths, trainer.micro_batch_tokens, trainer.packing)
+    bbs = bare_batches(batch, advantages(batch, algo), trainer.micro_batch_tokens, trainer.packing, impl, par)
     tokens = sum(batch.lengths)
 
     def timed(fn: Callable[[], None]) -> float:
@@ -97,11 +99,11 @@ def compare_steps(s: StepBench) -> dict[str, Any]:
         return time.perf_counter() - t0
 
     def ours() -> None:
-        rl_step(ours_model, ours_opt, batch, h, ref, par)
+        rl_step(ours_model, ours_opt, batch, algo, trainer, 1.0, ref, par)
 
     def bare() -> None:
         with par.autocast():
-            bare_step(bare_model, bare_opt, bbs, batch.num_action_tokens, h.grad_clip, s.bare_head, par)
+            bare_step(bare_model, bare_opt, bbs, batch.num_action_tokens, trainer.grad_clip, s.bare_head, par)
 
     for _ in range(s.warmup):
         ours()
@@ -126,9 +128,9 @@ def compare_steps(s: StepBench) -> dict[str, Any]:
         # on a shared machine the fastest step is the least disturbed one: its ratio is the steadier figure
         "ratio_best_step": min(t_bare) / min(t_ours), "ours_step_s": t_ours, "bare_step_s": t_bare,
         "tokens_per_step": tokens, "action_tokens_per_step": batch.num_action_tokens,
-        "micro_batches": len(plan), "padding_frac": padding_fraction(plan, batch.lengths, s.packing),
-        "padding_frac_padded_layout": padding_fraction(plan_micro_batches(batch.lengths, h.micro_batch_tokens, False),
-                                                       batch.lengths, False),
+        "micro_batches": len(plan), "padding_frac": padding_fraction(plan, batch.lengths),
+        "padding_frac_padded_layout": padding_fraction(plan_micro_batches(batch.lengths, trainer.micro_batch_tokens,
+                                                                          False), batch.lengths),
         "attention": impl, "bare_head": s.bare_head,
         "device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
         "host": platform.node(), "params": sum(p.numel() for p in base.parameters()),

@@ -22,7 +22,7 @@ from typing import Any
 from agentrl.evaluation import cross
 from agentrl.evaluation.endpoint import ChatEndpoint
 from agentrl.evaluation.players import EndpointPlayer, ExpertPlayer, LocalPlayer
-from agentrl.evaluation.runner import EvalPlan, plan_keys, progress_for, score
+from agentrl.evaluation.runner import EvalScope, plan_keys, progress_for, score
 from agentrl.evaluation.targets import Target
 from agentrl.monitor.eval_results import ResultsFile, aggregate, read_results
 from agentrl.monitor.eval_tables import terminal_table, write_tables
@@ -50,7 +50,7 @@ class Settings:
     engine_options: tuple[tuple[str, Any], ...] = ()
     """More `VLLMEngine` arguments, e.g. (("dtype", "bfloat16"),) on a GPU (its defaults are the CPU's)."""
 
-    def fingerprint(self, plan: EvalPlan, targets: list[Target]) -> dict[str, Any]:
+    def fingerprint(self, plan: EvalScope, targets: list[Target]) -> dict[str, Any]:
         """What a results file's episodes depend on: a rerun with another fingerprint must not resume it."""
         return {"targets": [t.describe() for t in targets], "split": plan.split, "temperature": self.temperature,
                 "top_p": self.top_p, "limits": asdict(self.limits), "protocol": self.protocol,
@@ -82,7 +82,7 @@ def load_format(target: Target, settings: Settings) -> Any:
                            dict(settings.template_kwargs), settings.chat_template)
 
 
-async def check_fit(client: Any, fmt: Any, plan: EvalPlan, settings: Settings) -> None:
+async def check_fit(client: Any, fmt: Any, plan: EvalScope, settings: Settings) -> None:
     """Refuse an evaluation whose every first prompt of a task (of its first indices) cannot fit max_model_len with
     a turn (it could score nothing but context_limit); warn when some cannot."""
     from agentrl.rollout.model_check import first_prompts, prompts_too_long
@@ -125,7 +125,7 @@ async def chat_policy(target: Target, settings: Settings, concurrency: int) -> A
 
 
 @contextlib.asynccontextmanager
-async def player_of(client: Any, target: Target, settings: Settings, plan: EvalPlan) -> AsyncIterator[Any]:
+async def player_of(client: Any, target: Target, settings: Settings, plan: EvalScope) -> AsyncIterator[Any]:
     """The player of one target: local models through the token-level agent loop (after `check_fit`), endpoints
     (and the scripted expert) at the message level."""
     concurrency = plan.concurrency
@@ -172,7 +172,7 @@ def tables(rf: ResultsFile, keys: list, out: Path, stem: str, label: str, bootst
     return terminal_table(results)
 
 
-async def evaluate(client: Any, target: Target, plan: EvalPlan, settings: Settings, out: Path, stem: str,
+async def evaluate(client: Any, target: Target, plan: EvalScope, settings: Settings, out: Path, stem: str,
                    progress: bool | None = None, bootstrap: int = 0) -> str:
     """Score `target` on `plan` into OUT/<stem>.jsonl and write its tables; returns the terminal table."""
     keys = await plan_keys(client, plan)
@@ -188,7 +188,7 @@ async def evaluate(client: Any, target: Target, plan: EvalPlan, settings: Settin
     return tables(rf, keys, out, stem, target.label, bootstrap)
 
 
-async def evaluate_cross(client: Any, a: Target, b: Target, prob: float, plan: EvalPlan, settings: Settings,
+async def evaluate_cross(client: Any, a: Target, b: Target, prob: float, plan: EvalScope, settings: Settings,
                          out: Path, stem: str, progress: bool | None = None) -> str:
     """The three arms of cross-sampling (A, B, and each turn from B with probability `prob`), then the pass@k
     curves of single A, single B, mix and cross for k = 1..runs; returns the curves as markdown.

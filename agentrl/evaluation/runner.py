@@ -24,7 +24,7 @@ from agentrl.monitor.eval_results import Key, ResultsFile
 
 
 @dataclass(frozen=True)
-class EvalPlan:
+class EvalScope:
     tasks: tuple[str, ...]
     split: str = "test"
     samples: int = 0
@@ -34,7 +34,7 @@ class EvalPlan:
     concurrency: int = 32
 
 
-async def plan_keys(client: Any, plan: EvalPlan) -> list[Key]:
+async def plan_keys(client: Any, plan: EvalScope) -> list[Key]:
     """Every key of the plan, run-major: run 0 over every index of every task, then run 1, ..."""
     indices = {}
     for task in plan.tasks:

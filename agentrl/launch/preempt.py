@@ -79,13 +79,3 @@ def parse_time_left(text: str) -> int | None:
     days, hours, minutes, seconds = (int(g or 0) for g in m.groups())
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
-
-def seconds_left(environ: Mapping[str, str] | None = None) -> int | None:
-    """Seconds until this job's time limit (from squeue), or None outside Slurm or without a limit.
-
-    For a loop whose steps are long: checkpoint when a step would not fit, before the warning comes."""
-    job = slurm_env.job_id(environ)
-    if not job:
-        return None
-    out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%L"], capture_output=True, text=True, timeout=30)
-    return parse_time_left(out.stdout) if out.returncode == 0 else None

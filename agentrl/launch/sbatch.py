@@ -1,4 +1,4 @@
-"""Render a run's `topology.Plan` as sbatch scripts a person can read and submit by hand.
+"""Render a run's `topology.JobLayout` as sbatch scripts a person can read and submit by hand.
 
 * `render_hetjob`: one heterogeneous job, one `#SBATCH hetjob` block per group, one
   `srun --mpi=none --het-group=N` step per role (trainer and rollout ranks
@@ -21,7 +21,7 @@ from dataclasses import replace
 from agentrl.config import RunConfig
 from agentrl.launch import topology
 from agentrl.launch.apptainer import worker_command
-from agentrl.launch.topology import ENV, GROUP_NAMES, ROLLOUT, TRAINER, Plan, Step, absolute
+from agentrl.launch.topology import ENV, GROUP_NAMES, ROLLOUT, TRAINER, JobLayout, Step, absolute
 
 SUBMIT_DIR = "$SLURM_SUBMIT_DIR"
 
@@ -139,7 +139,7 @@ def step_argv(step: Step, python: str, run_dir: str, image: str = "", data_dir: 
     return argv
 
 
-def _header_lines(plan: Plan, preset: str, overrides: list[str], how: str) -> list[str]:
+def _header_lines(plan: JobLayout, preset: str, overrides: list[str], how: str) -> list[str]:
     cmd = _join(["python", "-m", "jobs.launch", "--preset", preset, "--render-sbatch", *overrides])
     if plan.root == SUBMIT_DIR:
         where = ["# Submit from the repository root, after `bash install.sh`. Logs: <job name>-<job id>.out in the",
@@ -158,11 +158,11 @@ def _header_lines(plan: Plan, preset: str, overrides: list[str], how: str) -> li
     ]
 
 
-def _group_lines(plan: Plan, g: int) -> list[str]:
+def _group_lines(plan: JobLayout, g: int) -> list[str]:
     return [f"#SBATCH --{k}={shlex.quote(v)}" for k, v in plan.groups[g].directives]
 
 
-def _prepare_lines(plan: Plan, preset: str, overrides: list[str], make_model_group: int | None) -> list[str]:
+def _prepare_lines(plan: JobLayout, preset: str, overrides: list[str], make_model_group: int | None) -> list[str]:
     # the user's overrides are quoted as typed (a `$` in a set-up line stays a `$`); ours may name $SLURM_SUBMIT_DIR
     prepare = " ".join([_join(["$PY", "-m", "jobs.launch", "--preset", preset, "--prepare-run", "$RUN_DIR"]),
                         *(shlex.quote(o) for o in overrides), *(_q(o) for o in plan.overrides)])
@@ -180,7 +180,7 @@ def _prepare_lines(plan: Plan, preset: str, overrides: list[str], make_model_gro
     return lines
 
 
-def _site_setup_lines(plan: Plan) -> list[str]:
+def _site_setup_lines(plan: JobLayout) -> list[str]:
     """`cluster.setup` in the batch shell, before the job's first command (`set -u` would trip many module
     and activate scripts, so it is off around them)."""
     if not plan.setup:
@@ -198,7 +198,7 @@ def task_argv(step: Step, task: str, python: str, run_dir: str, image: str = "",
     return [a.replace("-%t.log", f"-{task}.log") if a.startswith("--output=") else a for a in argv]
 
 
-def _data_dir(plan: Plan) -> str:
+def _data_dir(plan: JobLayout) -> str:
     """The task data directory the env workers' containers bind: data/ of the repository."""
     return absolute("data", plan.root)
 
@@ -234,7 +234,7 @@ def _restartable_lines(step: Step, het: bool, image: str, binds: tuple[str, ...]
     ]
 
 
-def _step_line(plan: Plan, step: Step, het: bool, image: str, binds: tuple[str, ...]) -> str:
+def _step_line(plan: JobLayout, step: Step, het: bool, image: str, binds: tuple[str, ...]) -> str:
     if step.restarts:
         where = f"het group {step.group}, " if het else ""
         lines = _restartable_lines(step, het, image, binds, _data_dir(plan))
@@ -310,7 +310,7 @@ def _finish_lines(ends: list[str], others: list[str], restarted: bool = False) -
     return lines
 
 
-def render_hetjob(plan: Plan, preset: str, overrides: list[str], image: str = "",
+def render_hetjob(plan: JobLayout, preset: str, overrides: list[str], image: str = "",
                   binds: tuple[str, ...] = ()) -> str:
     """One heterogeneous job: groups 0 trainer, 1 rollout, 2 env workers (+ controller)."""
     lines = _header_lines(plan, preset, overrides, "one heterogeneous Slurm job")
@@ -353,7 +353,7 @@ def render_hetjob(plan: Plan, preset: str, overrides: list[str], image: str = ""
     return "\n".join(lines) + "\n"
 
 
-def render_per_role(plan: Plan, preset: str, overrides: list[str], image: str = "",
+def render_per_role(plan: JobLayout, preset: str, overrides: list[str], image: str = "",
                     binds: tuple[str, ...] = ()) -> str:
     """One job per role for sites without hetjobs: a bash file that submits them in order."""
     lines = _header_lines(plan, preset, overrides, "one job per role (cluster.hetjob=false)")

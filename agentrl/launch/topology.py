@@ -85,7 +85,7 @@ class Step:
 
 
 @dataclass(frozen=True)
-class Plan:
+class JobLayout:
     name: str
     groups: tuple[Group, ...]
     steps: tuple[Step, ...]
@@ -154,8 +154,8 @@ def _directives(slurm: SlurmGroupConfig, nodes: int, ntasks_per_node: int | None
     return tuple(d)
 
 
-def plan(cfg: RunConfig, root: str = "$SLURM_SUBMIT_DIR") -> Plan:
-    """The groups and steps of `cfg`'s run; the job runs in `root` (see `Plan.root`)."""
+def plan(cfg: RunConfig, root: str = "$SLURM_SUBMIT_DIR") -> JobLayout:
+    """The groups and steps of `cfg`'s run; the job runs in `root` (see `JobLayout.root`)."""
     c = cfg.cluster
     controller_group = ENV if c.controller_placement == "env" else TRAINER
     env_tasks = cfg.envs.workers + (1 if controller_group == ENV else 0)
@@ -200,6 +200,6 @@ def plan(cfg: RunConfig, root: str = "$SLURM_SUBMIT_DIR") -> Plan:
                                  mpi=True, mpmd=(rollout,), step_restarts=c.max_restarts, mpi_plugin=c.mpi,
                                  **trainer_step))
     python = absolute(c.python, root) if "/" in c.python else c.python
-    return Plan(name=cfg.name, groups=groups, steps=steps, needs_model=not cfg.model.path, signal_s=c.signal_s,
+    return JobLayout(name=cfg.name, groups=groups, steps=steps, needs_model=not cfg.model.path, signal_s=c.signal_s,
                 python=python, overrides=("controller.host=0.0.0.0", *path_overrides(cfg, root)), root=root,
                 run_root=absolute(cfg.run_root, root), setup=c.setup)

@@ -30,7 +30,7 @@ CONFIG_HIGHLIGHTS: tuple[tuple[str, str], ...] = (
     ("max model len", "rollout.max_model_len"), ("lr", "trainer.lr"), ("warm-start steps", "trainer.sft_steps"),
     ("clip (low, high), dual clip", "algo.eps_low|algo.eps_high|algo.dual_clip"), ("KL coef", "algo.kl_coef"),
     ("task normalization", "algo.task_norm"), ("max staleness", "algo.max_staleness"),
-    ("lagging prob (cross-policy)", "cluster.rollout.lagging_prob"), ("seed", "seed"),
+    ("lagging prob (cross-policy)", "rollout.lagging_prob"), ("seed", "seed"),
 )
 
 

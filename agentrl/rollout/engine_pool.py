@@ -1,7 +1,7 @@
 """Cross-policy sampling (AgentRL §3.3, docs/architecture.md §5): a rollout rank's current engines and lagging pool.
 
 `EnginePool` looks like one engine to the agent loop. Each `generate` call (one assistant turn) goes to a
-lagging engine with probability `prob`, drawn from a seeded RNG, and otherwise to a current engine: the one
+lagging engine with probability `lagging_prob`, drawn from a seeded RNG, and otherwise to a current engine: the one
 its episode was given at its first current turn (the least busy then, so episodes spread over the rank's
 current engines and an episode's turns reuse one engine's prefix cache). Every current engine takes every
 new version it is given; a lagging engine keeps its weights until the current version is `refresh_steps`
@@ -38,7 +38,7 @@ class EnginePool:
         current: the engine, or engines, that always hold the newest weights; the first gives the pool's
             `engine_id`.
         lagging: the lagging pool (may be empty: the pool is then the current engines alone).
-        prob: probability that a turn goes to the lagging pool (one engine of it, chosen uniformly).
+        lagging_prob: probability that a turn goes to the lagging pool (one engine of it, chosen uniformly).
         refresh_steps: K; a lagging engine reloads when the newest version is K or more ahead of its own.
         seed: seeds the routing RNG.
     """
@@ -47,20 +47,20 @@ class EnginePool:
     # turn misses that engine's prefix cache, nothing else). Far more than a rank runs at once.
     MAX_EPISODES = 1 << 16
 
-    def __init__(self, current: Engine | Sequence[Engine], lagging: Sequence[Engine] = (), prob: float = 0.0,
+    def __init__(self, current: Engine | Sequence[Engine], lagging: Sequence[Engine] = (), lagging_prob: float = 0.0,
                  refresh_steps: int = 1, seed: int | str = 0) -> None:
         currents = list(current) if isinstance(current, Sequence) else [current]
         if not currents:
             raise ValueError("a pool needs at least one current engine")
-        if not 0.0 <= prob <= 1.0:
-            raise ValueError(f"lagging prob must be in [0, 1], got {prob}")
-        if prob > 0 and not lagging:
+        if not 0.0 <= lagging_prob <= 1.0:
+            raise ValueError(f"lagging prob must be in [0, 1], got {lagging_prob}")
+        if lagging_prob > 0 and not lagging:
             raise ValueError("a lagging prob > 0 needs at least one lagging engine")
         if refresh_steps < 1:
             raise ValueError(f"refresh_steps must be >= 1, got {refresh_steps}")
         self.currents, self.lagging = currents, list(lagging)
         self.current = currents[0]
-        self.prob, self.refresh_steps = prob, refresh_steps
+        self.lagging_prob, self.refresh_steps = lagging_prob, refresh_steps
         self._rng = random.Random(seed)
         # Versions the lagging engines were last told to load (None: no weights loaded through the pool yet;
         # their first load is always taken, so at the start they hold the first weights).
@@ -85,7 +85,7 @@ class EnginePool:
 
     def route(self, episode: Any = None) -> Engine:
         """The engine for the next turn of `episode` (one RNG draw per turn while the pool has lagging engines)."""
-        if self.lagging and self._rng.random() < self.prob:
+        if self.lagging and self._rng.random() < self.lagging_prob:
             return self._rng.choice(self.lagging)
         return self.currents[self.place(episode)]
 

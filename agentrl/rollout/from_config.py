@@ -1,5 +1,5 @@
 """The rollout's model-facing slices of the run config: the model's conversation format and the engines a rank
-builds (what it plays is `rollout.plan.RolloutPlan.from_config`)."""
+builds (what it plays is `rollout.spec.RolloutSpec.from_config`)."""
 from __future__ import annotations
 
 import os
@@ -39,20 +39,20 @@ def engine_factory(cfg: RunConfig, model_dir: Path, client: Any, fmt: ChatFormat
         from agentrl.rollout.engine import VLLMEngine
 
         # dtype, TP, eager/CUDA graphs, memory share, max sequences, KV cache: cluster.rollout's
-        # (RolloutTopology.engine_settings; on CPU float32 and eager, in this process, as before)
-        settings = pool.engine_settings(r.concurrency)
+        # (RolloutTopology.engine_settings; on CPU float32 and eager, in this process, lingering rollout.linger_ms)
+        settings = pool.engine_settings(r.concurrency, r.linger_ms)
         e, n = pool.engines_per_rank, pool.lagging_engines_per_rank
         ids = [current_engine_id(rank, j, e) for j in range(e)] + [lagging_engine_id(rank, k, n) for k in range(n)]
         built: list[VLLMEngine] = []
         try:
             for i, engine_id in enumerate(ids):  # one after the other (each start-up holds a lock)
-                built.append(VLLMEngine(str(model_dir), r.max_model_len, kv_cache_gib=r.kv_cache_gib, seed=cfg.seed,
+                built.append(VLLMEngine(str(model_dir), r.max_model_len, seed=cfg.seed,
                                         engine_id=engine_id, devices=devices[i], **settings))
         except BaseException:
             for engine in built:
                 engine.close()
             raise
-        return EnginePool(built[:e], built[e:], pool.lagging_prob if n else 0.0, pool.lagging_refresh_steps,
+        return EnginePool(built[:e], built[e:], r.lagging_prob, pool.lagging_refresh_steps,
                           seed=f"lagging/{cfg.seed}/{rank}")
     return make_engine
 

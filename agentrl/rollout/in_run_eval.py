@@ -14,12 +14,12 @@ from agentrl.monitor.trajectory_text import write_conversations
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.collect import collect
 from agentrl.rollout.engine import Engine, SamplingConfig
-from agentrl.rollout.plan import RolloutPlan
+from agentrl.rollout.spec import RolloutSpec
 
 log = logging.getLogger("agentrl.rollout")
 
 
-async def evaluate(client: Any, engine: Engine, fmt: ChatFormat, plan: RolloutPlan, version: int, report_dir: Path,
+async def evaluate(client: Any, engine: Engine, fmt: ChatFormat, plan: RolloutSpec, version: int, report_dir: Path,
                    monitor, sampled: bool = False) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
     """Episodes on the first `eval_samples` held-out indices of each task: greedy, or (`sampled`) each
     index `eval_sampled` times at the rollout temperature, i.e. the stochastic policy RL optimizes.

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentrl.algorithms.staleness import admit_limit
 from agentrl.config import RunConfig
 from agentrl.fsio import write_json_atomic
 from agentrl.monitor.eval_summary import per_task_summary
@@ -42,7 +43,7 @@ from agentrl.rollout.collect import collect
 from agentrl.rollout.engine import ExpertEngine, SamplingConfig
 from agentrl.rollout.engine_pool import EnginePool
 from agentrl.rollout.in_run_eval import evaluate, read_json
-from agentrl.rollout.plan import RolloutPlan
+from agentrl.rollout.spec import RolloutSpec
 from agentrl.rollout.weight_sources import WeightSource
 from agentrl.transport.channel import RolloutChannel
 from agentrl.transport.shards import ShardReader, ShardWriter, shard_dir
@@ -52,8 +53,8 @@ log = logging.getLogger("agentrl.rollout")
 
 
 @dataclass(frozen=True)
-class RankPlan:
-    """One rollout rank's place and bounds (what every rank plays is the `RolloutPlan`)."""
+class RankPlace:
+    """One rollout rank's place and bounds (what every rank plays is the `RolloutSpec`)."""
 
     rank: int
     ranks: int
@@ -62,11 +63,11 @@ class RankPlan:
     evaluate: bool = True  # rank 0 evaluates v0 and the final weights and writes report/summary.json
 
     @classmethod
-    def from_config(cls, cfg: RunConfig, rank: int) -> RankPlan:
+    def from_config(cls, cfg: RunConfig, rank: int) -> RankPlace:
         shape = cfg.pipeline  # the synchronous schedule's bounds are fixed there
         return cls(rank, cfg.cluster.rollout.ranks, shape.max_staleness, shape.inflight)
 
-    def groups_per_step(self, plan: RolloutPlan) -> int:
+    def groups_per_step(self, plan: RolloutSpec) -> int:
         """This rank's share of one synchronous step's groups (prompts_per_step × tasks over the ranks)."""
         total = plan.prompts_per_step * len(plan.tasks)
         return total // self.ranks + (self.rank < total % self.ranks)
@@ -86,7 +87,7 @@ def next_incarnation(directory: Path) -> int:
     return n
 
 
-async def expert_demos(run_dir: Path, client: Any, fmt: ChatFormat, plan: RolloutPlan, monitor) -> None:
+async def expert_demos(run_dir: Path, client: Any, fmt: ChatFormat, plan: RolloutSpec, monitor) -> None:
     """The scripted expert's train-split episodes for the warm start (shards/expert-0).
     Written once per run: a restarted rank finds them and moves on."""
     if ShardReader(run_dir / "shards" / "expert-0").available():
@@ -112,20 +113,20 @@ async def expert_demos(run_dir: Path, client: Any, fmt: ChatFormat, plan: Rollou
 class RolloutLoop:
     """One rank's episodes: admission, weight swaps, and the path of each finished trajectory."""
 
-    def __init__(self, run_dir: Path, client: Any, fmt: ChatFormat, engine: Any, plan: RolloutPlan, ap: RankPlan,
+    def __init__(self, run_dir: Path, client: Any, fmt: ChatFormat, engine: Any, plan: RolloutSpec, place: RankPlace,
                  channel: RolloutChannel, weights: WeightSource, monitor) -> None:
-        self.client, self.fmt, self.engine, self.plan, self.ap = client, fmt, engine, plan, ap
+        self.client, self.fmt, self.engine, self.plan, self.place = client, fmt, engine, plan, place
         self.ch, self.weights, self.monitor = channel, weights, monitor
         self.sampling = SamplingConfig(plan.limits.max_new_tokens, plan.temperature, plan.top_p, fmt.stop_ids)
-        self.writer = ShardWriter(shard_dir(run_dir, "rollout", ap.rank))
-        self.incarnation = next_incarnation(shard_dir(run_dir, "rollout", ap.rank))
+        self.writer = ShardWriter(shard_dir(run_dir, "rollout", place.rank))
+        self.incarnation = next_incarnation(shard_dir(run_dir, "rollout", place.rank))
         self.base_version = engine.version  # the version this life of the rank started on
-        self.rng = random.Random((plan.seed * 1000 + ap.rank) * 1000 + self.incarnation)
-        self.per_step = ap.groups_per_step(plan)
+        self.rng = random.Random((plan.seed * 1000 + place.rank) * 1000 + self.incarnation)
+        self.per_step = place.groups_per_step(plan)
         if self.per_step < 1:  # it would never start an episode
             total = plan.prompts_per_step * len(plan.tasks)
-            raise ValueError(f"cluster.rollout.ranks={ap.ranks} exceeds the {total} groups of a step"
-                             f" (prompts_per_step x tasks): rank {ap.rank} would have nothing to do")
+            raise ValueError(f"cluster.rollout.ranks={place.ranks} exceeds the {total} groups of a step"
+                             f" (prompts_per_step x tasks): rank {place.rank} would have nothing to do")
         self.running: dict[asyncio.Task[Trajectory], tuple[str, str, str]] = {}
         self.finished: list[Trajectory] = []
         self.window: list[Trajectory] = []
@@ -138,7 +139,7 @@ class RolloutLoop:
     def _admit_limit(self) -> int:
         """Groups this rank may have started: AReaL's bound, with the version that will sample them (counted
         from the version this life of the rank began on)."""
-        return (self.ap.max_staleness + self.engine.version - self.base_version + 1) * self.per_step
+        return admit_limit(self.place.max_staleness, self.engine.version, self.base_version, self.per_step)
 
     def _has_room(self) -> bool:
         """Another group fits under `concurrency`."""
@@ -148,7 +149,7 @@ class RolloutLoop:
         k = self.started_groups
         task = self.plan.tasks[k % len(self.plan.tasks)]
         index = self.rng.choice(train_idx[task])
-        group = f"r{self.ap.rank}i{self.incarnation}-g{k}-{task}-{index}"
+        group = f"r{self.place.rank}i{self.incarnation}-g{k}-{task}-{index}"
         for _ in range(self.plan.samples_per_prompt):
             self._start_episode((task, index, group))
         self.started_groups += 1
@@ -207,9 +208,9 @@ class RolloutLoop:
         newest = self.weights.newest(self.ch.version)
         if newest is None or newest[0] <= self.engine.version:
             return
-        if self.ap.inflight == "drain" and self.running:
+        if self.place.inflight == "drain" and self.running:
             return  # no admission meanwhile (see `run`): the running episodes finish on their weights
-        if self.ap.inflight == "abort" and self.running:
+        if self.place.inflight == "abort" and self.running:
             reqs = list(self.running.values())
             for t in list(self.running):
                 t.cancel()
@@ -223,7 +224,7 @@ class RolloutLoop:
         self._log_window(old)
         self.stats["swaps"] += 1
         self._swap = asyncio.create_task(self.engine.load_weights(loader, version))
-        log.info("rank %d: weights v%d -> v%d with %d episodes in flight", self.ap.rank, old, version,
+        log.info("rank %d: weights v%d -> v%d with %d episodes in flight", self.place.rank, old, version,
                  len(self.running))
 
     def _swap_pending(self) -> bool:
@@ -238,7 +239,7 @@ class RolloutLoop:
             if self.ch.stopped:
                 break
             await self._maybe_swap()
-            hold = self.ap.inflight == "drain" and self._swap_pending()
+            hold = self.place.inflight == "drain" and self._swap_pending()
             while not hold and self.started_groups < self._admit_limit() and self._has_room():
                 self._start_group(train_idx)
             self._reap()
@@ -269,11 +270,11 @@ class RolloutLoop:
         self.stats["in_flight_mean"] = self.stats["episode_s"] / wall
 
 
-async def run(run_dir: Path, client: Any, fmt: ChatFormat, make_engine: Callable[[], Any], plan: RolloutPlan,
-              ap: RankPlan, monitor, channel_factory: Callable[[], RolloutChannel],
+async def run(run_dir: Path, client: Any, fmt: ChatFormat, make_engine: Callable[[], Any], plan: RolloutSpec,
+              place: RankPlace, monitor, channel_factory: Callable[[], RolloutChannel],
               weights_factory: Callable[[RolloutChannel], WeightSource]) -> dict[str, Any]:
     """One rollout rank, start to stop. Returns this rank's statistics (rank 0: with the summary)."""
-    if ap.rank == 0 and plan.expert_samples > 0:
+    if place.rank == 0 and plan.expert_samples > 0:
         await expert_demos(run_dir, client, fmt, plan, monitor)
     ch = await asyncio.to_thread(channel_factory)  # waits through the trainer's warm start
     weights = weights_factory(ch)
@@ -283,19 +284,19 @@ async def run(run_dir: Path, client: Any, fmt: ChatFormat, make_engine: Callable
     try:
         await engine.load_weights(first[1], first[0])
         report = run_dir / "report"
-        evaluating = ap.evaluate and ap.rank == 0
+        evaluating = place.evaluate and place.rank == 0
         if evaluating:
             before, task_before, sampled_before = await _before_rl(client, policy, fmt, plan, report, monitor)
         train_idx = {t: await client.indices(t, "train") for t in plan.tasks}
-        pipe = RolloutLoop(run_dir, client, fmt, engine, plan, ap, ch, weights, monitor)
+        pipe = RolloutLoop(run_dir, client, fmt, engine, plan, place, ch, weights, monitor)
         await pipe.run(train_idx, min(plan.poll_s, 0.02))
         ch.close(timeout_s=plan.wait_timeout_s)
-        out: dict[str, Any] = {"rank": ap.rank, **pipe.stats}
+        out: dict[str, Any] = {"rank": place.rank, **pipe.stats}
         if isinstance(engine, EnginePool) and engine.lagging:
             out.update(engine.totals.as_dict())
         report.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(report / f"rollout-{ap.rank}.json", out, indent=2)
-        log.info("rank %d stopped: %s", ap.rank, json.dumps({k: round(v, 3) for k, v in pipe.stats.items()}))
+        write_json_atomic(report / f"rollout-{place.rank}.json", out, indent=2)
+        log.info("rank %d stopped: %s", place.rank, json.dumps({k: round(v, 3) for k, v in pipe.stats.items()}))
         trainer_report = read_json(report / "trainer.json")
         if evaluating and trainer_report.get("steps_done", 0) < trainer_report.get("steps", 0):
             # a preempted trainer (Slurm's warning): the job must requeue before its time runs out, and the
@@ -315,7 +316,7 @@ async def run(run_dir: Path, client: Any, fmt: ChatFormat, make_engine: Callable
         engine.close()
 
 
-async def _before_rl(client: Any, engine: Any, fmt: ChatFormat, plan: RolloutPlan, report: Path, monitor
+async def _before_rl(client: Any, engine: Any, fmt: ChatFormat, plan: RolloutSpec, report: Path, monitor
                      ) -> tuple[dict[str, float], dict[str, Any], Any]:
     """Evaluate the first weights (greedy, and sampled if configured), once per run: a restarted rank 0 reads
     what its earlier life measured (the weights it would evaluate now are already trained)."""
@@ -335,7 +336,7 @@ async def _before_rl(client: Any, engine: Any, fmt: ChatFormat, plan: RolloutPla
     return before, task_before, sampled_before
 
 
-async def _final_report(client: Any, engine: Any, fmt: ChatFormat, plan: RolloutPlan, report: Path, monitor,
+async def _final_report(client: Any, engine: Any, fmt: ChatFormat, plan: RolloutSpec, report: Path, monitor,
                         before: dict[str, float], task_before: dict[str, Any], sampled_before: Any) -> dict[str, Any]:
     """Evaluate the final weights and write report/summary.json."""
     version = engine.version

@@ -22,7 +22,7 @@ import torch
 
 from agentrl.types import Trajectory
 
-Plan = list[list[list[int]]]
+MicroBatchRows = list[list[list[int]]]
 """micro-batches → rows → indices of the trajectories (rows of the TrainBatch) laid out in that row."""
 
 
@@ -76,19 +76,20 @@ def collate(trajs: list[Trajectory], rewards: list[float], pad_id: int) -> Train
 
 # ------------------------------------------------------------------------------------------------ planning
 
-def plan_micro_batches(lengths: list[int], max_tokens: int, packed: bool) -> Plan:
-    """Split trajectories of the given lengths into micro-batches of at most `max_tokens` slots (rows × row
+def plan_micro_batches(lengths: list[int], micro_batch_tokens: int, packing: bool) -> MicroBatchRows:
+    """Split trajectories of the given lengths into micro-batches of at most `micro_batch_tokens` slots (rows × row
     length, padding included); a trajectory longer than the budget gets a micro-batch of its own.
 
-    Padded: one trajectory per row. Packed: first-fit decreasing into rows of capacity max(lengths). Either
-    way the rows, longest first, are then grouped greedily: consecutive rows while rows × widest row fits.
+    Padded (`packing` false): one trajectory per row. Packed: first-fit decreasing into rows of capacity
+    max(lengths). Either way the rows, longest first, are then grouped greedily: consecutive rows while rows × widest
+    row fits.
     The plan depends on the lengths only, so every data-parallel rank computes the same one.
     """
     if not lengths:
         return []
-    if not packed:
+    if not packing:
         rows = [[i] for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))]
-        return _group_rows(rows, [lengths[r[0]] for r in rows], max_tokens)
+        return _group_rows(rows, [lengths[r[0]] for r in rows], micro_batch_tokens)
     capacity = max(lengths)
     rows = []
     fill: list[int] = []
@@ -102,23 +103,23 @@ def plan_micro_batches(lengths: list[int], max_tokens: int, packed: bool) -> Pla
             rows.append([i])
             fill.append(lengths[i])
     order = sorted(range(len(rows)), key=lambda r: (-fill[r], r))
-    return _group_rows([rows[r] for r in order], [fill[r] for r in order], max_tokens)
+    return _group_rows([rows[r] for r in order], [fill[r] for r in order], micro_batch_tokens)
 
 
-def _group_rows(rows: list[list[int]], widths: list[int], max_tokens: int) -> Plan:
-    """Consecutive rows (widths non-increasing) per micro-batch while count × first width ≤ max_tokens."""
-    out: Plan = []
+def _group_rows(rows: list[list[int]], widths: list[int], micro_batch_tokens: int) -> MicroBatchRows:
+    """Consecutive rows (widths non-increasing) per micro-batch while count × first width ≤ micro_batch_tokens."""
+    out: MicroBatchRows = []
     start = 0
     while start < len(rows):
         end = start + 1
-        while end < len(rows) and (end + 1 - start) * widths[start] <= max_tokens:
+        while end < len(rows) and (end + 1 - start) * widths[start] <= micro_batch_tokens:
             end += 1
         out.append(rows[start:end])
         start = end
     return out
 
 
-def padding_fraction(plan: Plan, lengths: list[int], packed: bool) -> float:
+def padding_fraction(plan: MicroBatchRows, lengths: list[int]) -> float:
     """Share of the micro-batches' token slots that hold padding, not trajectory tokens."""
     slots = real = 0
     for mb in plan:
@@ -168,15 +169,15 @@ class MicroBatch:
                           mv(self.cu_seqlens), self.max_seqlen, self.shape)
 
 
-def layout(batch: TrainBatch, rows: list[list[int]], per_target: dict[str, torch.Tensor], packed: bool,
+def layout(batch: TrainBatch, rows: list[list[int]], per_target: dict[str, torch.Tensor], packing: bool,
            select: torch.Tensor | None = None) -> MicroBatch:
     """Gather the trajectories of `rows` into one micro-batch (index arithmetic on the host, no per-token loop).
 
     Args:
         batch: the step's padded batch.
-        rows: rows of trajectory indices (one index per row unless `packed`).
+        rows: rows of trajectory indices (one index per row unless `packing`).
         per_target: name → [B, T-1] tensors aligned to targets (mask, advantages, behaviour log-probs…).
-        packed: lay several trajectories per row, with position ids restarting at each one.
+        packing: lay several trajectories per row, with position ids restarting at each one.
         select: [B, T-1] bool, the targets to compute (default: the action tokens, `batch.mask > 0`); zero past
             each trajectory's end.
 
@@ -202,7 +203,7 @@ def layout(batch: TrainBatch, rows: list[list[int]], per_target: dict[str, torch
     seg = torch.tensor(segs)
     cu = torch.zeros(len(segs) + 1, dtype=torch.int32)
     torch.cumsum(seg, 0, out=cu[1:])
-    if packed:
+    if packing:
         src = torch.repeat_interleave(idx, n)  # [sum n]: trajectory of each real token
         within = torch.arange(int(n.sum())) - torch.repeat_interleave(torch.cumsum(n, 0) - n, n)
         tokens = torch.full((R * width,), batch.pad_id, dtype=torch.long)
@@ -225,12 +226,12 @@ def layout(batch: TrainBatch, rows: list[list[int]], per_target: dict[str, torch
                       j * C + pos, targets, cu, int(seg.max()), (len(order), C))
 
 
-def empty_micro_batch(per_target: dict[str, torch.Tensor], pad_id: int, packed: bool) -> MicroBatch:
+def empty_micro_batch(per_target: dict[str, torch.Tensor], pad_id: int, packing: bool) -> MicroBatch:
     """Two pad tokens and no target: the stand-in a rank runs when it has fewer micro-batches than another,
     so that every rank makes the same collective calls (all-gathers, gradient reductions)."""
     tokens = torch.full((1, 2), pad_id, dtype=torch.long)
     none = torch.zeros(0, dtype=torch.long)
     targets = {k: v.new_zeros(1, 1) for k, v in per_target.items()}
     cu = torch.tensor([0, 2], dtype=torch.int32)
-    attention, positions = (None, torch.arange(2)[None]) if packed else (torch.ones(1, 2, dtype=torch.long), None)
+    attention, positions = (None, torch.arange(2)[None]) if packing else (torch.ones(1, 2, dtype=torch.long), None)
     return MicroBatch(tokens, attention, positions, none, none, none, targets, cu, 2, (1, 1))

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from agentrl.config import AlgoConfig, TrainerConfig
 from agentrl.trainer import attention, memory
 from agentrl.trainer.bare import bare_batches, bare_step
 from agentrl.trainer.batch import TrainBatch, collate, plan_micro_batches
@@ -38,7 +39,7 @@ from agentrl.trainer.head import TILE_ELEMENTS
 from agentrl.trainer.memory import GIB, SHAPES, Setup, Shape
 from agentrl.trainer.model_load import checkpoint_activations
 from agentrl.trainer.parallel import DistEnv, Parallel
-from agentrl.trainer.step import RLHyper, advantages, rl_step
+from agentrl.trainer.step import advantages, rl_step
 from agentrl.types import Status, Trajectory, TrajectoryBuilder
 
 # Dense (no sparsity) bf16 tensor-core peaks in FLOP/s, from the vendors' data sheets; matched as substrings
@@ -244,7 +245,7 @@ def logprob_agreement(model: torch.nn.Module, batch: TrainBatch, device: torch.d
     ref = torch.zeros_like(batch.behaviour_logp)
     ref[idx, : width - 1] = full_vocab_logprobs(model, batch.tokens[idx, :width].to(device),
                                                 batch.attention[idx, :width].to(device))[0].cpu()
-    mb = layout(batch, [idx], {"ref": ref, "mask": batch.mask}, packed=True).to(device)
+    mb = layout(batch, [idx], {"ref": ref, "mask": batch.mask}, packing=True).to(device)
     logp = mb.grid(head_outputs(model, mb, 1.0, "none")[0])
     on = mb.targets["mask"] > 0
     diff = (logp - mb.targets["ref"])[on].abs()
@@ -274,17 +275,17 @@ def run_check(check: CheckConfig, env: DistEnv, device: torch.device) -> dict[st
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
     trajs = synthetic_trajectories(check.trajectories, check.group, check.min_len, check.max_len, s.vocab, check.seed)
     batch: TrainBatch = collate(trajs, [t.reward for t in trajs], pad_id=0)
-    h = RLHyper(micro_batch_tokens=check.micro_batch_tokens, packing=True, kl_coef=0.0)
-    bbs = bare_batches(batch, advantages(batch, h), h.micro_batch_tokens, True, impl, par)
+    algo, trainer = AlgoConfig(kl_coef=0.0), TrainerConfig(micro_batch_tokens=check.micro_batch_tokens, packing=True)
+    bbs = bare_batches(batch, advantages(batch, algo), trainer.micro_batch_tokens, trainer.packing, impl, par)
     head_rows = max(int(b.mb.select.numel()) for b in bbs)
     setup_s = time.perf_counter() - t0
     stats: dict[str, float] = {}
 
     def ours() -> None:
-        stats.update(rl_step(model, opt, batch, h, None, par))
+        stats.update(rl_step(model, opt, batch, algo, trainer, 1.0, None, par))
 
     def bare() -> None:
-        bare_step(model, opt, bbs, batch.num_action_tokens, h.grad_clip, "lean", par)
+        bare_step(model, opt, bbs, batch.num_action_tokens, trainer.grad_clip, "lean", par)
 
     ours()  # the first step allocates the gradients and AdamW's moments
     state_b = float(torch.cuda.memory_allocated(device)) if cuda else _state_bytes(model, opt)

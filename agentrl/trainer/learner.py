@@ -23,7 +23,7 @@ from agentrl.trainer.batch import collate
 from agentrl.trainer.checkpoint import TrainerState
 from agentrl.trainer.model_load import gather_tensors, load_policy, load_reference, tensor_specs
 from agentrl.trainer.parallel import Parallel
-from agentrl.trainer.step import RLHyper, rl_step
+from agentrl.trainer.step import rl_step
 from agentrl.trainer.warm_start import WarmStart, check_control_run
 from agentrl.transport import weights as weights_io
 from agentrl.transport.shards import ShardReader
@@ -83,11 +83,12 @@ class Learner:
     def __init__(self, run_dir: Path, model_dir: Path, cfg: RunConfig, monitor, par: Parallel | None = None
                  ) -> None:
         t = cfg.trainer
-        self.run_dir, self.model_dir, self.t = run_dir, model_dir, t
+        self.run_dir, self.model_dir, self.t, self.algo = run_dir, model_dir, t, cfg.algo
+        self.temperature = cfg.rollout.temperature
+        """The sampler's temperature: the update's log-probs divide the logits by it, as the engine did."""
         self.chat_template = chat_template_text(cfg.model.chat_template) if cfg.model.chat_template else None
         """The run's `model.chat_template`, which every published directory carries instead of the base's."""
         self.par = par = par or Parallel()
-        self.hyper = RLHyper.from_config(cfg.algo, t, cfg.rollout.temperature)
         seed = cfg.seed + t.seed
         torch.manual_seed(seed)
         self.model = load_policy(model_dir, t.threads, par, t.activation_checkpointing, t.attn_implementation,
@@ -106,10 +107,10 @@ class Learner:
             log.info("warm start on %d expert trajectories", len(demos))
             self.warm = WarmStart(self.model, demos, t, seed, self.pad_id, par)
             sft_done = int(self.warm.run(monitor)["sft_steps_done"])
-            if self.hyper.kl_coef > 0:
+            if cfg.algo.kl_coef > 0:
                 checkpoint.save_reference(run_dir, self.model, par)
         self.ref_model = (reference_model(run_dir, model_dir, t.threads, par, t.sft_steps > 0, t.attn_implementation)
-                          if self.hyper.kl_coef > 0 else None)
+                          if cfg.algo.kl_coef > 0 else None)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
         warmup = max(t.warmup_steps, 1)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda i: min(1.0, (i + 1) / warmup))
@@ -140,8 +141,8 @@ class Learner:
         if not usable:
             return {}
         self.model.train()
-        return rl_step(self.model, self.opt, collate(usable, rewards, self.pad_id), self.hyper, self.ref_model,
-                       self.par)
+        return rl_step(self.model, self.opt, collate(usable, rewards, self.pad_id), self.algo, self.t,
+                       self.temperature, self.ref_model, self.par)
 
     def publish_current(self) -> None:
         """weights/v<policy version> from this learner's weights. Collective."""

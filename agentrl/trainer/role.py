@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentrl.algorithms.staleness import trajectory_staleness
 from agentrl.config import PipelineShape, RunConfig
 from agentrl.fsio import write_json_atomic
 from agentrl.trainer import checkpoint
@@ -36,7 +37,7 @@ from agentrl.trainer.publisher import Publisher
 from agentrl.trainer.select import select_training_data
 from agentrl.transport import weights as weights_io
 from agentrl.transport.channel import TrainerChannel
-from agentrl.transport.queue import TrajectoryQueue, trajectory_staleness
+from agentrl.transport.queue import TrajectoryQueue
 from agentrl.transport.shards import ShardReader, rank_dirs
 from agentrl.types import Trajectory
 

@@ -4,19 +4,13 @@ from __future__ import annotations
 import torch
 
 from agentrl.algorithms.advantages import informative_groups
-from agentrl.algorithms.staleness import fresh_mask, staleness
+from agentrl.algorithms.staleness import is_stale, trajectory_staleness
 from agentrl.types import Trajectory
 
 
 def shaped_rewards(trajs: list[Trajectory], fail_penalty: float) -> list[float]:
     """The reward RL sees: the episode's, or `fail_penalty` for an agent failure (invalid action, limits)."""
     return [fail_penalty if t.status.is_agent_failure else float(t.reward) for t in trajs]
-
-
-def staleness_of(oldest_version: torch.Tensor, current: int) -> torch.Tensor:
-    """Staleness of trajectories given their oldest action-token version (one column per trajectory)."""
-    mask = (oldest_version >= 0).long()[:, None]
-    return staleness(oldest_version[:, None].clamp(min=0), mask, current)
 
 
 def select_training_data(trajs: list[Trajectory], version: int, max_staleness: int, lagging_max_staleness: int,
@@ -33,12 +27,11 @@ def select_training_data(trajs: list[Trajectory], version: int, max_staleness: i
     counts = {"dropped_infra": len(trajs) - len(usable), "dropped_stale": 0, "dropped_uniform": 0,
               "staleness_max": 0}
     if usable:
-        # current-pool tokens against max_staleness; lagging-pool ones (old on purpose) against their own bound
-        stale = staleness_of(torch.tensor([t.oldest_version(lagging=False) for t in usable]), version)
-        lagging = staleness_of(torch.tensor([t.oldest_version(lagging=True) for t in usable]), version)
-        keep = (fresh_mask(stale, max_staleness) & fresh_mask(lagging, lagging_max_staleness)).tolist()
+        # the queue's rule (`algorithms.staleness.is_stale`): it already left out what was stale on arrival or at
+        # a new version, so nothing is dropped here unless a trajectory reaches the step by another route
+        keep = [not is_stale(t, version, max_staleness, lagging_max_staleness) for t in usable]
         counts["dropped_stale"] = keep.count(False)
-        counts["staleness_max"] = int(stale.max())
+        counts["staleness_max"] = max(trajectory_staleness(t, version) for t in usable)
         usable = [t for t, k in zip(usable, keep) if k]
     rewards = shaped_rewards(usable, fail_penalty)
     if usable and drop_uniform_groups:

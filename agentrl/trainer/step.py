@@ -7,7 +7,6 @@ turns the ranks' gradient average into a sum.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,68 +31,35 @@ from agentrl.trainer.head import EntropyMode
 from agentrl.trainer.logprobs import head_outputs
 from agentrl.trainer.parallel import Parallel
 
-_ALGO, _TRAINER = AlgoConfig(), TrainerConfig()  # the one definition of each default (agentrl/config.py)
 
-
-@dataclass(frozen=True)
-class RLHyper:
-    """The slice of the algorithm and trainer config that one update needs (defaults: the config's)."""
-
-    adv_estimator: str = _ALGO.adv_estimator
-    task_norm: bool = _ALGO.task_norm
-    eps_low: float = _ALGO.eps_low
-    eps_high: float = _ALGO.eps_high
-    dual_clip: float = _ALGO.dual_clip
-    kl_coef: float = _ALGO.kl_coef
-    kl_estimator: str = _ALGO.kl_estimator
-    entropy_coef: float = _ALGO.entropy_coef
-    eps: float = _ALGO.eps
-    temperature: float = 1.0
-    grad_clip: float = _TRAINER.grad_clip
-    micro_batch_tokens: int = _TRAINER.micro_batch_tokens
-    packing: bool = _TRAINER.packing
-    offpolicy: str = _ALGO.offpolicy
-    """A key of `PG_LOSSES`: how the policy-gradient term corrects for the sampling policy."""
-    is_weight: str = _ALGO.is_weight
-    is_cap: float = _ALGO.is_cap
-
-    @classmethod
-    def from_config(cls, algo: AlgoConfig, trainer: TrainerConfig, temperature: float) -> RLHyper:
-        """By name from the run config: `algo`'s loss settings, `trainer`'s step settings, the sampler's
-        temperature (the trainer's log-probs divide the logits by it, as the engine did)."""
-        shared = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {k: getattr(algo, k) for k in shared if hasattr(algo, k)}
-        kwargs.update({k: getattr(trainer, k) for k in shared if hasattr(trainer, k)})
-        return cls(**kwargs, temperature=temperature)
-
-
-def advantages(batch: TrainBatch, h: RLHyper) -> torch.Tensor:
+def advantages(batch: TrainBatch, algo: AlgoConfig) -> torch.Tensor:
     """Token advantages [B, T-1]: group estimator, broadcast to action tokens, then per-task normalization."""
-    seq_adv = ADVANTAGE_ESTIMATORS[h.adv_estimator](batch.rewards, batch.group_index, eps=h.eps)  # [B]
+    seq_adv = ADVANTAGE_ESTIMATORS[algo.adv_estimator](batch.rewards, batch.group_index, eps=algo.eps)  # [B]
     adv = token_advantages(seq_adv, batch.mask)  # [B, T-1]
-    if h.task_norm:
-        adv = task_normalize(adv, batch.mask, batch.task_index, eps=h.eps)
+    if algo.task_norm:
+        adv = task_normalize(adv, batch.mask, batch.task_index, eps=algo.eps)
     return adv
 
 
 def _pg_behaviour(logp: torch.Tensor, behaviour_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
-                  h: RLHyper) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                  algo: AlgoConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO with the ratio against the engine's log-probs (the synchronous default)."""
-    return ppo_loss(logp, behaviour_logp, adv, mask, h.eps_low, h.eps_high, h.dual_clip, reduction="token_sum")
+    return ppo_loss(logp, behaviour_logp, adv, mask, algo.eps_low, algo.eps_high, algo.dual_clip,
+                    reduction="token_sum")
 
 
 def _pg_decoupled(logp: torch.Tensor, behaviour_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
-                  h: RLHyper) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                  algo: AlgoConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Decoupled PPO; one optimizer step per batch makes π_prox the pre-step weights: `logp.detach()`, exact."""
-    return decoupled_ppo_loss(logp, logp.detach(), behaviour_logp, adv, mask, h.eps_low, h.eps_high, h.dual_clip,
-                              weight=h.is_weight, is_high=h.is_cap, reduction="token_sum")
+    return decoupled_ppo_loss(logp, logp.detach(), behaviour_logp, adv, mask, algo.eps_low, algo.eps_high,
+                              algo.dual_clip, weight=algo.is_weight, is_high=algo.is_cap, reduction="token_sum")
 
 
 def _pg_tis(logp: torch.Tensor, behaviour_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
-            h: RLHyper) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            algo: AlgoConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Truncated IS against the trainer's own recomputation of the sampling step (again `logp.detach()`)."""
-    return tis_ppo_loss(logp, logp.detach(), behaviour_logp, adv, mask, h.eps_low, h.eps_high, h.dual_clip,
-                        cap=h.is_cap, reduction="token_sum")
+    return tis_ppo_loss(logp, logp.detach(), behaviour_logp, adv, mask, algo.eps_low, algo.eps_high, algo.dual_clip,
+                        cap=algo.is_cap, reduction="token_sum")
 
 
 PG_LOSSES = {"behaviour": _pg_behaviour, "decoupled": _pg_decoupled, "tis": _pg_tis}
@@ -111,19 +77,20 @@ class HeadOut:
 
 
 def accumulate(model: torch.nn.Module, batch: TrainBatch, per_target: dict[str, torch.Tensor], select: torch.Tensor,
-               loss_fn: LossFn, par: Parallel, micro_batch_tokens: int, packed: bool, temperature: float = 1.0,
+               loss_fn: LossFn, par: Parallel, trainer: TrainerConfig, temperature: float = 1.0,
                entropy: EntropyMode = "none") -> tuple[torch.Tensor, dict[str, float]]:
     """Forward/backward over this rank's share of the batch's micro-batches; gradients accumulate in `.grad`.
 
     The head runs only at `select` [B, T-1] (`logprobs.head_outputs`). Every micro-batch is laid out on the host
     before the first forward, so the device loop holds nothing but forward, loss and backward: no host sync, no
     Python per token. `loss_fn(mb, out)` returns (loss to differentiate, already divided by the global normalizer;
-    vector of statistic *sums*). Returns the statistic sums over all ranks, and layout figures.
+    vector of statistic *sums*). The micro-batches hold at most `trainer.micro_batch_tokens` token slots each, in
+    the packed layout if `trainer.packing`. Returns the statistic sums over all ranks, and layout figures.
     """
-    plan = plan_micro_batches(batch.lengths, micro_batch_tokens, packed)
+    plan = plan_micro_batches(batch.lengths, trainer.micro_batch_tokens, trainer.packing)
     mine = par.share(len(plan))
-    mbs = [(layout(batch, plan[j], per_target, packed, select) if j is not None else
-            empty_micro_batch(per_target, batch.pad_id, packed)).to(par.device) for j in mine]
+    mbs = [(layout(batch, plan[j], per_target, trainer.packing, select) if j is not None else
+            empty_micro_batch(per_target, batch.pad_id, trainer.packing)).to(par.device) for j in mine]
     sums: torch.Tensor | None = None
     for k, mb in enumerate(mbs):
         with par.grad_sync(model, last=k == len(mbs) - 1):
@@ -134,22 +101,29 @@ def accumulate(model: torch.nn.Module, batch: TrainBatch, per_target: dict[str, 
         stats = stats.detach().double()  # summed on the device: one transfer per step, not a sync per micro-batch
         sums = stats if sums is None else sums + stats
     assert sums is not None  # every rank runs at least one micro-batch
-    layout_stats = {"padding_frac": padding_fraction(plan, batch.lengths, packed), "micro_batches": float(len(plan))}
+    layout_stats = {"padding_frac": padding_fraction(plan, batch.lengths), "micro_batches": float(len(plan))}
     return par.all_reduce_sum(sums).cpu(), layout_stats
 
 
-def rl_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch, h: RLHyper,
-            ref_model: torch.nn.Module | None = None, par: Parallel | None = None) -> dict[str, float]:
-    """Accumulate the PPO gradient (plus β·KL to `ref_model` when h.kl_coef > 0), clip, step.
+def rl_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch, algo: AlgoConfig,
+            trainer: TrainerConfig, temperature: float, ref_model: torch.nn.Module | None = None,
+            par: Parallel | None = None) -> dict[str, float]:
+    """Accumulate the PPO gradient (plus β·KL to `ref_model` when algo.kl_coef > 0), clip, step.
+
+    Args:
+        algo: the loss (advantage estimator, task normalization, clipping, off-policy correction, KL, entropy).
+        trainer: the step's layout and clipping (`micro_batch_tokens`, `packing`, `grad_clip`).
+        temperature: the sampler's (`rollout.temperature`): the log-probs divide the logits by it, as the
+            engine did.
 
     Every rank passes the same whole `batch`; each runs its share of the micro-batches. Returns scalar
     statistics of the whole batch (identical on every rank).
     """
     par = par or Parallel()
-    adv = advantages(batch, h)
+    adv = advantages(batch, algo)
     total = max(batch.num_action_tokens, 1)
-    use_kl = ref_model is not None and h.kl_coef > 0
-    if h.kl_coef > 0 and ref_model is None:
+    use_kl = ref_model is not None and algo.kl_coef > 0
+    if algo.kl_coef > 0 and ref_model is None:
         raise ValueError("kl_coef > 0 needs the frozen reference model")
 
     def loss_fn(mb: MicroBatch, out: HeadOut) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,26 +131,26 @@ def rl_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Tra
         on = m > 0
         n = m.sum()
         logp = out.logp
-        pg_sum, st = PG_LOSSES[h.offpolicy](logp, mb.targets["behaviour_logp"], mb.targets["adv"], m, h)
+        pg_sum, st = PG_LOSSES[algo.offpolicy](logp, mb.targets["behaviour_logp"], mb.targets["adv"], m, algo)
         loss = pg_sum
         ent_sum = torch.where(on, out.entropy, 0.0).sum()  # a graph only when entropy_coef != 0 (`entropy` mode)
-        if h.entropy_coef:
-            loss = loss - h.entropy_coef * ent_sum
+        if algo.entropy_coef:
+            loss = loss - algo.entropy_coef * ent_sum
         kl_sum = torch.zeros((), device=logp.device)
         if use_kl:
             with torch.no_grad():
-                ref_logp = mb.grid(head_outputs(ref_model, mb, h.temperature, "none")[0])  # [K, C]
-            kl_sum = torch.where(on, KL_ESTIMATORS[h.kl_estimator](logp, ref_logp), 0.0).sum()
-            loss = loss + h.kl_coef * kl_sum
+                ref_logp = mb.grid(head_outputs(ref_model, mb, temperature, "none")[0])  # [K, C]
+            kl_sum = torch.where(on, KL_ESTIMATORS[algo.kl_estimator](logp, ref_logp), 0.0).sum()
+            loss = loss + algo.kl_coef * kl_sum
         stats = torch.stack([loss.detach(), pg_sum.detach(), kl_sum.detach(), ent_sum.detach(), st["clipfrac"] * n,
                              st["dual_clipfrac"] * n, st["approx_kl"] * n]).float()
         return loss / total, stats
 
     optimizer.zero_grad(set_to_none=True)
     per_target = {"mask": batch.mask, "behaviour_logp": batch.behaviour_logp, "adv": adv}
-    sums, lay = accumulate(model, batch, per_target, batch.mask > 0, loss_fn, par, h.micro_batch_tokens, h.packing,
-                           h.temperature, "grad" if h.entropy_coef else "value")
-    grad_norm = par.clip_grad_norm(model.parameters(), h.grad_clip)
+    sums, lay = accumulate(model, batch, per_target, batch.mask > 0, loss_fn, par, trainer, temperature,
+                           "grad" if algo.entropy_coef else "value")
+    grad_norm = par.clip_grad_norm(model.parameters(), trainer.grad_clip)
     skipped = not math.isfinite(grad_norm)
     if skipped:  # never publish weights a NaN/inf gradient touched
         optimizer.zero_grad(set_to_none=True)
@@ -194,15 +168,16 @@ def rl_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Tra
     return out
 
 
-def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch, grad_clip: float,
-             micro_batch_tokens: int, all_tokens: bool = False, par: Parallel | None = None,
-             packing: bool = True) -> dict[str, float]:
-    """Cross-entropy on action tokens, or on every real token if `all_tokens` (token mean over the batch).
+def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch, trainer: TrainerConfig,
+             par: Parallel | None = None) -> dict[str, float]:
+    """Cross-entropy on action tokens, or on every real token if `trainer.sft_all_tokens` (token mean over the
+    batch), laid out as `rl_step` lays out its batch (`trainer.micro_batch_tokens`, `trainer.packing`) and clipped
+    at `trainer.grad_clip`.
 
     `sft_token_acc` is measured on the action tokens either way.
     """
     par = par or Parallel()
-    loss_mask = batch.attention[:, 1:].float() if all_tokens else batch.mask  # [B, T-1]
+    loss_mask = batch.attention[:, 1:].float() if trainer.sft_all_tokens else batch.mask  # [B, T-1]
     total = max(float(loss_mask.sum()), 1.0)
 
     def loss_fn(mb: MicroBatch, out: HeadOut) -> tuple[torch.Tensor, torch.Tensor]:
@@ -212,9 +187,8 @@ def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Tr
 
     optimizer.zero_grad(set_to_none=True)
     select = (loss_mask > 0) | (batch.mask > 0)  # the head runs where the loss or the accuracy needs it
-    sums, lay = accumulate(model, batch, {"loss_mask": loss_mask, "mask": batch.mask}, select, loss_fn, par,
-                           micro_batch_tokens, packing)
-    grad_norm = par.clip_grad_norm(model.parameters(), grad_clip)
+    sums, lay = accumulate(model, batch, {"loss_mask": loss_mask, "mask": batch.mask}, select, loss_fn, par, trainer)
+    grad_norm = par.clip_grad_norm(model.parameters(), trainer.grad_clip)
     if math.isfinite(grad_norm):
         optimizer.step()
     else:

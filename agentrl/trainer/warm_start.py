@@ -102,8 +102,7 @@ class WarmStart:
         picked = self.rng.sample(self.train, min(self.t.sft_batch, len(self.train)))
         batch = collate(picked, [0.0] * len(picked), self.pad_id)
         self.model.train()
-        stats = sft_step(self.model, self.opt, batch, self.t.grad_clip, self.t.micro_batch_tokens,
-                         self.t.sft_all_tokens, self.par, self.t.packing)
+        stats = sft_step(self.model, self.opt, batch, self.t, self.par)
         self.sched.step()
         self.done += 1
         return stats

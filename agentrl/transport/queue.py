@@ -39,32 +39,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentrl.algorithms.staleness import is_stale
 from agentrl.types import Status, Trajectory
 
 EXCLUSION_REASONS = ("stale", "env_error", "cancelled", "internal_error", "group_timeout", "late", "orphaned",
                      "duplicate")
-
-
-def trajectory_staleness(traj: Trajectory, version: int) -> int:
-    """Versions between `version` and the trajectory's oldest action token of the current pool (0 if none).
-
-    Tokens of the lagging pool (cross-policy sampling) are old on purpose and bounded apart, by
-    `lagging_staleness`: counting them here would drop every trajectory that used the lagging pool."""
-    oldest = traj.oldest_version(lagging=False)
-    return version - oldest if oldest >= 0 else 0
-
-
-def lagging_staleness(traj: Trajectory, version: int) -> int:
-    """Versions between `version` and the trajectory's oldest action token of the lagging pool (0 if none)."""
-    oldest = traj.oldest_version(lagging=True)
-    return version - oldest if oldest >= 0 else 0
-
-
-def is_stale(traj: Trajectory, version: int, max_staleness: int, lagging_max_staleness: int) -> bool:
-    """Whether the trajectory is too old to train on at `version`: current-pool tokens more than
-    `max_staleness` behind, or lagging-pool tokens more than `lagging_max_staleness` behind."""
-    return (trajectory_staleness(traj, version) > max_staleness
-            or lagging_staleness(traj, version) > lagging_max_staleness)
 
 
 @dataclass

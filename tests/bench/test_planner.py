@@ -66,18 +66,18 @@ def test_engine_curve_interpolates() -> None:
 def test_admission_is_the_rollout_loops(staleness: int, version: int, base: int, per_step: int) -> None:
     from agentrl.rollout.role import RolloutLoop
 
-    loop = SimpleNamespace(ap=SimpleNamespace(max_staleness=staleness), engine=SimpleNamespace(version=version),
+    loop = SimpleNamespace(place=SimpleNamespace(max_staleness=staleness), engine=SimpleNamespace(version=version),
                            base_version=base, per_step=per_step)
     assert admit_limit(staleness, version, base, per_step) == RolloutLoop._admit_limit(loop)  # type: ignore[arg-type]
 
 
 def test_groups_split_over_ranks_as_the_rank_plan() -> None:
-    from agentrl.rollout.role import RankPlan
+    from agentrl.rollout.role import RankPlace
 
     plan = SimpleNamespace(prompts_per_step=7, tasks=["a", "b"])
     for ranks in (1, 3, 4):
         got = [groups_of_rank(14, ranks, r) for r in range(ranks)]
-        assert got == [RankPlan(r, ranks, 1).groups_per_step(plan) for r in range(ranks)]  # type: ignore[arg-type]
+        assert got == [RankPlace(r, ranks, 1).groups_per_step(plan) for r in range(ranks)]  # type: ignore[arg-type]
         assert sum(got) == 14
 
 

@@ -22,7 +22,7 @@ from agentrl.envs.tasks import get_task  # noqa: E402
 from agentrl.evaluation.endpoint import Reply  # noqa: E402
 from agentrl.evaluation.evaluate import Settings, evaluate  # noqa: E402
 from agentrl.evaluation.players import EndpointPlayer, ExpertPlayer  # noqa: E402
-from agentrl.evaluation.runner import EvalPlan, score  # noqa: E402
+from agentrl.evaluation.runner import EvalScope, score  # noqa: E402
 from agentrl.evaluation.targets import resolve  # noqa: E402
 from agentrl.monitor.eval_results import ResultsFile, aggregate  # noqa: E402
 from agentrl.rollout.agent_loop import EpisodeLimits  # noqa: E402
@@ -48,7 +48,7 @@ class Silent:
 def test_expert_target_through_evaluate(client: InProcessClient, tmp_path: Path) -> None:
     target = resolve("expert")
     assert target.expert and not target.is_endpoint and target.model_dir is None
-    plan = EvalPlan(("bfcl",), "test", samples=4, runs=1, concurrency=2)
+    plan = EvalScope(("bfcl",), "test", samples=4, runs=1, concurrency=2)
     table = asyncio.run(evaluate(client, target, plan, SETTINGS, tmp_path, "eval-test-greedy"))
     assert table.splitlines()[2].split()[:5] == ["bfcl", "test", "4", "1", "100.0"]
     res = json.loads((tmp_path / "eval-test-greedy.json").read_text())["tasks"][0]

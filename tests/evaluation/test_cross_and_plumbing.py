@@ -17,7 +17,7 @@ from agentrl.evaluation.endpoint import ContextTooLong, Reply, play_endpoint_epi
 from agentrl.evaluation.played import Played
 from agentrl.evaluation.players import EndpointPlayer
 from agentrl.evaluation.progress import Progress
-from agentrl.evaluation.runner import EvalPlan, plan_keys, score
+from agentrl.evaluation.runner import EvalScope, plan_keys, score
 from agentrl.evaluation.targets import resolve
 from agentrl.monitor.eval_results import ResultsFile, ScoredEpisode, aggregate
 from agentrl.rollout.agent_loop import EpisodeLimits
@@ -128,7 +128,7 @@ class Flaky(InProcessClient):
 def test_resumed_scoring_keeps_env_errors_in_the_denominator(tmp_path: Path) -> None:
     client = Flaky()
     player = EndpointPlayer(client, ExpertEndpoint(client), 0.0, 1.0, LIMITS, Retry(max_retries=1, backoff_s=0.001))
-    plan = EvalPlan(("lookup",), "test", samples=4, runs=2, concurrency=1)
+    plan = EvalScope(("lookup",), "test", samples=4, runs=2, concurrency=1)
     keys = asyncio.run(plan_keys(client, plan))
     assert keys[:4] == [("lookup", "test", f"test-{i}", 0) for i in range(4)] and len(keys) == 8
     path = tmp_path / "r.jsonl"
@@ -180,7 +180,7 @@ def test_endpoint_loop_endings() -> None:
 
 
 def test_sbatch_script_of_an_evaluation() -> None:
-    from agentrl.evaluation.sbatch import EvalJob, eval_argv, render
+    from agentrl.evaluation.eval_job import EvalJob, eval_argv, render
 
     argv = ["runs/demo", "--tasks", "os,db", "--render-sbatch", "--slurm-partition", "gpu", "--slurm-time=2:00:00",
             "--label", "my model"]

@@ -25,7 +25,7 @@ from taught_model import build_taught
 from agentrl.envs.inprocess import InProcessClient
 from agentrl.envs.tasks import get_task
 from agentrl.evaluation.evaluate import Settings, evaluate
-from agentrl.evaluation.runner import EvalPlan
+from agentrl.evaluation.runner import EvalScope
 from agentrl.evaluation.targets import resolve
 from agentrl.monitor.eval_results import aggregate, read_results
 from agentrl.monitor.eval_stats import t_quantile
@@ -109,7 +109,7 @@ def _lookup_client() -> InProcessClient:
 
 def test_endpoint_and_local_paths_score_each_sample_alike_under_greedy(served, tmp_path: Path) -> None:
     # one episode at a time on both sides: the same batch shapes, so the same float32 logits and greedy tokens
-    plan = EvalPlan(("lookup",), "test", samples=5, runs=1, concurrency=1)
+    plan = EvalScope(("lookup",), "test", samples=5, runs=1, concurrency=1)
     local_table = asyncio.run(evaluate(_lookup_client(), resolve(str(served.model), label="local"), plan, GREEDY,
                                        tmp_path / "local", "eval", progress=False))
     remote_table = asyncio.run(evaluate(_lookup_client(), resolve(f"{served.url()}#policy"), plan, GREEDY,
@@ -189,7 +189,7 @@ def test_a_model_crossed_with_itself_scores_as_the_model_alone(served, tmp_path:
     from agentrl.evaluation.evaluate import evaluate_cross
 
     url = served.url()
-    plan = EvalPlan(("lookup",), "test", samples=3, runs=2, concurrency=3)
+    plan = EvalScope(("lookup",), "test", samples=3, runs=2, concurrency=3)
     a, b = resolve(f"{url}#policy", label="A"), resolve(f"{url}#policy", label="B")
     md = asyncio.run(evaluate_cross(_lookup_client(), a, b, 0.5, plan, GREEDY, tmp_path, "cross", progress=False))
     curves = json.loads((tmp_path / "cross-curves.json").read_text())["curves"]["lookup"]

@@ -27,8 +27,14 @@ from agentrl.launch import topology
     ("cluster.trainer.collective_timeout_s=3600", "cluster.trainer.collective_timeout_s",
      "shorter than cluster.trainer.slurm.time (01:00:00 = 3600 s)"),
     ("cluster.rollout.max_num_seqs=-1", "cluster.rollout.max_num_seqs", ">= 0"),
-    ("cluster.rollout.lagging_prob=2", "cluster.rollout.lagging_prob", "[0, 1]"),
-    ("cluster.rollout.lagging_prob=0.5", "cluster.rollout.lagging_prob", "lagging_engines_per_rank is 0"),
+    ("rollout.lagging_prob=2", "rollout.lagging_prob", "[0, 1]"),
+    ("rollout.lagging_prob=0.5", "rollout.lagging_prob", "lagging_engines_per_rank is 0"),
+    ("cluster.rollout.lagging_prob=0.25", "cluster.rollout.lagging_prob", "moved to rollout.lagging_prob"),
+    ("cluster.rollout.linger_ms=5", "cluster.rollout.linger_ms", "moved to rollout.linger_ms"),
+    ("rollout.kv_cache_gib=2", "rollout.kv_cache_gib", "moved to cluster.rollout.kv_cache_gib"),
+    ("cluster.rollout.kv_cache_memory_gib=8", "cluster.rollout.kv_cache_memory_gib",
+     "moved to cluster.rollout.kv_cache_gib"),
+    ("cluster.rollout.kv_cache_gib=1.5", "cluster.rollout.kv_cache_gib", "whole number of GiB for CPU engines"),
     ("cluster.rollout.ranks=1001", "cluster.rollout.ranks", "<= 1000"),
     ("cluster.rollout.tensor_parallel_size=0", "cluster.rollout.tensor_parallel_size", ">= 1"),
     ("cluster.env.slots_per_task={nope: 4}", "cluster.env.slots_per_task", "unknown field"),
@@ -67,7 +73,7 @@ def test_paper_presets(size: str, trainer_gpus: int, rollout_gpus: int) -> None:
     r, a, t = cfg.rollout, cfg.algo, cfg.trainer
     assert (r.samples_per_prompt, r.temperature, r.max_turns, r.max_model_len) == (8, 0.8, 20, 8192)
     assert (t.lr, a.eps_low, a.eps_high, a.dual_clip, a.kl_coef, a.fail_penalty) == (1e-6, 0.2, 0.2, 3.0, 1e-4, -0.2)
-    assert (c.rollout.lagging_prob, c.rollout.lagging_refresh_steps) == (0.25, 25)
+    assert (cfg.rollout.lagging_prob, c.rollout.lagging_refresh_steps) == (0.25, 25)
     assert c.trainer.nodes * c.trainer.gpus_per_node == trainer_gpus
     assert c.rollout.nodes * c.rollout.gpus_per_node == rollout_gpus
     assert c.rollout.engines_per_rank == 3 * c.rollout.lagging_engines_per_rank  # a quarter of the engines lag

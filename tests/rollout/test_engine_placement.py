@@ -91,7 +91,7 @@ def stand_in(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
 
 GPU_RANK = ["cluster.schedule=async", "cluster.rollout.nodes=2", "cluster.rollout.ranks=2", "cluster.rollout.gpus_per_node=6",
             "cluster.rollout.engines_per_rank=2", "cluster.rollout.lagging_engines_per_rank=1",
-            "cluster.rollout.lagging_prob=0.25", "cluster.rollout.tensor_parallel_size=2",
+            "rollout.lagging_prob=0.25", "cluster.rollout.tensor_parallel_size=2",
             "cluster.rollout.gpu_memory_utilization=0.9", "cluster.rollout.enforce_eager=false"]
 
 

@@ -118,7 +118,7 @@ def test_a_new_episode_goes_to_the_current_engine_with_fewer_turns_in_flight() -
 
 def test_every_current_engine_takes_every_version_and_lagging_turns_stay_lagging() -> None:
     a, b, lag = FakeEngine(0), FakeEngine(1), FakeEngine(lagging_engine_id(0, 0, 1))
-    p = EnginePool([a, b], [lag], prob=0.5, refresh_steps=3, seed=1)
+    p = EnginePool([a, b], [lag], lagging_prob=0.5, refresh_steps=3, seed=1)
     for v in range(4):
         asyncio.run(p.load_weights(loader(v), v))
     assert a.loads == b.loads == [0, 1, 2, 3] and lag.loads == [0, 3] and p.version == 3
@@ -160,7 +160,7 @@ def test_pool_without_lagging_engines_is_the_current_engine() -> None:
     asyncio.run(p.load_weights(loader(2), 2))
     assert (p.engine_id, p.version) == (5, 2) and p.take_metrics() == {}
     with pytest.raises(ValueError, match="lagging engine"):
-        EnginePool(cur, [], prob=0.1)
+        EnginePool(cur, [], lagging_prob=0.1)
 
 
 def test_lagging_engine_refreshes_every_k_versions() -> None:

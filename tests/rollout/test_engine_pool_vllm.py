@@ -122,7 +122,7 @@ def test_lagging_tokens_carry_the_log_probs_of_the_version_that_sampled_them(loo
     lag_id = lagging_engine_id(0, 0, 1)
     current = VLLMEngine(str(model_dir), MAX_LEN, max_num_seqs=8, kv_cache_gib=1, seed=0, engine_id=0)
     lagging = VLLMEngine(str(model_dir), MAX_LEN, max_num_seqs=8, kv_cache_gib=1, seed=0, engine_id=lag_id)
-    pool = EnginePool(current, [lagging], prob=0.5, refresh_steps=5, seed=0)
+    pool = EnginePool(current, [lagging], lagging_prob=0.5, refresh_steps=5, seed=0)
     try:
         asyncio.run(pool.load_weights(loader(v0), 0))
         asyncio.run(pool.load_weights(loader(v1), 1))  # 1 < K = 5: the lagging engine keeps v0
@@ -173,7 +173,7 @@ def test_prob_zero_with_a_lagging_engine_is_the_plain_rank(lookup_format, model_
 
     plain = run([])
     release_vllm()
-    pooled = run(["cluster.rollout.lagging_engines_per_rank=1", "cluster.rollout.lagging_prob=0"])
+    pooled = run(["cluster.rollout.lagging_engines_per_rank=1", "rollout.lagging_prob=0"])
     assert [t.index for t in plain] == [t.index for t in pooled]
     assert sum(t.num_action_tokens for t in plain) > 20
     for a, b in zip(plain, pooled):

@@ -61,7 +61,7 @@ def test_gpu_engines_take_every_setting_from_the_config(fake_vllm: None) -> None
     kw = llm_kwargs("agentbench-qwen2.5-7b", [
         "cluster.rollout.engines_per_rank=1", "cluster.rollout.tensor_parallel_size=2",
         "cluster.rollout.gpu_memory_utilization=0.9", "cluster.rollout.max_num_seqs=96",
-        "cluster.rollout.kv_cache_memory_gib=8"], gpus=4)
+        "cluster.rollout.kv_cache_gib=8"], gpus=4)
     assert kw["dtype"] == "bfloat16" and kw["enforce_eager"] is False  # the preset: CUDA graphs
     assert kw["tensor_parallel_size"] == 2 and kw["max_num_seqs"] == 96
     assert kw["gpu_memory_utilization"] == pytest.approx(0.9)  # the current engine's GPUs are its own
@@ -70,7 +70,7 @@ def test_gpu_engines_take_every_setting_from_the_config(fake_vllm: None) -> None
 
 def test_gpu_defaults_without_kv_size_or_lagging_pool(fake_vllm: None) -> None:
     kw = llm_kwargs("agentbench-qwen2.5-7b", ["cluster.rollout.lagging_engines_per_rank=0",
-                                              "cluster.rollout.lagging_prob=0", "cluster.rollout.engines_per_rank=4",
+                                              "rollout.lagging_prob=0", "cluster.rollout.engines_per_rank=4",
                                               "cluster.rollout.enforce_eager=true"], gpus=4)
     assert kw["gpu_memory_utilization"] == pytest.approx(0.85) and "kv_cache_memory_bytes" not in kw
     assert kw["max_num_seqs"] == 256 and kw["enforce_eager"] is True  # rollout.concurrency of the preset

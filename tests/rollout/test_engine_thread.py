@@ -179,8 +179,8 @@ def test_run_idle_waits_for_the_requests_in_flight_and_owns_the_engine_while_it_
     assert after.token_ids == [100, 101, 102]
 
 
-@pytest.mark.parametrize("overrides, want_s", [([], 0.005), (["cluster.rollout.linger_ms=0"], 0.0),
-                                               (["cluster.rollout.linger_ms=12.5"], 0.0125)])
+@pytest.mark.parametrize("overrides, want_s", [([], 0.005), (["rollout.linger_ms=0"], 0.0),
+                                               (["rollout.linger_ms=12.5"], 0.0125)])
 def test_the_configured_linger_reaches_every_engine_of_a_rank(fake_vllm: None, overrides: list[str],
                                                                want_s: float) -> None:
     from pathlib import Path
@@ -188,7 +188,7 @@ def test_the_configured_linger_reaches_every_engine_of_a_rank(fake_vllm: None, o
     from agentrl.config import load_config
     from agentrl.rollout.from_config import engine_factory
 
-    cfg = load_config("smoke", ["cluster.rollout.lagging_engines_per_rank=1", "cluster.rollout.lagging_prob=0.25",
+    cfg = load_config("smoke", ["cluster.rollout.lagging_engines_per_rank=1", "rollout.lagging_prob=0.25",
                                 *overrides])
     pool = engine_factory(cfg, Path("/m"), None, None, rank=0)()
     try:
@@ -200,14 +200,14 @@ def test_the_configured_linger_reaches_every_engine_of_a_rank(fake_vllm: None, o
 def test_engines_of_their_own_process_do_not_linger() -> None:
     from agentrl.config import load_config
 
-    cfg = load_config("agentbench-qwen2.5-7b", ["cluster.rollout.linger_ms=12"])
-    assert "linger_s" not in cfg.cluster.rollout.engine_settings(64)  # GPU nodes: VLLMEngine's 0
-    cpu = load_config("smoke", ["cluster.rollout.linger_ms=12"])
-    assert cpu.cluster.rollout.engine_settings(64)["linger_s"] == pytest.approx(0.012)
+    cfg = load_config("agentbench-qwen2.5-7b", ["rollout.linger_ms=12"])
+    assert "linger_s" not in cfg.cluster.rollout.engine_settings(64, cfg.rollout.linger_ms)  # GPU nodes: VLLMEngine's 0
+    cpu = load_config("smoke", ["rollout.linger_ms=12"])
+    assert cpu.cluster.rollout.engine_settings(64, cpu.rollout.linger_ms)["linger_s"] == pytest.approx(0.012)
 
 
 def test_a_negative_linger_fails_at_load_naming_the_field() -> None:
     from agentrl.config import ConfigError, load_config
 
-    with pytest.raises(ConfigError, match="cluster.rollout.linger_ms"):
-        load_config("smoke", ["cluster.rollout.linger_ms=-1"])
+    with pytest.raises(ConfigError, match="rollout.linger_ms"):
+        load_config("smoke", ["rollout.linger_ms=-1"])

@@ -18,7 +18,7 @@ from agentrl.rollout.agent_loop import EpisodeLimits
 from agentrl.rollout.collect import Retry
 from agentrl.rollout.engine import ExpertEngine
 from agentrl.rollout.in_run_eval import evaluate
-from agentrl.rollout.plan import RolloutPlan
+from agentrl.rollout.spec import RolloutSpec
 
 
 class Broken(InProcessClient):
@@ -48,7 +48,7 @@ class Recorder:
 
 def test_env_errors_stay_in_the_denominator(lookup_format, tmp_path: Path) -> None:
     client = Broken()
-    plan = RolloutPlan(tasks=("lookup",), steps=1, prompts_per_step=1, samples_per_prompt=1, expert_samples=0,
+    plan = RolloutSpec(tasks=("lookup",), steps=1, prompts_per_step=1, samples_per_prompt=1, expert_samples=0,
                        eval_split="test", eval_samples=4, concurrency=2, temperature=1.0, top_p=1.0,
                        limits=EpisodeLimits(4, 512, 48), retry=Retry(max_retries=1, backoff_s=0.001),
                        wait_timeout_s=60.0, seed=0, poll_s=0.05, eval_sampled=0)
@@ -69,7 +69,7 @@ def test_expert_demonstrations_show_progress(lookup_format, tmp_path: Path, caps
     from agentrl.transport.shards import ShardReader
 
     client = InProcessClient({"lookup": get_task("lookup")})
-    plan = RolloutPlan(tasks=("lookup",), steps=1, prompts_per_step=1, samples_per_prompt=1, expert_samples=3,
+    plan = RolloutSpec(tasks=("lookup",), steps=1, prompts_per_step=1, samples_per_prompt=1, expert_samples=3,
                        eval_split="test", eval_samples=0, concurrency=2, temperature=1.0, top_p=1.0,
                        limits=EpisodeLimits(4, 512, 48), retry=Retry(), wait_timeout_s=60.0, seed=0, poll_s=0.05,
                        eval_sampled=0)

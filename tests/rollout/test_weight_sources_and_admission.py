@@ -8,14 +8,14 @@ import torch
 
 from agentrl.rollout.agent_loop import EpisodeLimits
 from agentrl.rollout.collect import Retry
-from agentrl.rollout.plan import RolloutPlan
-from agentrl.rollout.role import RankPlan
+from agentrl.rollout.role import RankPlace
+from agentrl.rollout.spec import RolloutSpec
 from agentrl.rollout.weight_sources import DirWeights
 from agentrl.transport import weights
 
 
-def _plan(prompts: int, tasks: tuple[str, ...]) -> RolloutPlan:
-    return RolloutPlan(tasks=tasks, steps=3, prompts_per_step=prompts, samples_per_prompt=4, expert_samples=0,
+def _plan(prompts: int, tasks: tuple[str, ...]) -> RolloutSpec:
+    return RolloutSpec(tasks=tasks, steps=3, prompts_per_step=prompts, samples_per_prompt=4, expert_samples=0,
                 eval_split="test", eval_samples=1, concurrency=8, temperature=1.0, top_p=1.0,
                 limits=EpisodeLimits(0, 64, 8), retry=Retry(), wait_timeout_s=60.0, seed=0, poll_s=0.05,
                 eval_sampled=0)
@@ -25,7 +25,7 @@ def _plan(prompts: int, tasks: tuple[str, ...]) -> RolloutPlan:
     (8, ("a", "b"), 1, [16]), (8, ("a", "b"), 3, [6, 5, 5]), (1, ("a",), 2, [1, 0]), (2, ("a",), 2, [1, 1])])
 def test_ranks_split_one_step_of_groups(prompts: int, tasks: tuple[str, ...], ranks: int, shares: list[int]) -> None:
     plan = _plan(prompts, tasks)
-    got = [RankPlan(r, ranks, max_staleness=1).groups_per_step(plan) for r in range(ranks)]
+    got = [RankPlace(r, ranks, max_staleness=1).groups_per_step(plan) for r in range(ranks)]
     assert got == shares and sum(got) == prompts * len(tasks)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from agentrl.config import TrainerConfig
 from agentrl.models import tiny
 from agentrl.rollout.engine import SamplingConfig, VLLMEngine
 from agentrl.trainer.batch import collate
@@ -38,7 +39,7 @@ def _trainer_update(model: torch.nn.Module, target: list[int]) -> None:
     t = b.build(traj_id="x", task="t", index="0", group_id="g", reward=0.0, status=Status.COMPLETED, num_turns=1)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for _ in range(5):
-        sft_step(model, opt, collate([t], [0.0], pad_id=1), 1.0, 4096)
+        sft_step(model, opt, collate([t], [0.0], pad_id=1), TrainerConfig(grad_clip=1.0, micro_batch_tokens=4096))
 
 
 def _hf_logprobs(model: torch.nn.Module, generated: list[int]) -> torch.Tensor:

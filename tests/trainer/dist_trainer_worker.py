@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from agentrl.trainer.step import RLHyper
+from agentrl.config import AlgoConfig, TrainerConfig
 from agentrl.types import Status, Trajectory, TrajectoryBuilder
 
 VOCAB = 96
@@ -53,9 +53,12 @@ def trajectories(seed: int = 0) -> list[Trajectory]:
     return out
 
 
-def hyper(packed: bool, micro_batch_tokens: int) -> RLHyper:
-    return RLHyper(kl_coef=0.1, entropy_coef=0.01, grad_clip=0.05, micro_batch_tokens=micro_batch_tokens,
-                   packing=packed, temperature=0.9)
+ALGO = AlgoConfig(kl_coef=0.1, entropy_coef=0.01)
+TEMPERATURE = 0.9
+
+
+def trainer_config(packed: bool, micro_batch_tokens: int) -> TrainerConfig:
+    return TrainerConfig(grad_clip=0.05, micro_batch_tokens=micro_batch_tokens, packing=packed)
 
 
 LAYOUTS = {"ddp-padded": ("ddp", False, True), "ddp-packed": ("ddp", True, True), "fsdp2-packed": ("fsdp2", True, True),
@@ -90,8 +93,8 @@ def main(out: Path) -> None:
             model = par.wrap(tiny_model(0, tied))
             ref = par.wrap_frozen(reference_model(tied))
             opt = torch.optim.SGD(model.parameters(), lr=1.0, momentum=0.9)
-            h = hyper(packed, MICRO_BATCH_TOKENS)
-            stats = rl_step(model, opt, batch, h, ref, par)
+            t = trainer_config(packed, MICRO_BATCH_TOKENS)
+            stats = rl_step(model, opt, batch, ALGO, t, TEMPERATURE, ref, par)
             state = par.full_state_dict(model)
             if par.is_main:
                 torch.save({"state": state, "stats": stats}, out / f"{name}.pt")
@@ -105,7 +108,7 @@ def main(out: Path) -> None:
             back = checkpoint.load(checkpoint.latest(out / "run"), model2, opt2, None, par)
             assert back.consumed == ts.consumed and back.step == 1
             for tag, (m, o) in {"continued": (model, opt), "resumed": (model2, opt2)}.items():
-                rl_step(m, o, batch, h, ref, par)
+                rl_step(m, o, batch, ALGO, t, TEMPERATURE, ref, par)
                 state = par.full_state_dict(m)
                 if par.is_main:
                     torch.save({"state": state}, out / f"fsdp2-{tag}.pt")

@@ -7,28 +7,29 @@ import torch
 
 from agentrl.algorithms.kl import KL_ESTIMATORS
 from agentrl.algorithms.ppo import ppo_loss
+from agentrl.config import AlgoConfig
 from agentrl.trainer.batch import TrainBatch
 from agentrl.trainer.logprobs import entropy_from_log_probs, full_vocab_logprobs
-from agentrl.trainer.step import RLHyper, advantages
+from agentrl.trainer.step import advantages
 
 
-def rl_loss(model: torch.nn.Module, batch: TrainBatch, h: RLHyper, ref: torch.nn.Module | None = None
-            ) -> tuple[torch.Tensor, dict[str, float]]:
+def rl_loss(model: torch.nn.Module, batch: TrainBatch, algo: AlgoConfig, temperature: float,
+            ref: torch.nn.Module | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Token mean over the batch of PPO (+ β·KL − c·entropy); and the statistics rl_step reports."""
-    logp, log_probs = full_vocab_logprobs(model, batch.tokens, batch.attention, h.temperature)  # [B, T-1], [..., V]
+    logp, log_probs = full_vocab_logprobs(model, batch.tokens, batch.attention, temperature)  # [B, T-1], [..., V]
     m = batch.mask.to(logp.dtype)
     on = m > 0
     total = m.sum()
-    adv = advantages(batch, h).to(logp.dtype)
-    pg, _ = ppo_loss(logp, batch.behaviour_logp.to(logp.dtype), adv, m, h.eps_low, h.eps_high, h.dual_clip,
+    adv = advantages(batch, algo).to(logp.dtype)
+    pg, _ = ppo_loss(logp, batch.behaviour_logp.to(logp.dtype), adv, m, algo.eps_low, algo.eps_high, algo.dual_clip,
                      reduction="token_sum")
     ent = torch.where(on, entropy_from_log_probs(log_probs), 0.0).sum()
     kl = torch.zeros((), dtype=logp.dtype)
-    if ref is not None and h.kl_coef > 0:
+    if ref is not None and algo.kl_coef > 0:
         with torch.no_grad():
-            ref_logp, _ = full_vocab_logprobs(ref, batch.tokens, batch.attention, h.temperature)
-        kl = torch.where(on, KL_ESTIMATORS[h.kl_estimator](logp, ref_logp), 0.0).sum()
-    loss = (pg + h.kl_coef * kl - h.entropy_coef * ent) / total
+            ref_logp, _ = full_vocab_logprobs(ref, batch.tokens, batch.attention, temperature)
+        kl = torch.where(on, KL_ESTIMATORS[algo.kl_estimator](logp, ref_logp), 0.0).sum()
+    loss = (pg + algo.kl_coef * kl - algo.entropy_coef * ent) / total
     stats = {k: float(v.detach() / total) for k, v in {"loss": loss * total, "pg_loss": pg, "kl": kl, "entropy": ent}.items()}
     return loss, stats
 

@@ -15,7 +15,7 @@ from agentrl.models import tiny
 from agentrl.trainer.batch import collate
 from agentrl.trainer.model_load import load_model, set_threads
 from agentrl.trainer.select import shaped_rewards
-from agentrl.trainer.step import RLHyper, rl_step
+from agentrl.trainer.step import rl_step
 from agentrl.types import Status, Trajectory, TrajectoryBuilder
 
 STEPS = 4
@@ -56,12 +56,11 @@ def one_thread() -> Iterator[None]:
         set_threads(threads)
 
 
-def settings_of(run_dir: Path) -> tuple[RunConfig, RLHyper]:
-    cfg = load_config(str(run_dir / "config.yaml"))
-    return cfg, RLHyper.from_config(cfg.algo, cfg.trainer, cfg.rollout.temperature)
+def settings_of(run_dir: Path) -> RunConfig:
+    return load_config(str(run_dir / "config.yaml"))
 
 
-def by_hand(model_dir: Path, cfg: RunConfig, hyper: RLHyper) -> dict[str, torch.Tensor]:
+def by_hand(model_dir: Path, cfg: RunConfig) -> dict[str, torch.Tensor]:
     """The synchronous trainer by hand: each step's whole batch, one rl_step, warm-up lr."""
     t = cfg.trainer
     with one_thread():
@@ -71,5 +70,6 @@ def by_hand(model_dir: Path, cfg: RunConfig, hyper: RLHyper) -> dict[str, torch.
             for g in opt.param_groups:
                 g["lr"] = t.lr * min(1.0, (step + 1) / t.warmup_steps)
             trajs = step_batch(step)
-            rl_step(model, opt, collate(trajs, shaped_rewards(trajs, cfg.algo.fail_penalty), pad_id=1), hyper)
+            rl_step(model, opt, collate(trajs, shaped_rewards(trajs, cfg.algo.fail_penalty), pad_id=1), cfg.algo, t,
+                    cfg.rollout.temperature)
     return model.state_dict()

@@ -63,8 +63,8 @@ def test_the_synchronous_schedule_is_the_plain_update(tmp_path: Path, model_dir:
     proc = _run_world(run_dir, model_dir, settings)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
-    cfg, hyper = settings_of(run_dir)
-    expected = by_hand(model_dir, cfg, hyper)
+    cfg = settings_of(run_dir)
+    expected = by_hand(model_dir, cfg)
     published = dict(weights.iter_weights(weights.version_dir(run_dir, STEPS)))
     for k, v in expected.items():
         torch.testing.assert_close(published[k], v, rtol=0, atol=1e-7)
@@ -83,10 +83,10 @@ def test_decoupled_loss_changes_the_update_only_through_the_behaviour_weight(tmp
     run_dir = tmp_path / "decoupled"
     proc = _run_world(run_dir, model_dir, ["algo.max_staleness=0", "algo.offpolicy=decoupled", "algo.is_cap=2.0"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    cfg, hyper = settings_of(run_dir)
-    assert hyper.offpolicy == "decoupled"
-    expected = by_hand(model_dir, cfg, hyper)
-    behaviour = by_hand(model_dir, cfg, dataclasses.replace(hyper, offpolicy="behaviour"))
+    cfg = settings_of(run_dir)
+    assert cfg.algo.offpolicy == "decoupled"
+    expected = by_hand(model_dir, cfg)
+    behaviour = by_hand(model_dir, dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, offpolicy="behaviour")))
     published = dict(weights.iter_weights(weights.version_dir(run_dir, STEPS)))
     for k, v in expected.items():
         torch.testing.assert_close(published[k], v, rtol=0, atol=1e-7)
@@ -101,8 +101,8 @@ def test_broadcast_delivers_the_published_weights(tmp_path: Path, model_dir: Pat
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = json.loads((run_dir / "report" / "broadcast.json").read_text())
     assert got == {"version": STEPS, "max_diff": 0.0, "names": True}
-    cfg, hyper = settings_of(run_dir)
-    expected = by_hand(model_dir, cfg, hyper)
+    cfg = settings_of(run_dir)
+    expected = by_hand(model_dir, cfg)
     published = dict(weights.iter_weights(weights.version_dir(run_dir, STEPS)))
     for k, v in expected.items():
         torch.testing.assert_close(published[k], v, rtol=0, atol=1e-7)
@@ -118,8 +118,8 @@ def test_two_trainer_ranks_make_the_one_rank_update(tmp_path: Path, model_dir: P
     proc = _run_world(run_dir, model_dir, ["algo.max_staleness=0", "transport.inflight=drain", "trainer.parallel=ddp",
                                            "cluster.trainer.collective_timeout_s=10"], trainer_ranks=2, delay_s=15)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    cfg, hyper = settings_of(run_dir)
-    expected = by_hand(model_dir, cfg, hyper)
+    cfg = settings_of(run_dir)
+    expected = by_hand(model_dir, cfg)
     published = dict(weights.iter_weights(weights.version_dir(run_dir, STEPS)))
     before = load_model(model_dir, 1).state_dict()
     for k, v in expected.items():
@@ -145,8 +145,8 @@ def test_two_resumed_trainer_ranks_continue_the_update(tmp_path: Path, model_dir
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "resumed from" in proc.stderr and "trainer rank 1 of 2: taking its share of each step the hub selects " \
         "(from step 2)" in proc.stderr
-    cfg, hyper = settings_of(run_dir)
-    expected = by_hand(model_dir, cfg, hyper)
+    cfg = settings_of(run_dir)
+    expected = by_hand(model_dir, cfg)
     published = dict(weights.iter_weights(weights.version_dir(run_dir, STEPS)))
     for k, v in expected.items():
         torch.testing.assert_close(published[k], v, rtol=0, atol=1e-6)

@@ -10,16 +10,17 @@ import pytest
 import torch
 from test_head import TIGHT, _batch, _model
 
+from agentrl.config import AlgoConfig, TrainerConfig
 from agentrl.trainer import attention
 from agentrl.trainer.batch import layout, plan_micro_batches
 from agentrl.trainer.logprobs import full_vocab_logprobs, head_outputs
-from agentrl.trainer.step import RLHyper, rl_step
+from agentrl.trainer.step import rl_step
 
 
 def test_varlen_packed_update_equals_the_naive_update() -> None:
     model, batch = _model(tied=False), _batch(2)  # 4 query heads over 2 KV heads
-    h = RLHyper(entropy_coef=0.05, temperature=0.8, grad_clip=0.0, packing=True, micro_batch_tokens=40)
-    expected = naive_rl.update(model, naive_rl.rl_loss(model, batch, h)[0])
+    algo, trainer = AlgoConfig(entropy_coef=0.05), TrainerConfig(grad_clip=0.0, packing=True, micro_batch_tokens=40)
+    expected = naive_rl.update(model, naive_rl.rl_loss(model, batch, algo, 0.8)[0])
     m = copy.deepcopy(model)
     assert attention.apply(m, "varlen", torch.device("cpu")) == "varlen" == attention.implementation(m)
     # a plain call (no segments) falls back to SDPA with the model's own mask: evaluation code keeps working
@@ -28,7 +29,7 @@ def test_varlen_packed_update_equals_the_naive_update() -> None:
         torch.testing.assert_close(logits, model(input_ids=batch.tokens, attention_mask=batch.attention).logits,
                                    **TIGHT)
     before = {k: v.clone() for k, v in m.state_dict().items()}
-    rl_step(m, torch.optim.SGD(m.parameters(), lr=1.0), batch, h)
+    rl_step(m, torch.optim.SGD(m.parameters(), lr=1.0), batch, algo, trainer, 0.8)
     scale = max(float(v.abs().max()) for v in expected.values())
     for k, v in m.state_dict().items():
         torch.testing.assert_close(v - before[k], expected[k], rtol=1e-6, atol=1e-6 * scale, msg=k)

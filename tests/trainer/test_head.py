@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from agentrl.config import AlgoConfig, TrainerConfig
 from agentrl.trainer.batch import collate
 from agentrl.trainer.head import head_logprobs, reference_head
 from agentrl.trainer.logprobs import full_vocab_logprobs, token_logprobs
-from agentrl.trainer.step import RLHyper, rl_step, sft_step
+from agentrl.trainer.step import rl_step, sft_step
 from agentrl.types import Status, TrajectoryBuilder
 
 TIGHT = {"rtol": 1e-6, "atol": 1e-9}
@@ -114,13 +115,13 @@ def test_rl_step_equals_the_naive_full_vocabulary_update(tied: bool, packed: boo
     with torch.no_grad():
         for p in ref.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    h = RLHyper(kl_coef=0.3, entropy_coef=0.05, temperature=0.8, grad_clip=0.0, packing=packed,
-                micro_batch_tokens=micro_batch_tokens)
-    loss, want = naive_rl.rl_loss(model, batch, h, ref)
+    algo = AlgoConfig(kl_coef=0.3, entropy_coef=0.05)
+    trainer = TrainerConfig(grad_clip=0.0, packing=packed, micro_batch_tokens=micro_batch_tokens)
+    loss, want = naive_rl.rl_loss(model, batch, algo, 0.8, ref)
     expected = naive_rl.update(model, loss)
     m = copy.deepcopy(model)
     before = {k: v.clone() for k, v in m.state_dict().items()}
-    stats = rl_step(m, torch.optim.SGD(m.parameters(), lr=1.0), batch, h, ref)
+    stats = rl_step(m, torch.optim.SGD(m.parameters(), lr=1.0), batch, algo, trainer, 0.8, ref)
     scale = max(float(v.abs().max()) for v in expected.values())
     assert scale > 1e-4
     for k, v in m.state_dict().items():
@@ -141,7 +142,8 @@ def test_sft_step_equals_the_naive_update_and_counts_argmax_hits(all_tokens: boo
     expected = naive_rl.update(model, loss)
     m = copy.deepcopy(model)
     before = {k: v.clone() for k, v in m.state_dict().items()}
-    stats = sft_step(m, torch.optim.SGD(m.parameters(), lr=1.0), batch, 0.0, 30, all_tokens)
+    stats = sft_step(m, torch.optim.SGD(m.parameters(), lr=1.0), batch,
+                     TrainerConfig(grad_clip=0.0, micro_batch_tokens=30, sft_all_tokens=all_tokens))
     scale = max(float(v.abs().max()) for v in expected.values())
     for k, v in m.state_dict().items():
         torch.testing.assert_close(v - before[k], expected[k], rtol=1e-6, atol=1e-6 * scale, msg=k)

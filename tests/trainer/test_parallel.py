@@ -42,7 +42,8 @@ def one_rank() -> dict[bool, dict]:
     for tied in (True, False):
         model = w.tiny_model(0, tied)
         opt = torch.optim.SGD(model.parameters(), lr=1.0, momentum=0.9)
-        stats = rl_step(model, opt, batch, w.hyper(False, 100_000), w.reference_model(tied), Parallel())
+        stats = rl_step(model, opt, batch, w.ALGO, w.trainer_config(False, 100_000), w.TEMPERATURE,
+                        w.reference_model(tied), Parallel())
         out[tied] = {"state": {k: v.clone() for k, v in model.state_dict().items()}, "stats": stats}
     return out
 
@@ -54,10 +55,10 @@ def test_two_ranks_make_the_naive_full_vocabulary_update(two_ranks: Path, layout
     tied = w.LAYOUTS[layout][2]
     trajs = w.trajectories()
     batch = collate(trajs, [t.reward for t in trajs], pad_id=0)
-    h = w.hyper(False, 1)
+    t = w.trainer_config(False, 1)
     model = w.tiny_model(0, tied)
-    loss, stats = naive_rl.rl_loss(model, batch, h, w.reference_model(tied))
-    expected = naive_rl.update(model, loss, h.grad_clip)
+    loss, stats = naive_rl.rl_loss(model, batch, w.ALGO, w.TEMPERATURE, w.reference_model(tied))
+    expected = naive_rl.update(model, loss, t.grad_clip)
     got, init = torch.load(two_ranks / f"{layout}.pt"), model.state_dict()
     scale = max(float(d.abs().max()) for d in expected.values())
     for k in expected:  # float32 weights near 1 (the norms') keep their step to ~1e-7: 2 ulps on top
@@ -78,7 +79,7 @@ def test_two_ranks_make_the_one_rank_update(two_ranks: Path, one_rank: dict, lay
     for k in ref:  # float32: ~1e-5 of the update's size, where an error of averaging or of the clip norm is 1
         torch.testing.assert_close(got["state"][k] - init[k], step[k], rtol=0, atol=1e-5 * scale)
     s, r = got["stats"], one_rank[tied]["stats"]
-    assert r["grad_norm"] > w.hyper(False, 1).grad_clip  # clipping was active: its norm must be global
+    assert r["grad_norm"] > w.trainer_config(False, 1).grad_clip  # clipping was active: its norm must be global
     for k in ("loss", "pg_loss", "kl", "entropy", "grad_norm", "clipfrac", "action_tokens"):
         assert s[k] == pytest.approx(r[k], rel=1e-5, abs=1e-7), k
     assert s["micro_batches"] % 2 == 1  # an odd count: one rank also ran an empty stand-in

@@ -75,7 +75,7 @@ def test_hub_loop_in_process_makes_the_synchronous_update(tmp_path: Path, model_
     rollout.join(30)
     assert not rollout.is_alive() and not errors, errors
 
-    expected = by_hand(model_dir, *settings_of(run_dir))
+    expected = by_hand(model_dir, settings_of(run_dir))
     published = dict(weights.iter_weights(weights.version_dir(run_dir, STEPS)))
     for k, v in expected.items():
         torch.testing.assert_close(published[k], v, rtol=0, atol=1e-7)

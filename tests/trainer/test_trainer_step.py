@@ -3,18 +3,20 @@ update to the layout, on-policy ratios, KL to the frozen reference, mixed precis
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
 import torch
 
 from agentrl.algorithms.ppo import entropy_from_logits
+from agentrl.config import AlgoConfig, TrainerConfig
 from agentrl.models import tiny
 from agentrl.trainer import attention
 from agentrl.trainer.batch import collate, layout, padding_fraction, plan_micro_batches
 from agentrl.trainer.logprobs import entropy_from_log_probs, full_vocab_logprobs, head_outputs, token_logprobs
 from agentrl.trainer.select import shaped_rewards
-from agentrl.trainer.step import RLHyper, rl_step, sft_step
+from agentrl.trainer.step import rl_step, sft_step
 from agentrl.types import Status, Trajectory, TrajectoryBuilder, new_id
 
 
@@ -55,12 +57,12 @@ def test_collate_aligns_everything_to_targets(lookup_tokenizer) -> None:
 def test_micro_batch_plans_by_hand() -> None:
     lengths = [5, 4, 3, 2, 1]  # sorted longest first, as collate leaves them
     # padded: rows of one trajectory; [0, 1] fill 2 x 5 = 10 slots, then [2, 3, 4] fill 3 x 3 = 9
-    assert plan_micro_batches(lengths, 10, packed=False) == [[[0], [1]], [[2], [3], [4]]]
-    assert padding_fraction(plan_micro_batches(lengths, 10, False), lengths, False) == pytest.approx(4 / 19)
+    assert plan_micro_batches(lengths, 10, packing=False) == [[[0], [1]], [[2], [3], [4]]]
+    assert padding_fraction(plan_micro_batches(lengths, 10, False), lengths) == pytest.approx(4 / 19)
     # packed: first-fit decreasing into rows of 5 tokens -> [0], [1, 4], [2, 3]; two rows per micro-batch
-    assert plan_micro_batches(lengths, 10, packed=True) == [[[0], [1, 4]], [[2, 3]]]
-    assert padding_fraction(plan_micro_batches(lengths, 10, True), lengths, True) == 0.0
-    assert plan_micro_batches([7, 3], 4, packed=False) == [[[0]], [[1]]]  # over budget: alone
+    assert plan_micro_batches(lengths, 10, packing=True) == [[[0], [1, 4]], [[2, 3]]]
+    assert padding_fraction(plan_micro_batches(lengths, 10, True), lengths) == 0.0
+    assert plan_micro_batches([7, 3], 4, packing=False) == [[[0]], [[1]]]  # over budget: alone
 
 
 @pytest.mark.parametrize("packed", [False, True])
@@ -74,8 +76,8 @@ def test_micro_batch_plans_cover_every_trajectory_once_within_budget(lookup_toke
             fills = [sum(lengths[i] for i in row) for row in mb]
             assert all(len(row) == 1 for row in mb) or packed
             assert len(mb) * max(fills) <= max(budget, max(lengths))
-    assert padding_fraction(plan_micro_batches(lengths, 10_000, True), lengths, True) < \
-        padding_fraction(plan_micro_batches(lengths, 10_000, False), lengths, False)
+    assert padding_fraction(plan_micro_batches(lengths, 10_000, True), lengths) < \
+        padding_fraction(plan_micro_batches(lengths, 10_000, False), lengths)
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "varlen"])
@@ -89,8 +91,8 @@ def test_packed_rows_give_each_trajectory_its_own_log_probs(model, lookup_tokeni
     assert attention.apply(m, attn, torch.device("cpu")) == attn
     with torch.no_grad():
         padded, _ = full_vocab_logprobs(model, batch.tokens, batch.attention)
-        plan = plan_micro_batches(batch.lengths, 10_000, packed=True)
-        mb = layout(batch, plan[0], {"mask": batch.mask, "logp": padded, "adv": adv}, packed=True)
+        plan = plan_micro_batches(batch.lengths, 10_000, packing=True)
+        mb = layout(batch, plan[0], {"mask": batch.mask, "logp": padded, "adv": adv}, packing=True)
         assert mb.tokens.shape[0] < len(batch.lengths)  # several trajectories share a row
         logp, _, _ = head_outputs(m, mb)
     on = mb.targets["mask"] > 0
@@ -99,18 +101,18 @@ def test_packed_rows_give_each_trajectory_its_own_log_probs(model, lookup_tokeni
     assert torch.equal(mb.targets["adv"][on].sort().values, adv[batch.mask > 0].sort().values)
 
 
-def _update(model, batch, h: RLHyper, ref=None) -> dict[str, torch.Tensor]:
+def _update(model, batch, algo: AlgoConfig, trainer: TrainerConfig, ref=None) -> dict[str, torch.Tensor]:
     m = copy.deepcopy(model)
     before = {k: v.clone() for k, v in m.state_dict().items()}
-    rl_step(m, torch.optim.SGD(m.parameters(), lr=1.0), batch, h, ref)
+    rl_step(m, torch.optim.SGD(m.parameters(), lr=1.0), batch, algo, trainer, 1.0, ref)
     return {k: v - before[k] for k, v in m.state_dict().items()}
 
 
 @pytest.mark.parametrize("packed", [False, True])
 def test_micro_batching_and_packing_do_not_change_the_update(model, lookup_tokenizer, packed: bool) -> None:
     _, batch = _batch(len(lookup_tokenizer))
-    whole = _update(model, batch, RLHyper(micro_batch_tokens=100_000, grad_clip=0.0, packing=False))
-    split = _update(model, batch, RLHyper(micro_batch_tokens=30, grad_clip=0.0, packing=packed))
+    whole = _update(model, batch, AlgoConfig(), TrainerConfig(micro_batch_tokens=100_000, grad_clip=0.0, packing=False))
+    split = _update(model, batch, AlgoConfig(), TrainerConfig(micro_batch_tokens=30, grad_clip=0.0, packing=packed))
     assert len(plan_micro_batches(batch.lengths, 30, packed)) > 3
     for k in whole:
         torch.testing.assert_close(split[k], whole[k], rtol=1e-4, atol=1e-6)
@@ -129,18 +131,20 @@ def test_kl_to_the_frozen_reference_is_in_the_loss(model, lookup_tokenizer) -> N
     with torch.no_grad():
         naive_entropy = entropy_from_logits(model(input_ids=batch.tokens, attention_mask=batch.attention).logits[:, :-1])
     for est in ("k1", "k2", "k3"):
-        h = RLHyper(kl_coef=0.5, kl_estimator=est, grad_clip=0.0, micro_batch_tokens=40)
-        stats = rl_step(copy.deepcopy(model), torch.optim.SGD(model.parameters(), lr=0.0), batch, h, ref)
+        algo, trainer = AlgoConfig(kl_coef=0.5, kl_estimator=est), TrainerConfig(grad_clip=0.0, micro_batch_tokens=40)
+        stats = rl_step(copy.deepcopy(model), torch.optim.SGD(model.parameters(), lr=0.0), batch, algo, trainer, 1.0,
+                        ref)
         log_r = (ref_logp - logp)[on]
         naive = {"k1": -log_r, "k2": 0.5 * log_r**2, "k3": log_r.exp() - 1 - log_r}[est].mean()
         assert stats["kl"] == pytest.approx(float(naive), rel=1e-4)
         assert stats["loss"] == pytest.approx(stats["pg_loss"] + 0.5 * stats["kl"], rel=1e-5)
         assert stats["entropy"] == pytest.approx(float(naive_entropy[on].mean()), rel=1e-5)
-    with_kl = _update(model, batch, RLHyper(kl_coef=0.5, grad_clip=0.0), ref)
-    without = _update(model, batch, RLHyper(grad_clip=0.0), ref)
+    with_kl = _update(model, batch, AlgoConfig(kl_coef=0.5), TrainerConfig(grad_clip=0.0), ref)
+    without = _update(model, batch, AlgoConfig(), TrainerConfig(grad_clip=0.0), ref)
     assert max(float((with_kl[k] - without[k]).abs().max()) for k in with_kl) > 1e-6
     with pytest.raises(ValueError, match="reference"):
-        rl_step(copy.deepcopy(model), torch.optim.SGD(model.parameters(), lr=0.0), batch, RLHyper(kl_coef=0.1))
+        rl_step(copy.deepcopy(model), torch.optim.SGD(model.parameters(), lr=0.0), batch, AlgoConfig(kl_coef=0.1),
+                TrainerConfig(), 1.0)
 
 
 def test_entropy_from_log_probs_matches_the_logits_version() -> None:
@@ -160,7 +164,7 @@ def test_bf16_autocast_update_points_the_same_way(model, lookup_tokenizer) -> No
     for mp in ("fp32", "bf16"):
         m = copy.deepcopy(model)
         before = torch.cat([p.detach().flatten().clone() for p in m.parameters()])
-        rl_step(m, torch.optim.SGD(m.parameters(), lr=1.0), batch, RLHyper(grad_clip=0.0),
+        rl_step(m, torch.optim.SGD(m.parameters(), lr=1.0), batch, AlgoConfig(), TrainerConfig(grad_clip=0.0), 1.0,
                 par=Parallel(mixed_precision=mp))
         out[mp] = torch.cat([p.detach().flatten() for p in m.parameters()]) - before
     cos = torch.nn.functional.cosine_similarity(out["fp32"], out["bf16"], dim=0)
@@ -172,7 +176,8 @@ def test_on_policy_batch_has_unit_ratio(model, lookup_tokenizer) -> None:
     with torch.no_grad():
         logp, _ = token_logprobs(model, batch.tokens, batch.attention)
     batch.behaviour_logp = logp * batch.mask
-    stats = rl_step(copy.deepcopy(model), torch.optim.SGD(model.parameters(), lr=0.0), batch, RLHyper())
+    stats = rl_step(copy.deepcopy(model), torch.optim.SGD(model.parameters(), lr=0.0), batch, AlgoConfig(),
+                    TrainerConfig(), 1.0)
     assert stats["clipfrac"] == 0.0 and abs(stats["approx_kl"]) < 1e-6
     for task in batch.task_names:  # task normalization ran before the loss
         assert abs(stats[f"adv/{task}/mean"]) < 1e-5 and abs(stats[f"adv/{task}/std"] - 1.0) < 1e-4
@@ -182,11 +187,13 @@ def test_sft_lowers_the_loss_of_its_batch(model, lookup_tokenizer) -> None:
     _, batch = _batch(len(lookup_tokenizer))
     m = copy.deepcopy(model)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
-    first = sft_step(m, opt, batch, 1.0, 10_000)["sft_loss"]
+    t = TrainerConfig(grad_clip=1.0, micro_batch_tokens=10_000)
+    first = sft_step(m, opt, batch, t)["sft_loss"]
     for _ in range(10):
-        last = sft_step(m, opt, batch, 1.0, 10_000)["sft_loss"]
+        last = sft_step(m, opt, batch, t)["sft_loss"]
     assert last < first * 0.8
-    all_tok = sft_step(copy.deepcopy(model), torch.optim.SGD(m.parameters(), lr=0.0), batch, 1.0, 10_000, True)
+    all_tok = sft_step(copy.deepcopy(model), torch.optim.SGD(m.parameters(), lr=0.0), batch,
+                       dataclasses.replace(t, sft_all_tokens=True))
     assert all_tok["sft_loss"] != pytest.approx(first)  # a different (larger) set of targets
 
 

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from agentrl.transport.queue import EXCLUSION_REASONS, TrajectoryQueue, lagging_staleness, trajectory_staleness
+from agentrl.algorithms.staleness import lagging_staleness, trajectory_staleness
+from agentrl.transport.queue import EXCLUSION_REASONS, TrajectoryQueue
 from agentrl.types import LAGGING_ENGINE_BASE, Status, Trajectory, TrajectoryBuilder
 
 

@@ -10,8 +10,8 @@ from agentrl.rollout.collect import Retry
 
 
 @dataclass(frozen=True)
-class RolloutPlan:
-    """What every rollout rank plays (the rank's own share and bounds are its `RankPlan`). No field has a default
+class RolloutSpec:
+    """What every rollout rank plays (the rank's own share and bounds are its `RankPlace`). No field has a default
     of its own: each comes from the config (`from_config`), whose defaults are the only ones."""
 
     tasks: tuple[str, ...]
@@ -32,7 +32,7 @@ class RolloutPlan:
     eval_sampled: int
 
     @classmethod
-    def from_config(cls, cfg: RunConfig) -> RolloutPlan:
+    def from_config(cls, cfg: RunConfig) -> RolloutSpec:
         """The rollout's slice of the run config."""
         r = cfg.rollout
         return cls(

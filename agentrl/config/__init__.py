@@ -1,0 +1,57 @@
+"""One typed config tree for a run: frozen dataclasses, YAML presets, command-line overrides.
+
+`load_config("demo", ["trainer.lr=1e-5"])` reads `agentrl/presets/demo.yaml`, applies the overrides
+(dotted paths, values parsed as YAML scalars), checks every field's type and range, and returns a frozen
+`RunConfig`. Any problem raises `ConfigError` naming the field, at load time, before a process starts.
+Every role takes the whole `RunConfig` and reads a setting where it uses it (the trainer step reads
+`cfg.trainer.micro_batch_tokens`, a rollout rank `cfg.rollout.lagging_prob` where it builds its engines).
+
+By place: `model` (the model and its conversation format), `sections` (controller, envs, rollout, trainer, algo,
+transport, monitor), `cluster` (where the roles run: schedule, topology, Slurm), `run` (`RunConfig`, the checks
+across sections and the derived `PipelineShape`), `load` (presets, overrides, dumping). Import from here.
+"""
+from agentrl.config.cluster import (
+    ClusterConfig,
+    EnvTopology,
+    RolloutTopology,
+    SlurmGroupConfig,
+    TrainerTopology,
+    slurm_seconds,
+)
+from agentrl.config.errors import ConfigError
+from agentrl.config.load import (
+    PRESETS_DIR,
+    PRETRAINED_DEFAULTS,
+    SCRATCH_TUNED,
+    Scalar,
+    config_from_dict,
+    dump_config,
+    load_config,
+    parse_override,
+    to_dict,
+)
+from agentrl.config.model import (
+    TEMPLATES_DIR,
+    ModelConfig,
+    chat_template_file,
+    chat_template_names,
+    chat_template_text,
+)
+from agentrl.config.run import PipelineShape, RunConfig
+from agentrl.config.sections import (
+    AlgoConfig,
+    ControllerConfig,
+    EnvsConfig,
+    MonitorConfig,
+    RolloutConfig,
+    TrainerConfig,
+    TransportConfig,
+)
+
+__all__ = [
+    "PRESETS_DIR", "PRETRAINED_DEFAULTS", "SCRATCH_TUNED", "TEMPLATES_DIR", "AlgoConfig", "ClusterConfig",
+    "ConfigError", "ControllerConfig", "EnvTopology", "EnvsConfig", "ModelConfig", "MonitorConfig", "PipelineShape",
+    "RolloutConfig", "RolloutTopology", "RunConfig", "Scalar", "SlurmGroupConfig", "TrainerConfig", "TrainerTopology",
+    "TransportConfig", "chat_template_file", "chat_template_names", "chat_template_text", "config_from_dict",
+    "dump_config", "load_config", "parse_override", "slurm_seconds", "to_dict",
+]

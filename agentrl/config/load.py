@@ -1,0 +1,206 @@
+"""Building a `RunConfig`: a preset (YAML) plus `a.b=value` overrides, every value checked against its field's
+annotation; and writing one back (`dump_config`), which `load_config` reads to an equal config."""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from agentrl.config.errors import ConfigError, _check
+from agentrl.config.run import RunConfig
+
+PRESETS_DIR = Path(__file__).parent.parent / "presets"
+
+
+def _coerce(value: Any, tp: Any, path: str) -> Any:
+    """Check `value` against annotation `tp` (int, float, str, bool, Literal[...], tuple[X, ...], dict[K, V], Any,
+    dataclass)."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        _check(isinstance(value, dict), path, f"expected a mapping, got {type(value).__name__}")
+        return _build(tp, value, path)
+    if tp is Any:
+        return value.parsed if isinstance(value, Scalar) else value
+    if origin is dict:
+        _check(isinstance(value, dict), path, f"expected a mapping, got {value!r}")
+        key_tp, value_tp = typing.get_args(tp)
+        return {_coerce(k, key_tp, path): _coerce(v, value_tp, f"{path}.{k}") for k, v in value.items()}
+    if origin is tuple:
+        _check(isinstance(value, (list, tuple)), path, f"expected a list, got {value!r}")
+        (item,) = {a for a in typing.get_args(tp) if a is not Ellipsis}
+        return tuple(_coerce(v, item, f"{path}[{i}]") for i, v in enumerate(value))
+    if origin is Literal:  # a choice: one of the listed values, as YAML or the command line gave it
+        choices = typing.get_args(tp)
+        if isinstance(value, Scalar):
+            value = str(value) if str(value) in choices else value.parsed
+        _check(value in choices and type(value) in {type(c) for c in choices}, path,
+               f"unknown value {value!r} ({' | '.join(str(c) for c in choices)})")
+        return value
+    if isinstance(value, Scalar):  # a command-line value: the text for strings, the number for numbers
+        value = str(value) if tp is str else value.parsed
+    if tp is bool:
+        _check(isinstance(value, bool), path, f"expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        _check(isinstance(value, int) and not isinstance(value, bool), path, f"expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str) and _looks_numeric(value) and value.strip() == value:
+            value = float(value)  # YAML 1.1 reads 1e-5 (no dot) as a string
+        _check(isinstance(value, (int, float)) and not isinstance(value, bool), path,
+               f"expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        _check(isinstance(value, str), path, f"expected a string, got {value!r}")
+        return str(value)
+    if isinstance(tp, types.UnionType):  # pragma: no cover - no unions in the tree yet
+        raise ConfigError(f"{path}: unions are not supported")
+    raise ConfigError(f"{path}: unsupported type {tp}")
+
+
+MOVED = {"cluster.rollout.lagging_prob": "rollout.lagging_prob", "cluster.rollout.linger_ms": "rollout.linger_ms",
+         "rollout.kv_cache_gib": "cluster.rollout.kv_cache_gib",
+         "cluster.rollout.kv_cache_memory_gib": "cluster.rollout.kv_cache_gib"}
+"""Fields that moved, old place → new: a config that still sets the old one fails at load naming both (sampling
+settings live in `rollout`; the topology and the engines' memory in `cluster`, with one KV-cache size)."""
+
+
+def _build(cls: type, data: dict[str, Any], path: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        where = f"{path}.{key}" if path else key
+        _check(where not in MOVED, where, f"moved to {MOVED.get(where)}: set that instead")
+        _check(key in names, where, f"unknown field (known: {', '.join(sorted(names))})")
+    kwargs = {k: _coerce(v, hints[k], f"{path}.{k}" if path else k) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+        _check(isinstance(node, dict), dotted, "is not a section")
+    node[keys[-1]] = value
+
+
+class Scalar(str):
+    """A command-line value as typed, with what YAML reads it as (`parsed`): a string field gets the text
+    ("3.10" stays "3.10"), a number field gets the number ("1e-5", which YAML 1.1 leaves a string, too)."""
+
+    parsed: Any
+
+    def __new__(cls, text: str, parsed: Any) -> Scalar:
+        obj = super().__new__(cls, text)
+        obj.parsed = parsed
+        return obj
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`trainer.lr=1e-5` → ("trainer.lr", 1e-5); the value is read as a YAML scalar or list, and a scalar
+    that reads as a number keeps its text for string fields (see `Scalar`)."""
+    if "=" not in text:
+        raise ConfigError(f"{text}: override must look like section.field=value")
+    key, raw = text.split("=", 1)
+    key = key.strip().lstrip("-")
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if number or isinstance(value, str) and _looks_numeric(value):
+        value = Scalar(raw.strip(), value)
+    return key, value
+
+
+def _looks_numeric(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
+# Where the model comes from decides the scale of its learning rates. The dataclass defaults train our tiny
+# model from scratch (a warm start at 3e-3); the same rates destroy a pretrained model within a few steps.
+PRETRAINED_DEFAULTS: dict[str, Any] = {"trainer.lr": 1e-6, "trainer.sft_lr": 1e-5}
+"""What a run from a pretrained `model.path` gets for the fields neither its preset nor its overrides set."""
+SCRATCH_TUNED = ("trainer.lr", "trainer.sft_lr", "trainer.sft_all_tokens")
+"""Fields a preset for the tiny model tunes to its scale: with another `model.path` they must be set again."""
+
+
+def _get_dotted(tree: dict[str, Any], dotted: str) -> Any:
+    node: Any = tree
+    for k in dotted.split("."):
+        if not isinstance(node, dict) or k not in node:
+            return None
+        node = node[k]
+    return node
+
+
+def config_from_dict(data: dict[str, Any]) -> RunConfig:
+    """The config of `data` (a preset's tree with overrides). A pretrained `model.path` gets
+    `PRETRAINED_DEFAULTS` for the fields `data` does not set."""
+    if _get_dotted(data, "model.path"):
+        data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+        for key, value in PRETRAINED_DEFAULTS.items():
+            if _get_dotted(data, key) is None:
+                _set_dotted(data, key, value)
+    cfg = _build(RunConfig, data, "")
+    cfg.validate()
+    return cfg
+
+
+def _check_source(preset: str, preset_data: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """A preset written for the tiny model (no model.path) run with a pretrained `model.path`: the fields it tunes
+    to the tiny model's scale (`SCRATCH_TUNED`) must come from the command line too, not silently from it."""
+    if _get_dotted(preset_data, "model.path") or not overrides.get("model.path"):
+        return
+    tuned = [k for k in SCRATCH_TUNED if _get_dotted(preset_data, k) is not None and k not in overrides]
+    _check(not tuned, ", ".join(tuned),
+           f"preset {preset!r} sets {', '.join(f'{k}={_get_dotted(preset_data, k)}' for k in tuned)} for the tiny "
+           f"model it trains from scratch; with model.path={overrides['model.path']} set them for a pretrained model "
+           "(e.g. trainer.lr=1e-6 trainer.sft_lr=1e-5 trainer.sft_all_tokens=false), or use a preset that leaves "
+           "them to the pretrained defaults (smoke, smollm2-135m)")
+
+
+def load_config(preset: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Build the run config from a preset name (or a YAML path) and `a.b=value` overrides."""
+    data: dict[str, Any] = {}
+    if preset:
+        path = Path(preset)
+        if path.suffix not in (".yaml", ".yml"):  # a name; "agentbench-qwen2.5-7b" has a dot, not a suffix
+            path = PRESETS_DIR / f"{preset}.yaml"
+        if not path.exists():
+            known = sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+            raise ConfigError(f"preset: no preset {preset!r} (known: {', '.join(known)})")
+        data = yaml.safe_load(path.read_text()) or {}
+        _check(isinstance(data, dict), "preset", f"{path} is not a mapping")
+    given = dict(parse_override(item) for item in overrides)
+    if preset:
+        _check_source(preset, data, given)
+    for key, value in given.items():
+        _set_dotted(data, key, value)
+    return config_from_dict(data)
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    d = dataclasses.asdict(cfg)
+    return _lists(d)
+
+
+def _lists(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _lists(v) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [_lists(v) for v in node]
+    return node
+
+
+def dump_config(cfg: RunConfig, path: str | Path) -> None:
+    """Write the resolved config as YAML; `load_config(path)` reads it back to an equal config."""
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
