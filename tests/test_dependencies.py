@@ -29,19 +29,20 @@ ALLOWED: dict[str, set[str]] = {
     "fsio": set(),
     "algorithms": {"types"},
     "envs": {"types", "config", "auth", "fsio"},
-    "transport": {"types", "config", "fsio"},
+    # the one staleness rule (algorithms.staleness) is what the queue, the rank's admission and the planner apply
+    "transport": {"algorithms", "types", "config", "fsio"},
     "monitor": {"types", "config", "fsio"},
     # the tiny policy's tokenizer is trained on the tasks' expert episodes (models.tiny_policy); no role imports models
     "models": {"envs", "types", "config", "fsio"},
     "controller": {"envs", "types", "config", "auth", "fsio"},
-    "rollout": {"envs", "transport", "monitor", "types", "config", "auth", "fsio"},
+    "rollout": {"algorithms", "envs", "transport", "monitor", "types", "config", "auth", "fsio"},
     "trainer": {"algorithms", "transport", "monitor", "types", "config", "fsio"},
     "launch": {"config", "auth", "fsio"},
     # evaluation plays episodes as the rollout does (engines, the model's format, the gateway) and starts env
     # services the way the local launcher does; it never imports the trainer
     "evaluation": {"rollout", "envs", "monitor", "launch", "transport", "types", "config", "auth", "fsio"},
     # what the jobs/bench_*.py entry points measure; the planner reads a run's TensorBoard scalars (monitor)
-    "bench": {"trainer", "monitor", "types", "config", "fsio"},
+    "bench": {"trainer", "algorithms", "monitor", "types", "config", "fsio"},
 }
 # third-party modules a subpackage must never import
 FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
