@@ -57,6 +57,11 @@ def _pids(run_dir: Path, module: str, *extra: str) -> list[int]:
     return sorted(out)
 
 
+def _shards_of(run_dir: Path, rank: int) -> list:
+    d = run_dir / "shards" / f"rollout-{rank}"
+    return ShardReader(d).available() if d.exists() else []
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("runs").resolve()
@@ -68,9 +73,11 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
         proc = subprocess.Popen(_command(root), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
         try:
             deadline = time.monotonic() + 400
-            while _steps_done(run_dir) < 1:
+            # after the first step, and once rank 1's first life has written a shard (under load rank 0 alone can
+            # fill the first step): the kill then always cuts a life that delivered something
+            while _steps_done(run_dir) < 1 or not _shards_of(run_dir, KILLED):
                 assert proc.poll() is None, f"the run ended (rc {proc.returncode}) before its first step"
-                assert time.monotonic() < deadline, "no step in 400 s"
+                assert time.monotonic() < deadline, "no step, or no shard of rank 1, in 400 s"
                 time.sleep(0.2)
             trainer = _pids(run_dir, "jobs.trainer")
             rank0 = _pids(run_dir, "jobs.rollout", "--rank", "0")
