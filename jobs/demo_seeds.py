@@ -1,15 +1,20 @@
-"""Run the demo over seeds and trainer thread counts and check that RL's gain holds on every one.
+"""Run the demo (or another preset) over seeds and trainer thread counts and check that RL's gain holds on every one.
 
     python -m jobs.demo_seeds                                   # seeds 0,1,2 x threads 1,2 (the README table)
     python -m jobs.demo_seeds --seeds 1 --threads 2 --min-gain 0.10 --min-sigmas 0     # what .ci/run checks
     python -m jobs.demo_seeds --seeds 0 --threads 2 --control   # also the control: warm start continued, no RL
     python -m jobs.demo_seeds --parallel 2                      # two runs at once (wall times then mean less)
+    python -m jobs.demo_seeds --preset smollm2-135m --seeds 0,1 --threads 2 --control all --gate-control \
+        --control-set trainer.sft_batch=32 \
+        --min-gain 0 --root runs/smollm2-seeds --out runs/bench/smollm2_seeds.json      # the real model (README)
 
-Each run is `python -m jobs.train --preset demo seed=S trainer.threads=T` in its own run dir
+Each run is `python -m jobs.train --preset P seed=S trainer.threads=T` in its own run dir
 (runs/demo-seeds/s<S>-t<T>/). The gate, per run and per task: the sampled held-out success after RL
 exceeds the warm start's by at least --min-gain (absolute) and by more than --min-sigmas standard errors.
-Prints a table and writes runs/bench/demo_seeds.json; exits 1 if any run or task misses the gate (a
-control run is reported, never gated: it is there to show the gain is RL's).
+Prints a table and writes runs/bench/demo_seeds.json; exits 1 if any run or task misses the gate. A control
+run (`trainer.update=sft`: the warm start continued for as many updates, no RL; --control for the first seed,
+--control all for each) is reported; with --gate-control each run's sampled success after RL must also exceed
+its seed's control's by more than --min-sigmas standard errors (binomial, over both evaluations' episodes).
 """
 from __future__ import annotations
 
@@ -23,11 +28,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from agentrl.bench.seeds import gate, table, versus_control
 
-def run_demo(root: Path, seed: int, threads: int, control: bool, extra: list[str]) -> dict[str, Any]:
+
+def run_demo(root: Path, seed: int, threads: int, control: bool, extra: list[str], preset: str = "demo",
+             control_extra: tuple[str, ...] = ()) -> dict[str, Any]:
     name = f"s{seed}-t{threads}" + ("-control" if control else "")
-    cmd = [sys.executable, "-m", "jobs.train", "--preset", "demo", "--name", name, "--fresh", f"run_root={root}",
-           f"seed={seed}", f"trainer.threads={threads}", *(["trainer.update=sft"] if control else []), *extra]
+    cmd = [sys.executable, "-m", "jobs.train", "--preset", preset, "--name", name, "--fresh", f"run_root={root}",
+           f"seed={seed}", f"trainer.threads={threads}", *extra,
+           *(["trainer.update=sft", *control_extra] if control else [])]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     wall = time.time() - t0
@@ -41,38 +50,9 @@ def run_demo(root: Path, seed: int, threads: int, control: bool, extra: list[str
     out["rl_steps"] = summary.get("rl_steps")
     out["sft_steps"] = summary.get("trainer", {}).get("sft_steps")
     keys = ("success_before_rl", "success_after_rl", "sampled_success_before_rl", "sampled_success_after_rl",
-            "sampled_gain", "sampled_gain_stderr")
+            "sampled_gain", "sampled_gain_stderr", "sampled_episodes")
     out["per_task"] = {task: {k: r.get(k) for k in keys} for task, r in summary["per_task"].items()}
     return out
-
-
-def gate(run: dict[str, Any], min_gain: float, min_sigmas: float) -> list[str]:
-    """Reasons this run misses the gate (empty: it passes)."""
-    if "error" in run:
-        return [f"{run['name']}: the run failed (rc {run['rc']})"]
-    misses = []
-    for task, r in run["per_task"].items():
-        gain, se = r["sampled_gain"], r["sampled_gain_stderr"]
-        if gain is None:
-            misses.append(f"{run['name']} {task}: no sampled evaluation")
-        elif gain < min_gain or gain <= min_sigmas * se:
-            misses.append(f"{run['name']} {task}: sampled gain {gain:+.3f} (se {se:.3f}) misses "
-                          f">= {min_gain} and > {min_sigmas} se")
-    return misses
-
-
-def table(runs: list[dict[str, Any]]) -> str:
-    lines = [f"{'run':<16} {'task':<8} {'greedy':>15} {'sampled':>15} {'gain':>7} {'se':>6} {'sft':>5} {'wall':>6}"]
-    for run in runs:
-        if "error" in run:
-            lines.append(f"{run['name']:<16} FAILED rc {run['rc']}")
-            continue
-        for task, r in run["per_task"].items():
-            lines.append(f"{run['name']:<16} {task:<8} {r['success_before_rl']:>6.3f} -> {r['success_after_rl']:.3f} "
-                         f"{r['sampled_success_before_rl']:>6.3f} -> {r['sampled_success_after_rl']:.3f} "
-                         f"{r['sampled_gain']:>+7.3f} {r['sampled_gain_stderr']:>6.3f} {run['sft_steps']!s:>5} "
-                         f"{run['wall_s']:>5.0f}s")
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,21 +61,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--min-gain", type=float, default=0.15)
     ap.add_argument("--min-sigmas", type=float, default=3.0)
-    ap.add_argument("--control", action="store_true",
-                    help="also run the control (trainer.update=sft) on the first seed")
+    ap.add_argument("--control", nargs="?", const="first", choices=("first", "all"),
+                    help="also run the control (trainer.update=sft): on the first seed, or on each (all)")
+    ap.add_argument("--gate-control", action="store_true",
+                    help="gate each run's sampled success after RL on its seed's control's, too")
+    ap.add_argument("--control-set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                    help="a setting for the control runs only (e.g. trainer.sft_batch=32: as many trajectories "
+                         "per update as an RL step's batch); repeatable")
+    ap.add_argument("--preset", default="demo", help="the preset every run trains (default: demo)")
     ap.add_argument("--parallel", type=int, default=1, help="runs at once")
     ap.add_argument("--root", type=Path, default=Path("runs/demo-seeds"))
     ap.add_argument("--out", type=Path, default=Path("runs/bench/demo_seeds.json"))
     ap.add_argument("overrides", nargs="*", help="extra section.field=value for every run")
     args = ap.parse_args(argv)
     combos = [(int(s), int(t), False) for s in args.seeds.split(",") for t in args.threads.split(",")]
-    if args.control:
+    if args.control == "first":
         combos.append((combos[0][0], combos[0][1], True))
+    elif args.control == "all":  # interleaved: each seed's RL run, then its control
+        combos = [c for rl in combos for c in (rl, (rl[0], rl[1], True))]
     root = args.root.resolve()
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
-        runs = list(pool.map(lambda c: run_demo(root, *c, args.overrides), combos))
-    print(table(runs))
+        runs = list(pool.map(lambda c: run_demo(root, *c, args.overrides, args.preset,
+                                                 tuple(args.control_set)), combos))
     misses = [m for run in runs if not run["control"] for m in gate(run, args.min_gain, args.min_sigmas)]
+    controls = {(run["seed"], run["threads"]): run for run in runs if run["control"]}
+    for run in runs:
+        control = controls.get((run["seed"], run["threads"]))
+        if not run["control"] and control is not None:
+            run["vs_control"], missed = versus_control(run, control, args.min_sigmas)
+            misses += missed if args.gate_control else []
+    print(table(runs))
     for m in misses:
         print("MISS", m)
     for run in runs:
@@ -104,9 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"min_gain": args.min_gain, "min_sigmas": args.min_sigmas, "runs": runs,
                                     "misses": misses}, indent=2))
-    gated = sum(len(run.get("per_task", {})) or 1 for run in runs if not run["control"])
+    gated = sum((len(run.get("per_task", {})) or 1) * (2 if args.gate_control and "vs_control" in run else 1)
+                for run in runs if not run["control"])
     print(f"wrote {args.out}")
-    print(f"demo: {gated - len(misses)} passed, {len(misses)} failed")  # one line per (run, task) gate
+    print(f"{args.preset}: {gated - len(misses)} passed, {len(misses)} failed")  # one line per (run, task) gate
     return 1 if misses else 0
 
 

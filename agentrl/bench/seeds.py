@@ -1,0 +1,59 @@
+"""The gates of `jobs.demo_seeds`: a run's sampled held-out success after RL against its own warm start, and
+against a control run of its seed (the warm start continued for as many updates, no RL). A run is the dict
+`jobs.demo_seeds` makes of one `jobs.train` run: name, seed, threads, control, wall_s, rc, sft_steps, and
+per_task (the keys of report/summary.json's per_task), or `error` when the run failed.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def gate(run: dict[str, Any], min_gain: float, min_sigmas: float) -> list[str]:
+    """Reasons this run misses the gate (empty: it passes)."""
+    if "error" in run:
+        return [f"{run['name']}: the run failed (rc {run['rc']})"]
+    misses = []
+    for task, r in run["per_task"].items():
+        gain, se = r["sampled_gain"], r["sampled_gain_stderr"]
+        if gain is None:
+            misses.append(f"{run['name']} {task}: no sampled evaluation")
+        elif gain < min_gain or gain <= min_sigmas * se:
+            misses.append(f"{run['name']} {task}: sampled gain {gain:+.3f} (se {se:.3f}) misses "
+                          f">= {min_gain} and > {min_sigmas} se")
+    return misses
+
+
+def versus_control(run: dict[str, Any], control: dict[str, Any], min_sigmas: float) -> tuple[dict[str, Any], list[str]]:
+    """Per task: RL's sampled success after the run minus the control's, its binomial standard error, and the
+    misses (not more than `min_sigmas` standard errors above the control)."""
+    out, misses = {}, []
+    if "error" in run or "error" in control:
+        return out, [f"{run['name']}: no comparison with {control['name']} (a run failed)"]
+    for task, r in run["per_task"].items():
+        c = control["per_task"].get(task)
+        if c is None or r.get("sampled_episodes") is None:
+            misses.append(f"{run['name']} {task}: no sampled evaluation to compare with the control")
+            continue
+        p, q = r["sampled_success_after_rl"], c["sampled_success_after_rl"]
+        se = math.sqrt(p * (1 - p) / max(r["sampled_episodes"], 1) + q * (1 - q) / max(c["sampled_episodes"], 1))
+        out[task] = {"diff": p - q, "se": se}
+        if p - q <= min_sigmas * se:
+            misses.append(f"{run['name']} {task}: after RL {p:.3f} vs control {q:.3f} ({p - q:+.3f}, se {se:.3f}) "
+                          f"misses > {min_sigmas} se")
+    return out, misses
+
+
+def table(runs: list[dict[str, Any]]) -> str:
+    lines = [f"{'run':<16} {'task':<8} {'greedy':>15} {'sampled':>15} {'gain':>7} {'se':>6} {'sft':>5} {'wall':>6}"]
+    for run in runs:
+        if "error" in run:
+            lines.append(f"{run['name']:<16} FAILED rc {run['rc']}")
+            continue
+        for task, r in run["per_task"].items():
+            lines.append(f"{run['name']:<16} {task:<8} {r['success_before_rl']:>6.3f} -> {r['success_after_rl']:.3f} "
+                         f"{r['sampled_success_before_rl']:>6.3f} -> {r['sampled_success_after_rl']:.3f} "
+                         f"{r['sampled_gain']:>+7.3f} {r['sampled_gain_stderr']:>6.3f} {run['sft_steps']!s:>5} "
+                         f"{run['wall_s']:>5.0f}s" + (f"  vs control {v['diff']:+.3f} ± {v['se']:.3f}"
+                                                      if (v := run.get("vs_control", {}).get(task)) else ""))
+    return "\n".join(lines)
