@@ -1,9 +1,9 @@
-"""Benchmark the env controller: N concurrent sessions of the `echo` task, through the controller and direct.
+r"""Benchmark the env controller: N concurrent sessions of the `echo` task, through the controller and direct.
 
 Locally (one controller process, --workers worker processes, this process as the client; 127.0.0.1):
     python -m jobs.bench_controller --sessions 10000 --workers 2 --out runs/bench/controller.json
 Under Slurm (one node; give it the cores the roles would have):
-    srun --ntasks=1 --cpus-per-task=8 python -m jobs.bench_controller --sessions 10000 --workers 4 \\
+    srun --ntasks=1 --cpus-per-task=8 python -m jobs.bench_controller --sessions 10000 --workers 4 \
         --out $RUN_DIR/bench/controller.json
 Through submitit: `executor.submit(main, ["--sessions", "10000", "--out", path])`.
 

@@ -1,4 +1,4 @@
-"""Run the demo (or another preset) over seeds and trainer thread counts and check that RL's gain holds on every one.
+r"""Run the demo (or another preset) over seeds and trainer thread counts and check that RL's gain holds on every one.
 
     python -m jobs.demo_seeds                                   # seeds 0,1,2 x threads 1,2 (the README table)
     python -m jobs.demo_seeds --seeds 1 --threads 2 --min-gain 0.10 --min-sigmas 0     # what .ci/run checks

@@ -1,4 +1,4 @@
-"""Evaluate a run's weights, a model directory or an OpenAI-compatible endpoint on the tasks' held-out split.
+r"""Evaluate a run's weights, a model directory or an OpenAI-compatible endpoint on the tasks' held-out split.
 
     python -m jobs.eval runs/demo                                  # its newest weights/v<N>, tasks from its config
     python -m jobs.eval runs/demo --version 12 --greedy            # v12, temperature 0, one run

@@ -1,4 +1,4 @@
-"""Export a run's policy as a Hugging Face model directory (config, generation config, tokenizer with its
+r"""Export a run's policy as a Hugging Face model directory (config, generation config, tokenizer with its
 chat template, safetensors in the model's dtype) that transformers, vLLM and vLLM's OpenAI server load.
 
     python -m jobs.export runs/demo exported/demo                 # the newest version there is
@@ -7,7 +7,7 @@ chat template, safetensors in the model's dtype) that transformers, vLLM and vLL
 
 Serve it (the parser `jobs.check_model` prints for the model):
 
-    python -m vllm.entrypoints.openai.api_server --model exported/demo --enable-auto-tool-choice \\
+    python -m vllm.entrypoints.openai.api_server --model exported/demo --enable-auto-tool-choice \
         --tool-call-parser hermes
 """
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""The pipeline planner (docs/planner.md): a discrete-event model of rollout ranks, engines, env calls and the
+r"""The pipeline planner (docs/planner.md): a discrete-event model of rollout ranks, engines, env calls and the
 trainer, calibrated from a run directory or fed with a cluster's rates. Pure Python, seconds on a laptop.
 
     python -m jobs.plan_pipeline --calibrate runs/bench/sync                 # fitted rates, model vs the run
     python -m jobs.plan_pipeline --check-bench runs/bench                    # both schedules vs bench_pipeline
     python -m jobs.plan_pipeline --predict runs/bench/async-s4-r1 \
         --fit runs/bench/async runs/bench/async-s8-r1                         # out of sample: engine curve from two
-    python -m jobs.plan_pipeline --preset agentbench-qwen2.5-14b \\
+    python -m jobs.plan_pipeline --preset agentbench-qwen2.5-14b \
         --engine-tokens-per-s 2500 --trainer-tokens-per-s-per-gpu 4000 --env-median-s 1.0 --totals 16,32,64
     python -m jobs.plan_pipeline --memory                                     # every preset's trainer per rank
     python -m jobs.plan_pipeline --memory agentbench-qwen2.5-7b --gpu-gib 40 --set trainer.micro_batch_tokens=32768

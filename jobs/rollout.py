@@ -1,10 +1,10 @@
-"""A rollout rank: episodes never wait for the trainer (except at the staleness bound), trajectories go to
+r"""A rollout rank: episodes never wait for the trainer (except at the staleness bound), trajectories go to
 shards/rollout-<rank>/ and over MPI, weights are swapped in flight (`agentrl.rollout.role`).
 
     python -m jobs.train --preset demo cluster.rollout.ranks=2            # starts the MPI world for you
-    mpiexec -n 1 python -m mpi4py -m jobs.trainer --run-dir R : \\
+    mpiexec -n 1 python -m mpi4py -m jobs.trainer --run-dir R : \
             -n 2 -env OMP_NUM_THREADS 2 python -m mpi4py -m jobs.rollout --run-dir R
-    srun --mpi=pmi2 --het-group=0 python -m mpi4py -m jobs.trainer --run-dir R : \\
+    srun --mpi=pmi2 --het-group=0 python -m mpi4py -m jobs.trainer --run-dir R : \
          --het-group=1 python -m mpi4py -m jobs.rollout --run-dir R
 
 The rollout rank is the MPI world rank minus T, the number of trainer ranks (cluster.trainer nodes x
