@@ -20,6 +20,7 @@ What it is not: no algorithm math (that is `agentrl.algorithms`) and no tensor/p
 """
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
@@ -29,6 +30,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+log = logging.getLogger("agentrl.trainer")
 
 PARALLEL_KINDS = ("none", "ddp", "fsdp2")
 MIXED_PRECISION = ("auto", "bf16", "fp32")
@@ -120,6 +123,14 @@ def close_distributed() -> None:
         dist.destroy_process_group()
 
 
+def cpu_has_fast_bf16() -> bool:
+    """Whether this CPU multiplies bf16 matrices natively (AVX512-BF16 or AMX), as oneDNN reports it."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def resolve_dtype(mixed_precision: str, device: torch.device) -> torch.dtype | None:
     """The autocast / FSDP2 compute dtype, or None for full float32.
 
@@ -130,6 +141,11 @@ def resolve_dtype(mixed_precision: str, device: torch.device) -> torch.dtype | N
     if mixed_precision not in MIXED_PRECISION:
         raise ValueError(f"mixed_precision must be one of {MIXED_PRECISION}, got {mixed_precision!r}")
     if mixed_precision == "bf16":
+        if device.type == "cpu" and not cpu_has_fast_bf16():
+            log.warning("trainer.mixed_precision=bf16 on a CPU without native bf16 (%s): its bf16 matrix products "
+                        "are emulated, tens of times slower than float32; trainer.mixed_precision=auto computes "
+                        "in float32 here (published weights keep the model's own dtype either way)",
+                        torch.backends.cpu.get_cpu_capability())
         return torch.bfloat16
     if mixed_precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.bfloat16

@@ -11,9 +11,9 @@ import pytest
 import torch
 import trainer_procs as procs_
 
-from agentrl.trainer import checkpoint
+from agentrl.trainer import checkpoint, parallel
 from agentrl.trainer.batch import collate
-from agentrl.trainer.parallel import DistEnv, Parallel, dist_env
+from agentrl.trainer.parallel import DistEnv, Parallel, dist_env, resolve_dtype
 from agentrl.trainer.step import rl_step
 
 
@@ -102,6 +102,24 @@ def test_fsdp2_checkpoint_restores_into_fresh_shards_and_into_one_rank(two_ranks
     for k, v in model.state_dict().items():
         assert torch.equal(v, first[k]), k
     assert all("momentum_buffer" in s for s in opt.state.values()) and len(opt.state) > 0
+
+
+def test_compute_dtype_and_the_warning_for_emulated_bf16(monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """auto is float32 on a CPU; bf16 asked on a CPU that only emulates it works but says what it costs."""
+    cpu = torch.device("cpu")
+    assert resolve_dtype("auto", cpu) is None and resolve_dtype("fp32", cpu) is None
+    monkeypatch.setattr(parallel, "cpu_has_fast_bf16", lambda: True)
+    with caplog.at_level("WARNING", logger="agentrl.trainer"):
+        assert resolve_dtype("bf16", cpu) is torch.bfloat16
+    assert not caplog.records
+    monkeypatch.setattr(parallel, "cpu_has_fast_bf16", lambda: False)
+    with caplog.at_level("WARNING", logger="agentrl.trainer"):
+        assert resolve_dtype("bf16", cpu) is torch.bfloat16
+    assert "without native bf16" in caplog.text and "trainer.mixed_precision=auto" in caplog.text
+    assert isinstance(parallel.cpu_has_fast_bf16(), bool)
+    with pytest.raises(ValueError, match="mixed_precision must be one of"):
+        resolve_dtype("fp16", cpu)
 
 
 def test_dist_env_reads_torchrun_and_slurm_variables() -> None:
