@@ -7,6 +7,7 @@ r"""Run the demo (or another preset) over seeds and trainer thread counts and ch
     python -m jobs.demo_seeds --preset smollm2-135m --seeds 0,1 --threads 2 --control all --gate-control \
         --control-set trainer.sft_batch=32 \
         --min-gain 0 --root runs/smollm2-seeds --out runs/bench/smollm2_seeds.json      # the real model (README)
+    python -m jobs.demo_seeds ... --reuse     # the same sweep again: finished runs are read, the rest run
 
 Each run is `python -m jobs.train --preset P seed=S trainer.threads=T` in its own run dir
 (runs/demo-seeds/s<S>-t<T>/). The gate, per run and per task: the sampled held-out success after RL
@@ -31,28 +32,43 @@ from typing import Any
 from agentrl.bench.seeds import gate, table, versus_control
 
 
+def run_name(seed: int, threads: int, control: bool) -> str:
+    return f"s{seed}-t{threads}" + ("-control" if control else "")
+
+
+def read_run(root: Path, seed: int, threads: int, control: bool) -> dict[str, Any] | None:
+    """A finished run's row from its report/summary.json (None: the run has no summary)."""
+    name = run_name(seed, threads, control)
+    path = root / name / "report" / "summary.json"
+    if not path.exists():
+        return None
+    summary = json.loads(path.read_text())
+    keys = ("success_before_rl", "success_after_rl", "sampled_success_before_rl", "sampled_success_after_rl",
+            "sampled_gain", "sampled_gain_stderr", "sampled_episodes")
+    return {"name": name, "seed": seed, "threads": threads, "control": control, "rc": 0,
+            "wall_s": round(float(summary.get("wall_s", 0.0)), 1), "rl_steps": summary.get("rl_steps"),
+            "sft_steps": summary.get("trainer", {}).get("sft_steps"),
+            "per_task": {task: {k: r.get(k) for k in keys} for task, r in summary["per_task"].items()}}
+
+
 def run_demo(root: Path, seed: int, threads: int, control: bool, extra: list[str], preset: str = "demo",
-             control_extra: tuple[str, ...] = ()) -> dict[str, Any]:
-    name = f"s{seed}-t{threads}" + ("-control" if control else "")
+             control_extra: tuple[str, ...] = (), reuse: bool = False) -> dict[str, Any]:
+    """One `jobs.train` run in root/<name> (--fresh), or with `reuse` the summary a finished one left there."""
+    name = run_name(seed, threads, control)
+    if reuse and (done := read_run(root, seed, threads, control)) is not None:
+        print(f"{name}: reusing its finished run in {root / name}", flush=True)
+        return done | {"reused": True}
     cmd = [sys.executable, "-m", "jobs.train", "--preset", preset, "--name", name, "--fresh", f"run_root={root}",
            f"seed={seed}", f"trainer.threads={threads}", *extra,
            *(["trainer.update=sft", *control_extra] if control else [])]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     wall = time.time() - t0
-    out: dict[str, Any] = {"name": name, "seed": seed, "threads": threads, "control": control, "wall_s": round(wall, 1),
-                           "rc": proc.returncode}
-    summary_path = root / name / "report" / "summary.json"
-    if proc.returncode != 0 or not summary_path.exists():
-        out["error"] = (proc.stdout[-1500:] + proc.stderr[-1500:]).strip()
-        return out
-    summary = json.loads(summary_path.read_text())
-    out["rl_steps"] = summary.get("rl_steps")
-    out["sft_steps"] = summary.get("trainer", {}).get("sft_steps")
-    keys = ("success_before_rl", "success_after_rl", "sampled_success_before_rl", "sampled_success_after_rl",
-            "sampled_gain", "sampled_gain_stderr", "sampled_episodes")
-    out["per_task"] = {task: {k: r.get(k) for k in keys} for task, r in summary["per_task"].items()}
-    return out
+    out = read_run(root, seed, threads, control) if proc.returncode == 0 else None
+    if out is None:
+        return {"name": name, "seed": seed, "threads": threads, "control": control, "wall_s": round(wall, 1),
+                "rc": proc.returncode, "error": (proc.stdout[-1500:] + proc.stderr[-1500:]).strip()}
+    return out | {"wall_s": round(wall, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="a setting for the control runs only (e.g. trainer.sft_batch=32: as many trajectories "
                          "per update as an RL step's batch); repeatable")
     ap.add_argument("--preset", default="demo", help="the preset every run trains (default: demo)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="a run whose run dir already holds a finished summary is read, not run again (a sweep "
+                         "stopped half-way goes on where it stopped)")
     ap.add_argument("--parallel", type=int, default=1, help="runs at once")
     ap.add_argument("--root", type=Path, default=Path("runs/demo-seeds"))
     ap.add_argument("--out", type=Path, default=Path("runs/bench/demo_seeds.json"))
@@ -82,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     root = args.root.resolve()
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
         runs = list(pool.map(lambda c: run_demo(root, *c, args.overrides, args.preset,
-                                                 tuple(args.control_set)), combos))
+                                                 tuple(args.control_set), args.reuse), combos))
     misses = [m for run in runs if not run["control"] for m in gate(run, args.min_gain, args.min_sigmas)]
     controls = {(run["seed"], run["threads"]): run for run in runs if run["control"]}
     for run in runs:
