@@ -83,3 +83,26 @@ def test_a_failed_attack_is_reported() -> None:
 
     results = play_attacks(Generous(), attacks_for("generous", LookupTask().tools()))
     assert [r.attack for r in results if not r.held] == ["forged_markers", "huge_text", "lone_surrogates"]
+
+
+def test_the_teardown_check_counts_only_the_cgroups_its_attacks_leave() -> None:
+    """A session cgroup that was on the host before the attacks (another worker's, or one a killed worker left)
+    is not theirs: a CI run killed mid-test once left one, and every later check blamed the os task for it."""
+    from agentrl.envs.checks.attacks.resources import os_resource_attacks
+    from agentrl.envs.sandbox import cgroup_support
+
+    support = cgroup_support()
+    if support.kind is None:
+        pytest.skip(f"this host makes no session cgroups: {support.reason}")
+    parent = next(iter(support.parents.values()))
+    stale, new = parent / f"agentrl-session-stale{os.getpid()}", parent / f"agentrl-session-new{os.getpid()}"
+    stale.mkdir()
+    try:
+        teardown = next(a for a in os_resource_attacks() if a.name == "os_directories_teardown")
+        assert teardown.after is not None and teardown.after(None) == ""
+        new.mkdir()
+        assert new.name in teardown.after(None) and stale.name not in teardown.after(None)
+    finally:
+        for d in (stale, new):
+            if d.exists():
+                d.rmdir()

@@ -200,21 +200,28 @@ DIRECTORIES = ("python3 -c \"import os\nfor i in range(600000): os.mkdir('/tmp/d
                "(sleep 300 &); echo done")
 
 
-def _cgroups_left(task: Any) -> str:
-    """"" when no session cgroup outlived its session (none empty is left, none waits for the reaper)."""
-    from agentrl.envs.sandbox import cgroup_support, cgroups
+def _session_cgroups() -> set[Path]:
+    """Every session cgroup directory on this host's cgroup parents (none where cgroups are not made)."""
+    from agentrl.envs.sandbox import cgroup_support
 
     support = cgroup_support()
     if support.kind is None:
-        return ""
+        return set()
+    return {d for parent in support.parents.values() for d in Path(parent).glob("agentrl-session-*")}
+
+
+def _cgroups_left(task: Any, before: frozenset[Path] = frozenset()) -> str:
+    """"" when no session cgroup outlived its session (none empty is left, none waits for the reaper). Those in
+    `before` were there before the attacks: another worker's on this host, or one whose worker was killed."""
+    from agentrl.envs.sandbox import cgroups
+
     left = []
-    for parent in support.parents.values():
-        for d in Path(parent).glob("agentrl-session-*"):
-            try:
-                if not (d / "cgroup.procs").read_text().split():
-                    left.append(d.name)
-            except OSError:
-                continue
+    for d in sorted(_session_cgroups() - before):
+        try:
+            if not (d / "cgroup.procs").read_text().split():
+                left.append(d.name)
+        except OSError:
+            continue
     pending = cgroups.pending()
     return (f"{len(left)} session cgroup(s) left behind ({', '.join(left[:3])}); {pending} waiting for the reaper"
             if left or pending else "")
@@ -222,13 +229,15 @@ def _cgroups_left(task: Any) -> str:
 
 def os_resource_attacks() -> list[Attack]:
     wrong = call("answer_action", {"answer": "this is not a number"}, "c9")
+    before = frozenset(_session_cgroups())  # not the attacks': only what they leave is theirs
     return [
         Attack("os_kernel_objects", "os", "inotify, fanotify, keys, pipes and message queues held by a background "
                "process while a new session and the worker look (issue 34, 6)",
                (call("bash_action", {"script": HOLDER}),), "train-0", probe=_kernel_probe),
         Attack("os_directories_teardown", "os", "600,000 directories and a sleeper left at the end: the session's "
                "cgroup must go with it (issue 34, 8)",
-               (call("bash_action", {"script": DIRECTORIES}), wrong), "train-0", after=_cgroups_left),
+               (call("bash_action", {"script": DIRECTORIES}), wrong), "train-0",
+               after=lambda task: _cgroups_left(task, before)),
     ]
 
 
