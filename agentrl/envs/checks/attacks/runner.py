@@ -3,8 +3,9 @@
 The worker is the one `jobs/env_worker.py` runs (its routes, thread pool, per-call deadline), served on
 127.0.0.1 by aiohttp's test server; the attacks are HTTP requests, as a policy's calls arrive. While an
 attack plays, a ticker on the event loop records how late it woke (the heartbeats run on that loop: a
-stall past the controller's `dead_after_s` gets the worker declared dead), the worker process's memory and
-the free space of the temporary directories' file systems (`Watch`).
+stall past the controller's `dead_after_s` gets the worker declared dead), the worker process's memory, and
+what the worker's processes do to the host's disk: the free space of the temporary directories' file systems
+beside what the process tree wrote and holds open (`Watch`, `disk`: free space alone counts the neighbours).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 
 from aiohttp.test_utils import TestClient, TestServer
 
+from agentrl.envs.checks.attacks import disk
 from agentrl.envs.checks.attacks.library import Attack
 from agentrl.envs.task import Task
 from agentrl.envs.worker import EnvWorker, create_worker_app
@@ -28,8 +30,8 @@ MAX_RSS_GROWTH = 256 << 20
 """The most the worker process's own memory may grow during an attack (its sessions' processes aside: they
 hold what their session takes, within their own bound)."""
 MAX_DISK_GROWTH = 512 << 20
-"""The most the temporary directories' file systems may fill during an attack (a session's database may
-hold 256 MB by default)."""
+"""The most the worker's processes may fill the host's disk during an attack, or grow the files they hold open
+(a session's database may hold 256 MB by default)."""
 
 
 @dataclass(frozen=True)
@@ -61,12 +63,17 @@ def default_index(task: Task) -> str:
 
 @dataclass
 class Watch:
-    """What the ticker saw during one attack: the event loop's lateness, the worker's memory, free disk."""
+    """What the ticker saw during one attack: the event loop's lateness, the worker's memory, the disk."""
 
+    disk_limit: int = MAX_DISK_GROWTH
     lags: list[float] = field(default_factory=list)
     rss: list[int] = field(default_factory=list)
     free: dict[int, list[int]] = field(default_factory=dict)
     """Free bytes per file system (by device) of the temporary directories."""
+    written: list[int] = field(default_factory=list)
+    """What the worker's process tree wrote to storage, net (`disk.written_bytes`); empty where unaccounted."""
+    held: list[int] = field(default_factory=list)
+    """The bytes of the files the worker's process tree holds open (`disk.held_bytes`)."""
 
     def sample(self) -> None:
         self.rss.append(_rss())
@@ -77,6 +84,10 @@ class Watch:
             except OSError:
                 continue
             self.free.setdefault(dev, []).append(st.f_bavail * st.f_frsize)
+        pids = disk.tree_pids()
+        if (written := disk.written_bytes(pids)) is not None:
+            self.written.append(written)
+        self.held.append(disk.held_bytes(pids))
 
     def problems(self) -> list[str]:
         out = []
@@ -84,9 +95,16 @@ class Watch:
             out.append(f"the event loop stalled {max(self.lags):.1f} s")
         if self.rss and max(self.rss) - self.rss[0] > MAX_RSS_GROWTH:
             out.append(f"the worker's memory grew by {(max(self.rss) - self.rss[0]) >> 20} MB")
-        for free in self.free.values():
-            if free and free[0] - min(free) > MAX_DISK_GROWTH:
-                out.append(f"{(free[0] - min(free)) >> 20} MB of the host's disk were filled")
+        filled = max((free[0] - min(free) for free in self.free.values() if free), default=0)
+        if not self.written and filled > self.disk_limit:  # no per-process accounting: free space is all there is
+            out.append(f"{filled >> 20} MB of the host's disk were filled (by whom is unknown: this kernel "
+                       "does not account I/O per process)")
+        elif self.written and min(filled, max(self.written) - self.written[0]) > self.disk_limit:
+            out.append(f"{filled >> 20} MB of the host's disk were filled while the worker's processes wrote "
+                       f"{(max(self.written) - self.written[0]) >> 20} MB")
+        if self.held and max(self.held) - self.held[0] > self.disk_limit:
+            grown = max(self.held) - self.held[0]
+            out.append(f"the files the worker's processes hold open grew by {grown >> 20} MB")
         return out
 
 
