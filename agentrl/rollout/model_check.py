@@ -87,7 +87,9 @@ def check(model_dir: str | Path, tasks: list[str], model: ModelConfig | None = N
 async def first_prompts(client: Any, fmt: ChatFormat, tasks: list[str] | tuple[str, ...], split: str = "train",
                         samples: int = 8) -> dict[str, list[int]]:
     """Per task, the first prompt's length in tokens for its first `samples` indices of `split` (each session
-    started, rendered in the model's format, cancelled); a task without that split is left out."""
+    started, rendered in the model's format, cancelled); a task without that split is left out, and so is a
+    sample that does not start (its episode is the evaluation's to retry, then count and report: AgentBench's
+    db dev-5 has a column named '', which MySQL and MariaDB refuse)."""
     out: dict[str, list[int]] = {}
     for task in tasks:
         try:
@@ -96,7 +98,11 @@ async def first_prompts(client: Any, fmt: ChatFormat, tasks: list[str] | tuple[s
             continue
         out[task] = []
         for index in indices[:samples]:
-            start = await client.start_sample(task, index)
+            try:
+                start = await client.start_sample(task, index)
+            except EnvError as e:
+                log.warning("%s %s does not start, left out of the prompt lengths: %s", task, index, e)
+                continue
             try:
                 out[task].append(len(fmt.prompt_ids(start.messages, start.tools)))
             finally:

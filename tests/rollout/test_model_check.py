@@ -73,3 +73,21 @@ def test_the_rollouts_check_and_preflight_refuse_a_length_the_prompts_cannot_fit
         preflight(cfg)
     assert preflight(load_config("smoke", [f"model.path={smol}", "model.chat_template=chatml-tools",
                                            "rollout.max_model_len=1024"])).parser.name == "hermes"
+
+
+def test_a_sample_that_does_not_start_is_left_out_of_the_prompt_lengths(smol) -> None:
+    """AgentBench's db dev-5 (a column named '') does not start on MariaDB: the evaluation's check of the first
+    prompts measures the others instead of ending the evaluation before it began."""
+    from agentrl.envs.task import EnvError
+
+    class OneBroken(InProcessClient):
+        async def start_sample(self, task: str, index: str):
+            if str(index) == self.broken:
+                raise EnvError("env_error", f"task {task} failed to start {index!r}: ProgrammingError")
+            return await super().start_sample(task, index)
+
+    fmt = ChatFormat.load(smol, chat_template="chatml-tools")
+    client = OneBroken({"lookup": get_task("lookup")})
+    client.broken = str(asyncio.run(client.indices("lookup", "train"))[1])
+    lengths = asyncio.run(first_prompts(client, fmt, ["lookup"], samples=4))
+    assert len(lengths["lookup"]) == 3
