@@ -2,16 +2,22 @@
 
 Each role's output goes to run_dir/logs/<role>.log. `watch` follows those logs, echoes agentrl's own
 progress lines, and returns when the roles that define the run's end have exited (or one has failed).
+Roles run in sessions of their own (a role is stopped with everything it started), so nothing ends them when
+the launching process ends: every launcher's live roles are stopped when this interpreter exits, however it
+was unwound (a SIGTERM turned into SystemExit inside an event loop skipped the `finally` that stops them in
+`jobs.eval` and left an env worker and its MariaDB server running).
 Standard library only: like the rest of `launch`, it runs without torch or vLLM.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,11 +36,15 @@ class Role:
     restarts: int = 0
 
 
-@dataclass
+@dataclass(eq=False)  # compared (and held in _LAUNCHERS) by identity
 class LocalLauncher:
     run_dir: Path
     python: str = sys.executable
     roles: dict[str, Role] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._owner = os.getpid()  # a forked child that exits normally must not stop its parent's roles
+        _LAUNCHERS.add(self)
 
     def start(self, name: str, module: str, *args: str, env: dict[str, str] | None = None) -> Role:
         command = [self.python, "-m", module, "--run-dir", str(self.run_dir), *args]
@@ -132,6 +142,17 @@ class LocalLauncher:
                 r.proc.wait()
         for r in self.roles.values():
             _signal_group(r.proc, signal.SIGKILL)  # whatever is left in the groups
+
+
+_LAUNCHERS: weakref.WeakSet[LocalLauncher] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_launched_roles() -> None:
+    """Stop what any launcher of this process left running (a no-op after its own `stop_all`)."""
+    for launcher in list(_LAUNCHERS):
+        if launcher._owner == os.getpid() and any(r.proc.poll() is None for r in launcher.roles.values()):
+            launcher.stop_all(grace_s=5.0)
 
 
 def start_services(launcher: LocalLauncher, workers: int, build_model: bool,

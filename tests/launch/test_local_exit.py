@@ -1,0 +1,55 @@
+"""A launching process that ends without reaching its own `stop_all` still stops its roles: they run in
+sessions of their own, and `jobs.eval` killed by SIGTERM (a SystemExit inside its event loop skipped the
+`finally` that stops them) left an env worker and its MariaDB server running."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+LAUNCH = """
+import signal, sys, time
+from pathlib import Path
+from agentrl.launch.local import LocalLauncher
+
+def stop(signum, frame):
+    raise SystemExit(128 + signum)
+
+signal.signal(signal.SIGTERM, stop)
+launcher = LocalLauncher(Path(sys.argv[1]))
+role = launcher.start_command("sleeper", ["sh", "-c", "sleep 300 & sleep 300"])
+print(role.proc.pid, flush=True)
+time.sleep(300)
+"""
+
+
+def _alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def test_roles_are_stopped_when_the_launcher_is_terminated(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCH, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    pgid = int(proc.stdout.readline())
+    try:
+        time.sleep(0.5)
+        assert _alive(pgid)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 10
+        while _alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pgid), "the role's group outlived its launcher"
+    finally:
+        if _alive(pgid):
+            os.killpg(pgid, signal.SIGKILL)
+        proc.kill()
