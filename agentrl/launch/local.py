@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +35,7 @@ class Role:
     restarts: int = 0
 
 
-@dataclass(eq=False)  # compared (and held in _LAUNCHERS) by identity
+@dataclass(eq=False)  # compared by identity
 class LocalLauncher:
     run_dir: Path
     python: str = sys.executable
@@ -44,7 +43,7 @@ class LocalLauncher:
 
     def __post_init__(self) -> None:
         self._owner = os.getpid()  # a forked child that exits normally must not stop its parent's roles
-        _LAUNCHERS.add(self)
+        _LAUNCHERS.append(self)
 
     def start(self, name: str, module: str, *args: str, env: dict[str, str] | None = None) -> Role:
         command = [self.python, "-m", module, "--run-dir", str(self.run_dir), *args]
@@ -144,13 +143,15 @@ class LocalLauncher:
             _signal_group(r.proc, signal.SIGKILL)  # whatever is left in the groups
 
 
-_LAUNCHERS: weakref.WeakSet[LocalLauncher] = weakref.WeakSet()
+_LAUNCHERS: list[LocalLauncher] = []
+"""Every launcher made in this process, held until it exits: a launcher whose owner's frame was torn down (the
+coroutine collected as it was in `jobs.eval`) must still be found here."""
 
 
 @atexit.register
 def _stop_launched_roles() -> None:
     """Stop what any launcher of this process left running (a no-op after its own `stop_all`)."""
-    for launcher in list(_LAUNCHERS):
+    for launcher in _LAUNCHERS:
         if launcher._owner == os.getpid() and any(r.proc.poll() is None for r in launcher.roles.values()):
             launcher.stop_all(grace_s=5.0)
 

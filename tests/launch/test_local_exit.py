@@ -21,9 +21,11 @@ def stop(signum, frame):
     raise SystemExit(128 + signum)
 
 signal.signal(signal.SIGTERM, stop)
-launcher = LocalLauncher(Path(sys.argv[1]))
-role = launcher.start_command("sleeper", ["sh", "-c", "sleep 300 & sleep 300"])
-print(role.proc.pid, flush=True)
+def start():  # the launcher is nobody's once this returns, as in a coroutine torn down mid-flight
+    launcher = LocalLauncher(Path(sys.argv[1]))
+    return launcher.start_command("sleeper", ["sh", "-c", "sleep 300 & sleep 300"]).proc.pid
+
+print(start(), flush=True)
 time.sleep(300)
 """
 
