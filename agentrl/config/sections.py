@@ -199,6 +199,11 @@ class TrainerConfig:
     """Warm-start learning rate; tuned for the tiny model from scratch, 1e-5 for a pretrained `model.path` that
     sets none (`PRETRAINED_DEFAULTS`)."""
     sft_batch: int = 32
+    """Demonstrations per warm-start step."""
+    control_batch: int = 0
+    """Demonstrations per step of the control run (`update=sft`) after its warm start; 0: `sft_batch`. Set it to
+    the RL step's episodes (prompts_per_step × samples_per_prompt) for a control that imitates as many
+    trajectories per step as RL trains on, from the same warm start as the RL run."""
     sft_warmup_steps: int = 10
     """Warm-start learning rate: linear warm-up over this many steps, then constant (0 or 1: constant from the
     first step). 10 suits the tiny model's long warm start; a few steps on a pretrained model want none."""
@@ -263,6 +268,7 @@ class TrainerConfig:
         _check(self.sft_holdout >= 1, f"{p}.sft_holdout", "must be >= 1")
         _check(self.warmup_steps >= 0, f"{p}.warmup_steps", "must be >= 0")
         _check(self.freeze_layers >= 0, f"{p}.freeze_layers", "must be >= 0 (0: train every layer)")
+        _check(self.control_batch >= 0, f"{p}.control_batch", "must be >= 0 (0: sft_batch)")
         _check(self.sft_warmup_steps >= 0, f"{p}.sft_warmup_steps", "must be >= 0")
         _check(self.checkpoint_every >= 0, f"{p}.checkpoint_every", "must be >= 0 (0: never)")
         _check(self.keep_checkpoints >= 1, f"{p}.keep_checkpoints", "must be >= 1")

@@ -137,7 +137,7 @@ class Learner:
         batch, or none when nothing was usable ({})."""
         if self.control:
             assert self.warm is not None
-            return self.warm.step()
+            return self.warm.step(self.t.control_batch)
         if not usable:
             return {}
         self.model.train()

@@ -98,8 +98,9 @@ class WarmStart:
         self.rng = random.Random(seed)  # the same draws on every rank: each runs its share of the same batch
         self.done = 0
 
-    def step(self) -> dict[str, float]:
-        picked = self.rng.sample(self.train, min(self.t.sft_batch, len(self.train)))
+    def step(self, batch: int = 0) -> dict[str, float]:
+        """One update on `batch` demonstrations drawn without replacement (0: `sft_batch`)."""
+        picked = self.rng.sample(self.train, min(batch or self.t.sft_batch, len(self.train)))
         batch = collate(picked, [0.0] * len(picked), self.pad_id)
         self.model.train()
         stats = sft_step(self.model, self.opt, batch, self.t, self.par)

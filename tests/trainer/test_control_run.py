@@ -31,3 +31,39 @@ def test_a_resumed_control_run_is_refused(resumed_control_run, schedule: str) ->
     with pytest.raises(ValueError, match=r"trainer.update=sft \(the control run\) .* not a resumed one \(found "):
         role.run(run_dir, model_dir, cfg, NullMonitor(),
                  channel_factory=lambda version: pytest.fail("a refused run opens no channel"))
+
+
+def _demos(n: int) -> list:
+    from agentrl.types import Status, TrajectoryBuilder
+
+    out = []
+    for i in range(n):
+        b = TrajectoryBuilder()
+        b.add_context([1, 2, 3])
+        b.add_action([4, 5], [-0.1, -0.2], 0, 0)
+        out.append(b.build(traj_id=f"d{i}", task="lookup", index=str(i), group_id=f"g{i}", reward=1.0,
+                           status=Status.COMPLETED, num_turns=1, metrics={"success": 1.0}))
+    return out
+
+
+def test_the_control_runs_steps_take_control_batch_demonstrations_and_the_warm_start_sft_batch(monkeypatch) -> None:
+    """A control that matches the RL step's batch must not also get a bigger warm start than the RL run it is
+    compared with: `control_batch` sizes only the steps after the warm start."""
+    import torch
+
+    from agentrl.config import TrainerConfig
+    from agentrl.trainer import learner, warm_start
+
+    sizes: list[int] = []
+    monkeypatch.setattr(warm_start, "collate", lambda picked, rewards, pad: sizes.append(len(picked)) or picked)
+    monkeypatch.setattr(warm_start, "sft_step", lambda model, opt, batch, t, par: {"sft_loss": 0.0, "sft_token_acc": 1.0})
+    t = TrainerConfig(sft_steps=2, sft_batch=4, control_batch=8, update="sft", sft_warmup_steps=0)
+    warm = warm_start.WarmStart(torch.nn.Linear(2, 2), _demos(20), t, 0, 0)
+    warm.run(NullMonitor())
+    assert sizes == [4, 4]
+    control = type("Control", (), {"control": True, "warm": warm, "t": t})()
+    learner.Learner.update(control, [], [])
+    assert sizes == [4, 4, 8]
+    learner.Learner.update(type("Control", (), {"control": True, "warm": warm, "t": TrainerConfig(sft_batch=4)})(),
+                           [], [])
+    assert sizes == [4, 4, 8, 4]  # control_batch 0: sft_batch
