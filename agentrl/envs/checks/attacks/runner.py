@@ -96,12 +96,13 @@ class Watch:
         if self.rss and max(self.rss) - self.rss[0] > MAX_RSS_GROWTH:
             out.append(f"the worker's memory grew by {(max(self.rss) - self.rss[0]) >> 20} MB")
         filled = max((free[0] - min(free) for free in self.free.values() if free), default=0)
+        wrote = max(self.written) - self.written[0] if self.written else 0
         if not self.written and filled > self.disk_limit:  # no per-process accounting: free space is all there is
             out.append(f"{filled >> 20} MB of the host's disk were filled (by whom is unknown: this kernel "
                        "does not account I/O per process)")
-        elif self.written and min(filled, max(self.written) - self.written[0]) > self.disk_limit:
+        elif self.written and min(filled, wrote) > self.disk_limit:
             out.append(f"{filled >> 20} MB of the host's disk were filled while the worker's processes wrote "
-                       f"{(max(self.written) - self.written[0]) >> 20} MB")
+                       f"{wrote >> 20} MB")
         if self.held and max(self.held) - self.held[0] > self.disk_limit:
             grown = max(self.held) - self.held[0]
             out.append(f"the files the worker's processes hold open grew by {grown >> 20} MB")
