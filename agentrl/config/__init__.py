@@ -31,11 +31,13 @@ from agentrl.config.load import (
     to_dict,
 )
 from agentrl.config.model import (
+    OWN_TOOLS,
     TEMPLATES_DIR,
     ModelConfig,
     chat_template_file,
     chat_template_names,
     chat_template_text,
+    own_tools,
 )
 from agentrl.config.run import PipelineShape, RunConfig
 from agentrl.config.sections import (
@@ -49,9 +51,9 @@ from agentrl.config.sections import (
 )
 
 __all__ = [
-    "PRESETS_DIR", "PRETRAINED_DEFAULTS", "SCRATCH_TUNED", "TEMPLATES_DIR", "AlgoConfig", "ClusterConfig",
+    "OWN_TOOLS", "PRESETS_DIR", "PRETRAINED_DEFAULTS", "SCRATCH_TUNED", "TEMPLATES_DIR", "AlgoConfig", "ClusterConfig",
     "ConfigError", "ControllerConfig", "EnvTopology", "EnvsConfig", "ModelConfig", "MonitorConfig", "PipelineShape",
     "RolloutConfig", "RolloutTopology", "RunConfig", "Scalar", "SlurmGroupConfig", "TrainerConfig", "TrainerTopology",
     "TransportConfig", "chat_template_file", "chat_template_names", "chat_template_text", "config_from_dict",
-    "dump_config", "load_config", "parse_override", "slurm_seconds", "to_dict",
+    "dump_config", "load_config", "own_tools", "parse_override", "slurm_seconds", "to_dict",
 ]

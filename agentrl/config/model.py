@@ -40,9 +40,10 @@ class ModelConfig:
     chat_template: str = ""
     """Replaces the model directory's chat template wherever prompts are rendered (rollout, evaluation,
     jobs.check_model) and in every published or exported directory. One of agentrl's tool-capable templates by
-    name (`TEMPLATES_DIR`: chatml-tools, gemma-tools, phi3-tools), a template file (.jinja), or a model
-    directory or tokenizer_config.json whose template to use. Empty: the directory's own. A template that lays
-    out no tools fails at load, naming the template that fits the model's turns."""
+    name (`TEMPLATES_DIR`: chatml-tools, gemma-tools, phi3-tools; own-tools: the model's own template, given
+    tools, for any family whose template renders system, user and assistant turns), a template file (.jinja),
+    or a model directory or tokenizer_config.json whose template to use. Empty: the directory's own. A template
+    that lays out no tools fails at load, naming the template that fits the model's turns."""
 
     def validate(self, p: str) -> None:
         _check(bool(self.tool_parser.strip()), f"{p}.tool_parser", "must name a vLLM tool parser or be auto")
@@ -87,9 +88,19 @@ def chat_template_file(spec: str) -> Path:
                             "nor a template file or model directory")
 
 
-def chat_template_text(spec: str) -> str:
+OWN_TOOLS = "own-tools"
+"""The template name that wraps the model's own template (`own-tools.jinja` rewrites the messages before it)."""
+
+
+def chat_template_text(spec: str, model_dir: str | Path | None = None) -> str:
     """The template `model.chat_template` names, as text (a tokenizer_config.json's `chat_template`: the string,
-    or of a list of named templates the `tool_use` one, else `default`)."""
+    or of a list of named templates the `tool_use` one, else `default`). own-tools needs `model_dir`: its own
+    template follows our rewriting of the messages (a directory published with it already has it, kept as is)."""
+    if spec == OWN_TOOLS:
+        if model_dir is None:
+            raise ValueError(f"model.chat_template={OWN_TOOLS} wraps the model directory's own template: no "
+                             "directory was given")
+        return own_tools(chat_template_text(str(model_dir)))
     path = chat_template_file(spec)
     if path.suffix != ".json":
         return path.read_text()
@@ -100,3 +111,10 @@ def chat_template_text(spec: str) -> str:
     if not isinstance(value, str) or not value:
         raise FileNotFoundError(f"{path} has no chat_template")
     return value
+
+
+def own_tools(template: str) -> str:
+    """`template` given tools: own-tools.jinja's rewriting of the messages, then `template` (unchanged when it
+    already is one)."""
+    prefix = (TEMPLATES_DIR / f"{OWN_TOOLS}.jinja").read_text().rstrip("\n")
+    return template if template.startswith(prefix) else prefix + template

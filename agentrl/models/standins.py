@@ -170,10 +170,11 @@ TOOLLESS: dict[str, Family] = {
     "phi3": Family("phi3", "Phi3Config", ("<s>", "<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"),
                    "<|endoftext|>", ("<|endoftext|>", "<|end|>"), PHI3_TEMPLATE, "hermes", "phi3-tools"),
     "zephyr": Family("zephyr", "LlamaConfig", ("<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"), "</s>",
-                     ("</s>",), ZEPHYR_TEMPLATE, "hermes"),
+                     ("</s>",), ZEPHYR_TEMPLATE, "hermes", "own-tools"),
 }
 """Stand-ins of families whose own template ignores tools: `ChatFormat` refuses them until `model.chat_template`
-names a template that lays tools out (`fix`)."""
+names a template that lays tools out (`fix`: one of ours for the family's turn tokens, or own-tools, which gives
+the family's own template the tools)."""
 
 _CORPUS = [
     'What is the code of item bako? {"name": "lookup", "arguments": {"name": "bako", "field": "code"}}',

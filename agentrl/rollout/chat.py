@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentrl.config import chat_template_names, chat_template_text
+from agentrl.config import OWN_TOOLS, chat_template_names, chat_template_text, own_tools
 from agentrl.envs.json_args import clean_text
 from agentrl.rollout.env_text import PlainText, Span, encode_spans, render_located
 from agentrl.rollout.template_probe import choose_parser, probe, suggest_template
@@ -76,16 +76,32 @@ def model_stop_ids(tokenizer: Any, model_dir: str | Path | None, extra: tuple[st
     return out
 
 
-def template_error(source: str, problems: list[str], vocab: dict[str, int], template: str) -> str:
-    """Why the chat template of `source` cannot run a tool-using task, and what to set instead."""
+def template_error(source: str, problems: list[str], vocab: dict[str, int], template: str,
+                   own_fits: bool = False) -> str:
+    """Why the chat template of `source` cannot run a tool-using task, and what to set instead (`own_fits`: the
+    template passes the probe once own-tools rewrites the messages before it)."""
     fits = suggest_template(vocab, template)
     fix = (f"Set model.chat_template={fits[0]} (agentrl's tool-capable template for {', '.join(fits[1])} turns, "
            "which this model has)" if fits else
+           f"Set model.chat_template={OWN_TOOLS} (the model's own turns: the tools, calls and results written into "
+           "the system, assistant and user messages its template renders)" if own_fits else
            "Set model.chat_template to a template that lays out `tools`, writes `tool_calls` and shows `tool` "
            "results: a .jinja file or a model directory whose template does (agentrl's own, for other families' "
            f"turns: {', '.join(chat_template_names())}; docs/models.md says what a template needs)")
     return (f"model.chat_template: the chat template of {source} cannot run a tool-using task: {'; '.join(problems)}. "
             f"{fix}. jobs.train, jobs.eval and jobs.check_model all take model.chat_template=...")
+
+
+def _own_tools_fit(tokenizer: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether the tokenizer's template, given tools by own-tools, passes the probe."""
+    wrapped = own_tools(str(tokenizer.chat_template))
+
+    def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, gen: bool) -> str:
+        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=gen,
+                                             chat_template=wrapped, **kwargs)
+
+    features = probe(render)
+    return not features.problems() and features.call_text is not None
 
 
 @dataclass
@@ -116,7 +132,7 @@ class ChatFormat:
 
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         if chat_template:
-            tokenizer.chat_template = chat_template_text(chat_template)
+            tokenizer.chat_template = chat_template_text(chat_template, model_dir)
         cfg_file = Path(model_dir) / "config.json"
         model_type = json.loads(cfg_file.read_text()).get("model_type", "") if cfg_file.exists() else ""
         source = f"{model_dir}" + (f" with model.chat_template={chat_template}" if chat_template else "")
@@ -146,7 +162,7 @@ class ChatFormat:
         features = probe(render)
         problems = features.problems()
         if problems or features.call_text is None:
-            raise ValueError(template_error(source, problems, vocab, str(template)))
+            raise ValueError(template_error(source, problems, vocab, str(template), _own_tools_fit(tokenizer, kwargs)))
         parser, note = choose_parser(tool_parser, tokenizer, model_type, features.call_text)
         log.info("%s: tool parser %s", source, note)
         stops = stop_ids if stop_ids is not None else model_stop_ids(tokenizer, None)

@@ -25,8 +25,8 @@ def base_model(run_dir: Path) -> tuple[Path, str | None]:
     from agentrl.config import chat_template_text, load_config
 
     cfg = load_config(str(run_dir / "config.yaml"))
-    template = chat_template_text(cfg.model.chat_template) if cfg.model.chat_template else None
-    return (Path(cfg.model.path) if cfg.model.path else run_dir / "model"), template
+    base = Path(cfg.model.path) if cfg.model.path else run_dir / "model"
+    return base, chat_template_text(cfg.model.chat_template, base) if cfg.model.chat_template else None
 
 
 def available(run_dir: Path) -> tuple[list[int], dict[int, Path]]:

@@ -86,7 +86,8 @@ class Learner:
         self.run_dir, self.model_dir, self.t, self.algo = run_dir, model_dir, t, cfg.algo
         self.temperature = cfg.rollout.temperature
         """The sampler's temperature: the update's log-probs divide the logits by it, as the engine did."""
-        self.chat_template = chat_template_text(cfg.model.chat_template) if cfg.model.chat_template else None
+        self.chat_template = (chat_template_text(cfg.model.chat_template, model_dir) if cfg.model.chat_template
+                              else None)
         """The run's `model.chat_template`, which every published directory carries instead of the base's."""
         self.par = par = par or Parallel()
         seed = cfg.seed + t.seed

@@ -3,7 +3,8 @@
 takes the parser that reads the template's own call back, whatever the model type says.
 
 Tool-less stand-ins (agentrl.models.standins.TOOLLESS): SmolLM2-like ChatML on a Llama architecture, Gemma-like
-turns that also refuse a system message, Phi-3-like turns, and Zephyr-like turns agentrl has no template for."""
+turns that also refuse a system message, Phi-3-like turns, and Zephyr-like turns agentrl has no template for
+(own-tools: their own template, given the tools)."""
 from __future__ import annotations
 
 import json
@@ -49,8 +50,13 @@ def test_with_our_template_every_task_round_trips_through_the_families_turns(too
 
 
 def test_a_family_we_have_no_template_for_gets_a_generic_fix_and_takes_a_users_file(toolless, tmp_path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(toolless["zephyr"]))  # Zephyr turns that refuse a system message too
+    tok.chat_template = ("{%- if messages[0]['role'] == 'system' -%}{{ raise_exception('System role not supported') }}"
+                         "{%- endif -%}" + tok.chat_template)
     with pytest.raises(ValueError, match="a .jinja file or a model directory") as e:
-        ChatFormat.load(toolless["zephyr"])
+        ChatFormat.of(tok)
     assert all(name in str(e.value) for name in chat_template_names())
     # the user's own template for Zephyr turns: ChatML's structure with the family's tokens
     text = chat_template_text("chatml-tools").replace("<|im_start|>", "<|").replace("<|im_end|>", "</s>")
@@ -103,7 +109,35 @@ def test_the_probe_sees_tools_calls_and_results(toolless) -> None:
 def test_model_chat_template_is_checked_at_config_load(tmp_path) -> None:
     assert load_config(None, ["model.chat_template=chatml-tools"]).model.chat_template == "chatml-tools"
     with pytest.raises(ConfigError, match="model.chat_template: 'nope' is neither one of agentrl's templates "
-                                          r"\(chatml-tools, gemma-tools, phi3-tools\)"):
+                                          r"\(chatml-tools, gemma-tools, own-tools, phi3-tools\)"):
         load_config(None, ["model.chat_template=nope"])
     with pytest.raises(ConfigError, match="model.chat_template: .* holds neither chat_template.jinja"):
         load_config(None, [f"model.chat_template={tmp_path}"])
+
+
+def test_own_tools_gives_a_familys_own_turns_the_tools_calls_and_results(toolless, tmp_path) -> None:
+    import shutil
+
+    from agentrl.rollout.template_probe import PROBE_TOOL
+
+    fmt = ChatFormat.load(toolless["zephyr"], chat_template="own-tools")
+    call = {"id": "c0", "type": "function", "function": {"name": "probe_lookup", "arguments": {"word": "x"}}}
+    chat = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Look it up."},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c0", "content": "a"}, {"role": "tool", "tool_call_id": "c0", "content": "b"}]
+    text = fmt.render(chat, [PROBE_TOOL], True)
+    assert text.startswith("<|system|>\nYou are an agent.\n\n# Tools\n\nYou can call the functions below.")
+    assert '"name": "probe_lookup"' in text.split("</s>")[0]  # the schema, inside the family's system turn
+    assert '<|assistant|>\n<tool_call>\n{"name": "probe_lookup", "arguments": {"word": "x"}}\n</tool_call></s>\n' in text
+    assert text.endswith("<|user|>\n<tool_response>\na\n</tool_response>\n<tool_response>\nb\n</tool_response></s>\n"
+                         "<|assistant|>\n")  # one run of results: one user turn
+    no_system = fmt.render(chat[1:2], [PROBE_TOOL], True)
+    assert no_system.startswith("<|user|>\n# Tools\n") and "\n\nLook it up.</s>" in no_system
+    assert fmt.render(chat[:2], None, True) == "<|system|>\nYou are an agent.</s>\n<|user|>\nLook it up.</s>\n<|assistant|>\n"
+    # a directory published with it (chat_template.jinja holds the wrapped template) is not wrapped twice
+    wrapped = chat_template_text("own-tools", toolless["zephyr"])
+    published = shutil.copytree(toolless["zephyr"], tmp_path / "published")
+    (published / "chat_template.jinja").write_text(wrapped)
+    assert chat_template_text("own-tools", published) == wrapped
+    with pytest.raises(ValueError, match="own-tools wraps the model directory's own template"):
+        chat_template_text("own-tools")

@@ -66,6 +66,21 @@ def test_published_and_exported_directories_carry_the_runs_template(smol, tmp_pa
     assert base == smol and template == ours
 
 
+def test_own_tools_is_resolved_against_the_base_and_published_once(smol, tmp_path) -> None:
+    """model.chat_template=own-tools: the run's template is the base directory's own, given tools; a published
+    version carries it, and reading it back from there does not wrap it again."""
+    from transformers import AutoTokenizer
+
+    run = tmp_path / "run"
+    run.mkdir()
+    dump_config(load_config("smoke", [f"model.path={smol}", "model.chat_template=own-tools"]), run / "config.yaml")
+    base, template = export.base_model(run)
+    assert base == smol and template == chat_template_text("own-tools", smol)
+    assert template.endswith(AutoTokenizer.from_pretrained(str(smol)).chat_template)
+    v = weights_io.publish(run, 1, load_model(smol, 1).state_dict(), base=smol, chat_template=template)
+    assert AutoTokenizer.from_pretrained(str(v)).chat_template == template == chat_template_text("own-tools", v)
+
+
 def test_freeze_layers_leaves_the_embedding_and_the_lower_layers_out_of_the_backward_pass(smol) -> None:
     model = load_model(smol, 1)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
