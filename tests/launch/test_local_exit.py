@@ -8,7 +8,11 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from agentrl.launch.reaper import alive, listed
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,76 +34,58 @@ time.sleep(300)
 """
 
 
-def _alive(pgid: int) -> bool:
+@contextmanager
+def launched(tmp_path: Path, script: str = LAUNCH) -> Iterator[tuple[subprocess.Popen, list[int]]]:
+    """A launcher process running `script` with a live role: (the process, the ids it printed: the role's group
+    first). Whatever is left is killed afterwards."""
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None
+    ids = [int(proc.stdout.readline()) for _ in range(script.count("flush=True"))]
     try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
+        yield proc, ids
+    finally:
+        if alive(ids[0]):
+            os.killpg(ids[0], signal.SIGKILL)
+        proc.kill()
+        for pid in ids[1:]:
+            os.kill(pid, signal.SIGKILL)
+
+
+def gone(pgid: int, timeout_s: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not alive(pgid)
 
 
 def test_roles_are_stopped_when_the_launcher_is_terminated(tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", LAUNCH, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    pgid = int(proc.stdout.readline())
-    try:
+    with launched(tmp_path) as (proc, (pgid,)):
         time.sleep(0.5)
-        assert _alive(pgid)
+        assert alive(pgid)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 128 + signal.SIGTERM
-        deadline = time.monotonic() + 10
-        while _alive(pgid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not _alive(pgid), "the role's group outlived its launcher"
-    finally:
-        if _alive(pgid):
-            os.killpg(pgid, signal.SIGKILL)
-        proc.kill()
-
-
-def _wait_gone(pgid: int, timeout_s: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while _alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return not _alive(pgid)
+        assert gone(pgid, 10), "the role's group outlived its launcher"
 
 
 def test_roles_are_stopped_when_the_launcher_is_killed_outright(tmp_path: Path) -> None:
     """SIGKILL runs no exit hook: the launcher's reaper sees the pipe close and stops the role's whole group."""
-    proc = subprocess.Popen([sys.executable, "-c", LAUNCH, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    pgid = int(proc.stdout.readline())
-    try:
+    with launched(tmp_path) as (proc, (pgid,)):
         time.sleep(0.5)
-        assert _alive(pgid)
+        assert alive(pgid)
         proc.kill()
         assert proc.wait(timeout=30) == -signal.SIGKILL
-        assert _wait_gone(pgid), "the role's group outlived its SIGKILLed launcher"
-    finally:
-        if _alive(pgid):
-            os.killpg(pgid, signal.SIGKILL)
-        proc.kill()
+        assert gone(pgid), "the role's group outlived its SIGKILLed launcher"
 
 
 def test_a_forked_child_of_the_launcher_does_not_keep_its_death_from_the_reaper(tmp_path: Path) -> None:
     script = LAUNCH.replace("time.sleep(300)", "import os\nif os.fork() == 0:\n    print(os.getpid(), flush=True)\n"
                                                "    time.sleep(300)\n    os._exit(0)\ntime.sleep(300)")
-    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
-                            text=True)
-    assert proc.stdout is not None
-    pgid, child = int(proc.stdout.readline()), int(proc.stdout.readline())
-    try:
+    with launched(tmp_path, script) as (proc, (pgid, _child)):
         proc.kill()  # its forked child sleeps on, holding whatever the fork handed it
-        assert _wait_gone(pgid), "a forked child kept the launcher's reaper from seeing it die"
-    finally:
-        if _alive(pgid):
-            os.killpg(pgid, signal.SIGKILL)
-        proc.kill()
-        os.kill(child, signal.SIGKILL)
+        assert gone(pgid), "a forked child kept the launcher's reaper from seeing it die"
 
 
 def test_the_reaper_stops_only_the_groups_still_listed() -> None:
     """A role the launcher stopped itself is forgotten: its group id may belong to someone else by then."""
-    from agentrl.launch.reaper import listed
-
     assert listed([b"+500\n", b"+700\n", b"-500\n", b"garbage\n", b"+1\n", b"+-3\n", b"*9\n", b"+0\n"]) == {700}
