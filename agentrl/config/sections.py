@@ -250,7 +250,8 @@ class TrainerConfig:
     freeze_layers: int = 0
     """The token embedding (and an output head tied to it) and the first this many decoder layers are not trained:
     the backward pass stops above them, for a step that costs a fraction of a full one on a small machine
-    (warm start and RL alike). 0: every parameter is trained."""
+    (warm start and RL alike). Negative: all but the top this many layers are frozen, whatever the model's depth
+    (-10 trains the top 10). 0: every parameter is trained."""
     checkpoint_every: int = 10
     """Write ckpt/step-<N> every this many RL steps (and after the last); 0: never."""
     keep_checkpoints: int = 2
@@ -267,7 +268,6 @@ class TrainerConfig:
         _check(self.sft_check_every >= 1, f"{p}.sft_check_every", "must be >= 1")
         _check(self.sft_holdout >= 1, f"{p}.sft_holdout", "must be >= 1")
         _check(self.warmup_steps >= 0, f"{p}.warmup_steps", "must be >= 0")
-        _check(self.freeze_layers >= 0, f"{p}.freeze_layers", "must be >= 0 (0: train every layer)")
         _check(self.control_batch >= 0, f"{p}.control_batch", "must be >= 0 (0: sft_batch)")
         _check(self.sft_warmup_steps >= 0, f"{p}.sft_warmup_steps", "must be >= 0")
         _check(self.checkpoint_every >= 0, f"{p}.checkpoint_every", "must be >= 0 (0: never)")

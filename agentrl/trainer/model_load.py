@@ -46,8 +46,8 @@ def load_policy(model_dir: str | Path, threads: int, par: Parallel, activation_c
                 attn_implementation: str = "auto", freeze_layers: int = 0) -> torch.nn.Module:
     """The trainable model, wrapped for `par`'s layout, its master weights in float32; with
     `activation_checkpointing`, its decoder layers recompute their activations in the backward pass; its attention
-    `attn_implementation` (`trainer.attention`); `freeze_layers` > 0: the embedding and the first that many decoder
-    layers are not trained (`freeze_lower`)."""
+    `attn_implementation` (`trainer.attention`); `freeze_layers` != 0: the embedding and the lower decoder layers
+    are not trained (`freeze_lower`)."""
     if par.sharded:
         return _sharded(model_dir, threads, par, torch.float32, frozen=False,
                         activation_checkpointing=activation_checkpointing, attn_implementation=attn_implementation,
@@ -63,14 +63,16 @@ def load_policy(model_dir: str | Path, threads: int, par: Parallel, activation_c
 def freeze_lower(model: torch.nn.Module, n: int) -> None:
     """Leave the token embedding (and an output head tied to it) and the first `n` decoder layers out of training
     (`trainer.freeze_layers`): no gradient reaches below layer n, so the backward pass costs only the layers
-    above it. The forward pass, the published weights and the checkpoints are unchanged."""
-    if n <= 0:
+    above it. `n` < 0: all but the top -n layers (none of them where the model has no more than -n). The forward
+    pass, the published weights and the checkpoints are unchanged."""
+    if n == 0:
         return
     layers = next((m for name, m in model.named_modules() if name.endswith(".layers")
                    and isinstance(m, torch.nn.ModuleList)), None)
     if layers is None or n >= len(layers):
         raise ValueError(f"trainer.freeze_layers: {n} must be below the model's decoder layers "
                          f"({'none found' if layers is None else len(layers)})")
+    n = n if n > 0 else max(len(layers) + n, 0)
     model.get_input_embeddings().requires_grad_(False)
     for layer in layers[:n]:
         layer.requires_grad_(False)

@@ -95,3 +95,10 @@ def test_freeze_layers_leaves_the_embedding_and_the_lower_layers_out_of_the_back
     assert moved and moved <= trainable
     with pytest.raises(ValueError, match="trainer.freeze_layers: 2 must be below the model's decoder layers \\(2\\)"):
         freeze_lower(load_model(smol, 1), 2)
+    # negative: the top -n layers train, whatever the depth (the embedding stays frozen)
+    for n, frozen in ((-1, {0}), (-2, set()), (-5, set())):
+        model = load_model(smol, 1)
+        freeze_lower(model, n)
+        trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+        assert {i for i in (0, 1) if not any(f".layers.{i}." in name for name in trainable)} == frozen, n
+        assert "model.embed_tokens.weight" not in trainable and "model.norm.weight" in trainable
