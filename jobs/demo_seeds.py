@@ -5,7 +5,6 @@ r"""Run the demo (or another preset) over seeds and trainer thread counts and ch
     python -m jobs.demo_seeds --seeds 0 --threads 2 --control   # also the control: warm start continued, no RL
     python -m jobs.demo_seeds --parallel 2                      # two runs at once (wall times then mean less)
     python -m jobs.demo_seeds --preset smollm2-135m --seeds 0,1 --threads 2 --control all --gate-control \
-        --control-set trainer.sft_batch=32 \
         --min-gain 0 --root runs/smollm2-seeds --out runs/bench/smollm2_seeds.json      # the real model (README)
     python -m jobs.demo_seeds ... --reuse     # the same sweep again: finished runs are read, the rest run
 
@@ -13,8 +12,8 @@ Each run is `python -m jobs.train --preset P seed=S trainer.threads=T` in its ow
 (runs/demo-seeds/s<S>-t<T>/). The gate, per run and per task: the sampled held-out success after RL
 exceeds the warm start's by at least --min-gain (absolute) and by more than --min-sigmas standard errors.
 Prints a table and writes runs/bench/demo_seeds.json; exits 1 if any run or task misses the gate. A control
-run (`trainer.update=sft`: the warm start continued for as many updates, no RL; --control for the first seed,
---control all for each) is reported; with --gate-control each run's sampled success after RL must also exceed
+run (`trainer.update=sft`: the same warm start as the RL run, continued for as many updates, no RL, each of
+`trainer.control_batch` demonstrations; --control for the first seed, --control all for each) is reported; with --gate-control each run's sampled success after RL must also exceed
 its seed's control's by more than --min-sigmas standard errors (binomial, over both evaluations' episodes).
 """
 from __future__ import annotations
@@ -82,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gate-control", action="store_true",
                     help="gate each run's sampled success after RL on its seed's control's, too")
     ap.add_argument("--control-set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                    help="a setting for the control runs only (e.g. trainer.sft_batch=32: as many trajectories "
-                         "per update as an RL step's batch); repeatable")
+                    help="a setting for the control runs only (e.g. trainer.control_batch=32: as many "
+                         "demonstrations per update as an RL step's episodes); repeatable")
     ap.add_argument("--preset", default="demo", help="the preset every run trains (default: demo)")
     ap.add_argument("--reuse", action="store_true",
                     help="a run whose run dir already holds a finished summary is read, not run again (a sweep "
