@@ -14,7 +14,8 @@ exceeds the warm start's by at least --min-gain (absolute) and by more than --mi
 Prints a table and writes runs/bench/demo_seeds.json; exits 1 if any run or task misses the gate. A control
 run (`trainer.update=sft`: the same warm start as the RL run, continued for as many updates, no RL, each of
 `trainer.control_batch` demonstrations; --control for the first seed, --control all for each) is reported;
-with --gate-control each run's sampled success after RL must also exceed its seed's control's by more than --min-sigmas standard errors (binomial, over both evaluations' episodes).
+with --gate-control each run's sampled success after RL must also exceed its seed's control's by more than
+--min-sigmas standard errors (binomial, over both evaluations' episodes).
 """
 from __future__ import annotations
 
