@@ -166,7 +166,8 @@ class Learner:
         Returns:
             whether to stop (the hub's signal).
         """
-        self.sched.step()
+        if not self.control:  # the control's updates step the warm start's own schedule (`WarmStart.step`)
+            self.sched.step()
         self.state.step += 1
         self.state.policy_version += 1
         par = self.par
