@@ -222,10 +222,12 @@ def _loop(run_dir: Path, learner: Learner, q: TrajectoryQueue, ch: TrainerChanne
         state.stats["staleness_sum"] = state.stats.get("staleness_sum", 0.0) + sum(stale)
         state.stats["staleness_max"] = max(state.stats.get("staleness_max", 0.0), float(max(stale, default=0)))
         monitor.scalars(metrics, state.step - 1)
-        log.info("step %d/%d trained on %d of %d (%d groups, %d in uniform groups; staleness mean %.2f max %d; "
-                 "queue %d) loss %.6f (%.2fs, waited %.2fs)", state.step, shape.steps, len(usable), len(trajs),
-                 len(groups), counts["dropped_uniform"], metrics["pipeline/staleness_mean"],
-                 int(metrics["pipeline/staleness_max"]), q.depth, stats.get("loss", 0.0), dt, t0 - t_wait)
+        did = (f"imitated (the control run: sft loss {stats.get('sft_loss', 0.0):.4f}); its rollout batch of "
+               f"{len(trajs)} only measured" if learner.control else f"trained on {len(usable)} of {len(trajs)}")
+        log.info("step %d/%d %s (%d groups, %d in uniform groups; staleness mean %.2f max %d; queue %d) loss %.6f "
+                 "(%.2fs, waited %.2fs)", state.step, shape.steps, did, len(groups), counts["dropped_uniform"],
+                 metrics["pipeline/staleness_mean"], int(metrics["pipeline/staleness_max"]), q.depth,
+                 stats.get("loss", 0.0), dt, t0 - t_wait)
         if stop:
             log.info("preempted: checkpointed step %d (policy v%d, %d trajectories consumed); stopping the rollout "
                      "ranks", state.step, state.policy_version, len(state.consumed))
