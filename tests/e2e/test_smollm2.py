@@ -75,6 +75,17 @@ def test_the_conversion_matches_the_gguf(smol: Path) -> None:
     assert v["logits_max_kl"] < 0.01 and "Paris" in v["greedy_reply"]
 
 
+def test_the_real_models_own_template_given_tools_runs_every_task(smol: Path) -> None:
+    """model.chat_template=own-tools on the real model: its own tool-less ChatML template, given the tools by
+    own-tools, carries the expert's calls through every task under the strict whole-render check."""
+    from agentrl.config import ModelConfig
+    from agentrl.rollout.model_check import check
+
+    fmt, results = check(smol, ["lookup", "unlock", "db", "kg", "webshop"], ModelConfig(chat_template="own-tools"))
+    assert fmt.parser.name == "hermes"
+    assert all(not isinstance(r, tuple) and r.ok for r in results), results
+
+
 def test_every_role_ran_on_the_real_model_and_published_bf16_with_the_runs_template(run_dir: Path,
                                                                                      smol: Path) -> None:
     summary = json.loads((run_dir / "report" / "summary.json").read_text())
