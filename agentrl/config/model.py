@@ -100,7 +100,13 @@ def chat_template_text(spec: str, model_dir: str | Path | None = None) -> str:
         if model_dir is None:
             raise ValueError(f"model.chat_template={OWN_TOOLS} wraps the model directory's own template: no "
                              "directory was given")
-        return own_tools(chat_template_text(str(model_dir)))
+        try:
+            return own_tools(chat_template_text(str(model_dir)))
+        except FileNotFoundError as e:
+            raise ValueError(f"model.chat_template={OWN_TOOLS} gives the model directory's own template the tools, "
+                             f"and {model_dir} has none ({e}): name one of agentrl's templates "
+                             f"({', '.join(n for n in chat_template_names() if n != OWN_TOOLS)}) or a template "
+                             "file") from None
     path = chat_template_file(spec)
     if path.suffix != ".json":
         return path.read_text()

@@ -141,3 +141,9 @@ def test_own_tools_gives_a_familys_own_turns_the_tools_calls_and_results(toolles
     assert chat_template_text("own-tools", published) == wrapped
     with pytest.raises(ValueError, match="own-tools wraps the model directory's own template"):
         chat_template_text("own-tools")
+    (published / "chat_template.jinja").unlink()
+    (published / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    with pytest.raises(ValueError, match=r"own-tools gives the model directory's own template the tools, and .* has "
+                                         r"none \(.*\): name one of agentrl's templates \(chatml-tools, gemma-tools, "
+                                         r"phi3-tools\)"):
+        chat_template_text("own-tools", published)
