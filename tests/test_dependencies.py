@@ -27,8 +27,9 @@ ALLOWED: dict[str, set[str]] = {
     "config": set(),
     "auth": set(),
     "fsio": set(),
+    "reaper": set(),
     "algorithms": {"types"},
-    "envs": {"types", "config", "auth", "fsio"},
+    "envs": {"types", "config", "auth", "fsio", "reaper"},
     # the one staleness rule (algorithms.staleness) is what the queue, the rank's admission and the planner apply
     "transport": {"algorithms", "types", "config", "fsio"},
     "monitor": {"types", "config", "fsio"},
@@ -37,7 +38,7 @@ ALLOWED: dict[str, set[str]] = {
     "controller": {"envs", "types", "config", "auth", "fsio"},
     "rollout": {"algorithms", "envs", "transport", "monitor", "types", "config", "auth", "fsio"},
     "trainer": {"algorithms", "transport", "monitor", "types", "config", "fsio"},
-    "launch": {"config", "auth", "fsio"},
+    "launch": {"config", "auth", "fsio", "reaper"},
     # evaluation plays episodes as the rollout does (engines, the model's format, the gateway) and starts env
     # services the way the local launcher does; it never imports the trainer
     "evaluation": {"rollout", "envs", "monitor", "launch", "transport", "types", "config", "auth", "fsio"},
@@ -53,7 +54,7 @@ FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
     "envs": {"torch", "vllm"},
     "controller": {"torch", "vllm", "transformers"},
 }
-STDLIB_ONLY = {"auth", "fsio"}
+STDLIB_ONLY = {"auth", "fsio", "reaper"}
 """Modules that import nothing outside the standard library (the launcher's login node has little)."""
 
 

@@ -6,7 +6,7 @@ Roles run in sessions of their own (a role is stopped with everything it started
 the launching process ends: every launcher's live roles are stopped when this interpreter exits, however it
 was unwound (a SIGTERM turned into SystemExit inside an event loop skipped the `finally` that stops them in
 `jobs.eval` and left an env worker and its MariaDB server running), and when it is killed outright, by the
-process's reaper (`reaper.py`).
+process's reaper (`agentrl/reaper.py`).
 Standard library only: like the rest of `launch`, it runs without torch or vLLM.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentrl.launch import rendezvous
-from agentrl.launch.reaper import Reaper
+from agentrl.reaper import process_reaper
 
 
 @dataclass
@@ -63,7 +63,7 @@ class LocalLauncher:
 
     @staticmethod
     def _spawn(command: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen:
-        reaper = _reaper()  # first: a role never runs unwatched
+        reaper = process_reaper()  # first: a role never runs unwatched
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         reaper.watch(proc.pid)  # its own session: the group id is its pid
@@ -73,7 +73,7 @@ class LocalLauncher:
         """Start a role that exited again, with the same command (its log goes on in the same file)."""
         role = self.roles[name]
         _signal_group(role.proc, signal.SIGKILL)  # whatever the dead role left in its group (engine cores, sandboxes)
-        _reaper().forget(role.proc.pid)
+        process_reaper().forget(role.proc.pid)
         role.proc = self._spawn(role.command, role.log_path, role.env)
         role.restarts += 1
         return role
@@ -147,35 +147,12 @@ class LocalLauncher:
                 r.proc.wait()
         for r in self.roles.values():
             _signal_group(r.proc, signal.SIGKILL)  # whatever is left in the groups
-            _reaper().forget(r.proc.pid)
+            process_reaper().forget(r.proc.pid)
 
 
 _LAUNCHERS: list[LocalLauncher] = []
 """Every launcher made in this process, held until it exits: a launcher whose owner's frame was torn down (the
 coroutine collected as it was in `jobs.eval`) must still be found here."""
-
-
-_REAPER: Reaper | None = None
-
-
-def _reaper() -> Reaper:
-    """This process's reaper, started with its first role."""
-    global _REAPER
-    if _REAPER is None:
-        _REAPER = Reaper()
-    return _REAPER
-
-
-def _after_fork_in_child() -> None:
-    """A forked child lets go of its parent's reaper pipe (or the parent's death would go unseen while the child
-    lives) and starts its own reaper if it launches roles."""
-    global _REAPER
-    if _REAPER is not None:
-        _REAPER.close_inherited()
-        _REAPER = None
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @atexit.register

@@ -266,3 +266,39 @@ def test_the_servers_temporary_files_are_bounded(server: MariaDBServer, monkeypa
                                         "it was stopped"), r.messages
     assert s.interact(call("execute_sql", {"query": "SELECT 1"}, "c1")).messages[0]["content"] == "[(1,)]"
     s.close()
+
+
+def test_a_private_server_goes_with_a_worker_killed_outright(tmp_path: Path) -> None:
+    """mariadbd runs in a session of its own, so the group kill that ends a role misses it; a worker SIGKILLed
+    before it could stop its server (a SIGTERM drain cut short) once left one running, and its 100+ MB of files.
+    The process's reaper stops it and removes them."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from agentrl.reaper import alive
+
+    script = ("import time\nfrom agentrl.envs.tasks.db.backends import MariaDBServer\n"
+              "s = MariaDBServer().start()\nprint(s.proc.pid, s.dir, flush=True)\ntime.sleep(300)\n")
+    worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[2])
+    assert worker.stdout is not None
+    pid, files = worker.stdout.readline().split()
+    pid = int(pid)
+    try:
+        assert alive(pid) and Path(files).is_dir()
+        worker.kill()
+        worker.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(pid), "the worker's mariadbd outlived it"
+        while Path(files).exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not Path(files).exists(), "the server's files (over 100 MB) outlived it"
+    finally:
+        if alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+        worker.kill()

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from agentrl.launch.reaper import alive, listed
+from agentrl.reaper import alive, listed
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -88,4 +88,6 @@ def test_a_forked_child_of_the_launcher_does_not_keep_its_death_from_the_reaper(
 
 def test_the_reaper_stops_only_the_groups_still_listed() -> None:
     """A role the launcher stopped itself is forgotten: its group id may belong to someone else by then."""
-    assert listed([b"+500\n", b"+700\n", b"-500\n", b"garbage\n", b"+1\n", b"+-3\n", b"*9\n", b"+0\n"]) == {700}
+    lines = [b"+500\n", b"+700\n", b"-500\n", b"garbage\n", b"+1\n", b"+-3\n", b"*9\n", b"+0\n", b"+800\t/tmp/x y\n",
+             b"+900\trelative\n"]
+    assert listed(lines) == {700: "", 800: "/tmp/x y", 900: ""}  # only an absolute directory is ever removed

@@ -1,8 +1,10 @@
 """A private MariaDB server for the db task: what a worker starts when it is given no server address.
 
-`MariaDBServer` runs mariadbd on a Unix socket under a temp dir (no TCP), configured like AgentBench-FC's
-database container where that matters (MySQL 8's default sql_mode, utf8mb4, group_concat_max_len 1024;
-`mariadb` says why) and with the temporary-table limits as each session's maximum (`TEMP_LIMITS`).
+`MariaDBServer` runs mariadbd on a Unix socket under a temp dir (no TCP), in a session of its own watched by
+the process's reaper (`agentrl.reaper`: the server and its files go when the worker goes, SIGKILL included),
+configured like AgentBench-FC's database container where that matters (MySQL 8's default sql_mode, utf8mb4,
+group_concat_max_len 1024; `mariadb` says why) and with the temporary-table limits as each session's maximum
+(`TEMP_LIMITS`).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from agentrl.envs.tasks.db.backends.mariadb import MYSQL8_SQL_MODE, TEMP_LIMITS, ServerAddress
 from agentrl.envs.tasks.db.backends.tables import GROUP_CONCAT_MAX
+from agentrl.reaper import process_reaper
 
 
 def find_mariadbd() -> str | None:
@@ -62,8 +65,10 @@ class MariaDBServer:
                   for flag in ("loose", "maximum")),
                 "--innodb-temp-data-file-path=ibtmp1:12M:autoextend:max:1G",
                 "--innodb-buffer-pool-size=64M", "--innodb-flush-log-at-trx-commit=0", "--max-connections=2000"]
+        reaper = process_reaper()  # its own session: nothing of ours reaches it, so it dies with this process
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=True)
+        reaper.watch(self.proc.pid, remove=self.dir)  # and its files
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -92,4 +97,6 @@ class MariaDBServer:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
+        if proc is not None:
+            process_reaper().forget(proc.pid)
         shutil.rmtree(self.dir, ignore_errors=True)
