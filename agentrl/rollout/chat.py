@@ -40,7 +40,7 @@ from typing import Any
 from agentrl.config import OWN_TOOLS, chat_template_names, chat_template_text, own_tools
 from agentrl.envs.json_args import clean_text
 from agentrl.rollout.env_text import PlainText, Span, encode_spans, render_located
-from agentrl.rollout.template_probe import choose_parser, probe, suggest_template
+from agentrl.rollout.template_probe import TEMPLATE_BY_TOKENS, choose_parser, probe, suggest_template
 from agentrl.rollout.tool_calls import ParsedTurn, ToolCallError, ToolCallParser
 
 log = logging.getLogger("agentrl.rollout.chat")
@@ -92,6 +92,24 @@ def template_error(source: str, problems: list[str], vocab: dict[str, int], temp
             f"{fix}. jobs.train, jobs.eval and jobs.check_model all take model.chat_template=...")
 
 
+def check_turn_tokens(name: str, tokenizer: Any, model_dir: str | Path) -> None:
+    """One of agentrl's family templates (`name`) on a tokenizer without that family's turn tokens is an error:
+    the model would read the turn markers as plain text it never saw, and never stop on the turn's end."""
+    tokens = next((t for t, n in TEMPLATE_BY_TOKENS if n == name), ())
+    vocab = tokenizer.get_vocab()
+    missing = [t for t in tokens if t not in vocab]
+    if not missing:
+        return
+    own = getattr(tokenizer, "chat_template", None)
+    fits = suggest_template(vocab, own if isinstance(own, str) else "")
+    instead = f"{fits[0]} (this model's {', '.join(fits[1])} turns)" if fits else \
+        f"{OWN_TOOLS} (the model's own template, given the tools)"
+    raise ValueError(f"model.chat_template={name} writes turns of {', '.join(tokens)}, and the tokenizer of "
+                     f"{model_dir} has no {', '.join(missing)} token: the model would read those markers as text it "
+                     f"never saw and never stop on its turn end. Set model.chat_template={instead}, or a template "
+                     "file of your own")
+
+
 def _own_tools_fit(tokenizer: Any, kwargs: dict[str, Any]) -> bool:
     """Whether the tokenizer's template, given tools by own-tools, passes the probe."""
     wrapped = own_tools(str(tokenizer.chat_template))
@@ -132,6 +150,7 @@ class ChatFormat:
 
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         if chat_template:
+            check_turn_tokens(chat_template, tokenizer, model_dir)
             tokenizer.chat_template = chat_template_text(chat_template, model_dir)
         cfg_file = Path(model_dir) / "config.json"
         model_type = json.loads(cfg_file.read_text()).get("model_type", "") if cfg_file.exists() else ""

@@ -147,3 +147,15 @@ def test_own_tools_gives_a_familys_own_turns_the_tools_calls_and_results(toolles
                                          r"none \(.*\): name one of agentrl's templates \(chatml-tools, gemma-tools, "
                                          r"phi3-tools\)"):
         chat_template_text("own-tools", published)
+
+
+def test_a_family_template_on_a_vocabulary_without_its_turn_tokens_fails_naming_one_that_fits(toolless) -> None:
+    """chatml-tools (say, a preset's) on a Zephyr-style model: <|im_start|> would be text the model never saw, and
+    it would never stop on <|im_end|>."""
+    with pytest.raises(ValueError, match=r"model.chat_template=chatml-tools writes turns of <\|im_start\|>, "
+                                         r"<\|im_end\|>, and the tokenizer of .*zephyr has no <\|im_start\|>, "
+                                         r"<\|im_end\|> token: .* Set model.chat_template=own-tools \("):
+        ChatFormat.load(toolless["zephyr"], chat_template="chatml-tools")
+    with pytest.raises(ValueError, match=r"has no <start_of_turn>, <end_of_turn> token: .* Set "
+                                         r"model.chat_template=chatml-tools \(this model's"):
+        ChatFormat.load(toolless["smollm2"], chat_template="gemma-tools")
