@@ -8,7 +8,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "agentrl"
 ALLOWED = {
-    "envs": {"agentrl.types", "agentrl.config", "agentrl.envs", "agentrl.auth"},
+    "envs": {"agentrl.types", "agentrl.config", "agentrl.envs", "agentrl.auth", "agentrl.reaper"},
     # the controller meets the envs at the wire: their JSON types, the HTTP pieces both servers share, the listener
     "controller": {"agentrl.types", "agentrl.config", "agentrl.auth", "agentrl.envs.wire_types", "agentrl.envs.client",
                    "agentrl.envs.wire", "agentrl.envs.listener", "agentrl.controller"},
