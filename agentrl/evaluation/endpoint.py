@@ -29,7 +29,7 @@ from typing import Any
 from agentrl.envs.json_args import clean_text
 from agentrl.envs.task import EnvError
 from agentrl.evaluation.played import Played
-from agentrl.rollout.agent_loop import EpisodeLimits, turn_budget
+from agentrl.rollout.agent_loop import Conversation, EpisodeLimits, turn_budget
 from agentrl.rollout.tool_calls import unread_call_observation
 from agentrl.types import Status
 
@@ -106,6 +106,8 @@ async def play_endpoint_episode(client: Any, endpoint: Any, task: str, index: st
     start = await client.start_sample(task, index)
     sid = start.session_id
     messages = _texts(start.messages)
+    conv = Conversation()  # what `messages` holds, the loop's own observations marked: the transcript
+    conv.begin(messages, start.tools)
     max_turns, capped = turn_budget(start.max_turns, limits.max_turns)
     status = Status.TRUNCATED if capped else Status.TURN_LIMIT
     reward, metrics, turns, tokens, context = 0.0, {}, 0, 0, 0
@@ -121,20 +123,23 @@ async def play_endpoint_episode(client: Any, endpoint: Any, task: str, index: st
             tokens += r.completion_tokens
             context = r.prompt_tokens + r.completion_tokens
             messages.append(r.message)
+            conv.add([{**r.message, "finish": "length"} if r.finish_reason == "length" else r.message])
             if r.finish_reason == "length":
                 if context + 1 >= limits.max_model_len:
                     status = Status.CONTEXT_LIMIT
                     break
-                observation = [{"role": "user", "content": CUT_OFF}]
+                observation, own = [{"role": "user", "content": CUT_OFF}], True
             elif "tool_calls" not in r.message and (error := unread_call_observation(r.message["content"])):
-                observation = [{"role": "tool", "content": error}]
+                observation, own = [{"role": "tool", "content": error}], True
             else:
                 res = await client.interact(sid, r.message)
                 if res.done:
                     done, reward, status, metrics = True, float(res.reward), Status(res.status), dict(res.metrics)
+                    conv.add(_texts(res.messages))
                     break
-                observation = _texts(res.messages)
+                observation, own = _texts(res.messages), False
             messages += observation
+            conv.add(observation, own)
     except EnvError:
         status, metrics = Status.ENV_ERROR, {"env_error": 1.0}
     finally:
@@ -145,4 +150,4 @@ async def play_endpoint_episode(client: Any, endpoint: Any, task: str, index: st
                 pass
     metrics.setdefault("success", 0.0)
     return Played(status=status, reward=reward, success=float(metrics["success"]), turns=turns, tokens=tokens,
-                  context_tokens=context, wall_s=time.perf_counter() - t_start, metrics=metrics)
+                  context_tokens=context, wall_s=time.perf_counter() - t_start, metrics=metrics, conversation=conv)

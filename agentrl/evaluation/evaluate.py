@@ -3,7 +3,8 @@
     settings     temperature (the rollout's; --greedy: 0 and one run), limits, retries, protocol
     players      a local model: `VLLMEngine` + the model's `ChatFormat` through `run_episode`;
                  an endpoint: `ChatEndpoint` through the message-level loop
-    score        `runner.score` into OUT/<stem>.jsonl, resumed from it
+    score        `runner.score` into OUT/<stem>.jsonl, resumed from it, each episode's conversation into
+                 OUT/<stem>.transcripts.jsonl.gz (`monitor.eval_transcripts`; `jobs.show_trajectories OUT`)
     tables       `eval_tables.write_tables`: <stem>.{txt,json,csv,md}
 
 Cross-sampling scores three arms (A alone, B alone, cross) into <stem>-{A,B,cross}.jsonl and writes the
@@ -26,6 +27,7 @@ from agentrl.evaluation.runner import EvalScope, plan_keys, progress_for, score
 from agentrl.evaluation.targets import Target
 from agentrl.monitor.eval_results import ResultsFile, aggregate, read_results
 from agentrl.monitor.eval_tables import terminal_table, write_tables
+from agentrl.monitor.eval_transcripts import TranscriptFile, transcripts_path
 from agentrl.rollout.agent_loop import EpisodeLimits
 from agentrl.rollout.collect import Retry
 
@@ -147,16 +149,17 @@ async def player_of(client: Any, target: Target, settings: Settings, plan: EvalS
 
 async def score_into(player: Any, keys: list, path: Path, fingerprint: dict[str, Any], concurrency: int,
                      progress: bool | None, **extra: object) -> ResultsFile:
-    """Score the keys not yet in the results file at `path`; returns the (closed) file with every episode."""
+    """Score the keys not yet in the results file at `path`, their transcripts beside it; returns the (closed)
+    results file with every episode."""
     check_resumable(path.with_suffix(".meta.json"), fingerprint)
-    with ResultsFile(path) as rf:
+    with ResultsFile(path) as rf, TranscriptFile(transcripts_path(path)) as tf:
         already = len([k for k in keys if k in rf.done])
         if already:
             log.info("%s: %d of %d episodes already scored; scoring the other %d", path, already, len(keys),
                      len(keys) - already)
         bar = progress_for(keys, rf, bars=progress)
         try:
-            await score(player, keys, rf, concurrency, bar, **extra)
+            await score(player, keys, rf, concurrency, bar, tf, **extra)
         finally:
             bar.close()
     return rf

@@ -5,13 +5,15 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from agentrl.monitor.eval_results import ScoredEpisode
+from agentrl.rollout.agent_loop import Conversation
 from agentrl.types import Status, Trajectory
 
 
 @dataclass(frozen=True)
 class Played:
     """One episode's outcome. `tokens` are the tokens the policy generated; `context_tokens` the whole
-    conversation's (the local path counts them exactly, an endpoint reports its last prompt plus reply)."""
+    conversation's (the local path counts them exactly, an endpoint reports its last prompt plus reply);
+    `conversation` its messages (None where no session started), for the evaluation's transcripts."""
 
     status: Status
     reward: float
@@ -21,12 +23,13 @@ class Played:
     context_tokens: int
     wall_s: float
     metrics: dict[str, float] = field(default_factory=dict)
+    conversation: Conversation | None = None
 
     @classmethod
-    def of_trajectory(cls, t: Trajectory) -> Played:
+    def of_trajectory(cls, t: Trajectory, conversation: Conversation | None = None) -> Played:
         return cls(status=t.status, reward=float(t.reward), success=float(t.metrics.get("success", 0.0)),
                    turns=t.num_turns, tokens=t.num_action_tokens, context_tokens=t.num_tokens,
-                   wall_s=float(t.timings.get("total_s", 0.0)), metrics=dict(t.metrics))
+                   wall_s=float(t.timings.get("total_s", 0.0)), metrics=dict(t.metrics), conversation=conversation)
 
     def scored(self, task: str, split: str, index: str, sample: int, **extra: object) -> ScoredEpisode:
         """As a results-file line. AgentBench's score is the task's reward where the task reports one that

@@ -16,7 +16,7 @@ from typing import Any
 from agentrl.envs.task import EnvError
 from agentrl.evaluation.endpoint import Reply, play_endpoint_episode
 from agentrl.evaluation.played import Played
-from agentrl.rollout.agent_loop import EpisodeLimits
+from agentrl.rollout.agent_loop import CONVERSATION, Conversation, EpisodeLimits
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.collect import FATAL_CODES, Retry, collect
 from agentrl.rollout.engine import Engine, SamplingConfig
@@ -35,9 +35,14 @@ class LocalPlayer:
         self.sampling, self.limits, self.retry = sampling, limits, retry
 
     async def play(self, task: str, index: str, group: str) -> Played:
-        (traj,), _ = await collect(self.client, self.engine, self.fmt, [(task, index, group)], self.sampling,
-                                   self.limits, 1, self.retry)
-        return Played.of_trajectory(traj)
+        conv = Conversation()  # the agent loop fills it (its last attempt's messages): the transcript
+        token = CONVERSATION.set(conv)
+        try:
+            (traj,), _ = await collect(self.client, self.engine, self.fmt, [(task, index, group)], self.sampling,
+                                       self.limits, 1, self.retry)
+        finally:
+            CONVERSATION.reset(token)
+        return Played.of_trajectory(traj, conv if conv.prompt or conv.messages else None)
 
 
 class EndpointPlayer:

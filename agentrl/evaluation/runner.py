@@ -6,6 +6,8 @@
     resume    keys already in the results file are skipped (the same command continues where it stopped)
     score     each episode is appended as one line when it ends; Ctrl-C or a killed job leaves a file of
               whole lines (at worst one cut short, which the reader skips)
+    transcript  each episode's conversation is appended to <stem>.transcripts.jsonl.gz just before its line
+              (`monitor.eval_transcripts`): a rerun's skipped episodes keep theirs, a replayed one's last wins
 
 Env errors are retried by the players and then written like any other ending: the success rate keeps them
 in its denominator and the tables report their rate.
@@ -21,6 +23,7 @@ from typing import Any
 from agentrl.evaluation.played import Player
 from agentrl.evaluation.progress import Progress
 from agentrl.monitor.eval_results import Key, ResultsFile
+from agentrl.monitor.eval_transcripts import TranscriptFile
 
 
 @dataclass(frozen=True)
@@ -46,8 +49,9 @@ async def plan_keys(client: Any, plan: EvalScope) -> list[Key]:
 
 
 async def score(player: Player, keys: Sequence[Key], results: ResultsFile, concurrency: int,
-                progress: Progress | None = None, **extra: object) -> int:
-    """Play every key not yet in `results` and append each as it ends; returns how many were scored now.
+                progress: Progress | None = None, transcripts: TranscriptFile | None = None, **extra: object) -> int:
+    """Play every key not yet in `results` and append each as it ends (its conversation to `transcripts` first,
+    where given); returns how many were scored now.
 
     `extra` goes into every line's `extra` (e.g. the cross-sampling arm). A fatal env error (a misconfigured
     run) cancels the episodes in flight and raises; what was scored before it stays in the file."""
@@ -61,6 +65,10 @@ async def score(player: Player, keys: Sequence[Key], results: ResultsFile, concu
         async with sem:
             played = await player.play(task, index, f"eval-{task}-{index}-{sample}")
         ep = played.scored(task, split, index, sample, **extra)
+        if transcripts is not None and key not in results.done:
+            conv = played.conversation
+            transcripts.append(ep, conv.messages[:conv.prompt] if conv else [],
+                               conv.messages[conv.prompt:] if conv else [], conv.tools if conv else [])
         if results.append(ep):
             scored += 1
             if progress is not None:

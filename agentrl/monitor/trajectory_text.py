@@ -1,6 +1,8 @@
 """Trajectories as readable text for TensorBoard's text tab: each span of the conversation decoded, the
 policy's own tokens (loss mask 1: its tool calls and answers) told apart from context (prompt,
-observations), with the version and engine that sampled them, and how the episode ended.
+observations), with the version and engine that sampled them, and how the episode ended. And an
+evaluation's transcripts (`eval_transcripts`: messages, not tokens) on a terminal (`pick_transcripts`,
+`render_transcript`).
 
 The tokenizer is passed in (anything with `decode(ids, skip_special_tokens=...)`), so the renderers load
 no model; `run_tokenizer` loads a run's for the terminal. The rollout role picks which episodes to log
@@ -10,6 +12,7 @@ does not import transport (docs/architecture.md §2).
 """
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -103,14 +106,15 @@ def shard_dirs(run_dir: Path, source: str | None = None) -> list[Path]:
 
 
 def pick_latest(shards: Iterable[Path], read: Callable[[Path], Sequence[Trajectory]], n: int,
-                task: str | None = None, status: str | None = None) -> list[Trajectory]:
-    """The last `n` trajectories of `task` ending in `status` (None: any), oldest first, reading the
-    newest shards (by modification time) first and only as many as it takes."""
+                task: str | None = None, status: str | None = None,
+                keep: Callable[[Trajectory], bool] | None = None) -> list[Trajectory]:
+    """The last `n` trajectories of `task` ending in `status` (None: any) that `keep` keeps, oldest first,
+    reading the newest shards (by modification time) first and only as many as it takes."""
     newest_first = sorted(shards, key=lambda p: (p.stat().st_mtime, p.name), reverse=True)
     found: list[Trajectory] = []
     for path in newest_first:
         matching = [t for t in read(path) if (task is None or t.task == task)
-                    and (status is None or t.status.value == status)]
+                    and (status is None or t.status.value == status) and (keep is None or keep(t))]
         found = matching + found  # an older shard's trajectories come before a newer one's
         if len(found) >= n:
             break
@@ -128,3 +132,54 @@ def run_tokenizer(run_dir: Path) -> Any:
         path = load_config(str(run_dir / "config.yaml")).model.path
         model_dir = Path(path) if path else model_dir
     return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def pick_transcripts(episodes: Iterable[dict[str, Any]], n: int, task: str | None = None,
+                     status: str | None = None, keep: Callable[[dict[str, Any]], bool] | None = None
+                     ) -> list[dict[str, Any]]:
+    """The first `n` evaluated episodes (`eval_transcripts.read_transcripts`) of `task` ending in `status`
+    (None: any) that `keep` keeps, in the order given (0 or less: all of them)."""
+    found = [e for e in episodes if (task is None or e["task"] == task) and (status is None or e["status"] == status)
+             and (keep is None or keep(e))]
+    return found[:n] if n > 0 else found
+
+
+def _cut(text: str, width: int | None) -> str:
+    if width is None or len(text) <= width:
+        return text
+    return f"{text[:width]}... [{len(text) - width:,} more chars]"
+
+
+def _message_text(m: dict[str, Any], width: int | None) -> list[str]:
+    role = m.get("role", "?")
+    content = m.get("content")
+    text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+    if role == "assistant":
+        lines = [f"--- assistant{' (cut off at the token limit)' if m.get('finish') == 'length' else ''}:"]
+        if "raw" in m:  # its calls could not be read: what it wrote, as it wrote it
+            lines.append(f"[its calls could not be read; raw text:]\n{m['raw'].rstrip()}")
+        elif text.strip():
+            lines.append(text.rstrip())
+        for call in m.get("tool_calls") or []:
+            f = call.get("function", {})
+            lines.append(f"-> {f.get('name')}({f.get('arguments')})")
+        return lines
+    who = role + (f" {m['name']}" if m.get("name") else "") + (", from the loop" if m.get("by") == "loop" else "")
+    return [f"[{who}] {_cut(text, width).rstrip()}"]
+
+
+def render_transcript(e: dict[str, Any], width: int | None = 600, prompt_width: int | None = 300) -> str:
+    """One evaluated episode as terminal text: a header, the tools' names, the first messages (each cut at
+    `prompt_width` chars), every assistant message (its text and calls in full) and observation (cut at
+    `width`; None: in full), then how it ended."""
+    head = f"=== {e['task']} {e['index']} (split {e['split']}, sample {e['sample']}" + \
+        (f", arm {e['arm']}" if "arm" in e else "") + ")"
+    tools = [t.get("function", {}).get("name", "?") for t in e.get("tools") or [] if isinstance(t, dict)]
+    lines = [head] + ([f"tools: {', '.join(tools)}"] if tools else [])
+    for m in e.get("prompt", []):
+        lines += _message_text(m, prompt_width)
+    for m in e.get("messages", []):
+        lines += _message_text(m, width)
+    lines.append(f"=== {e['status']}, success {e['success']:g}, score {e['score']:g}, reward {e['reward']:g}, "
+                 f"{e['turns']} turns")
+    return "\n".join(lines)

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.envs.task import EnvError
@@ -67,6 +68,30 @@ class _Stages:
         return self.timings
 
 
+@dataclass
+class Conversation:
+    """An episode's messages as the loop exchanged them: the env's first `prompt` messages and `tools`, then each
+    assistant message (parsed: content and tool calls; `raw` text when its calls could not be read, `finish`
+    when cut at the token limit) and each observation (`by: "loop"` when the loop wrote it, not the env).
+    Kept only for a caller that asks (`CONVERSATION`): jobs.eval's transcripts."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    prompt: int = 0
+
+    def begin(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> None:
+        """A new attempt's start (a retried episode's earlier attempt is dropped)."""
+        self.messages, self.tools, self.prompt = list(messages), tools, len(messages)
+
+    def add(self, messages: list[dict[str, Any]], own: bool = False) -> None:
+        self.messages += [{**m, "by": "loop"} for m in messages] if own else messages
+
+
+CONVERSATION: ContextVar[Conversation | None] = ContextVar("agentrl_conversation", default=None)
+"""Set to a `Conversation` by a caller that wants the episode's messages (the evaluation's players); unset in
+training, where the loop pays one lookup per episode for it and keeps nothing."""
+
+
 # A task that does not say its round limit (an old server) gets this many turns before the cap.
 DEFAULT_TASK_TURNS = 20
 
@@ -88,6 +113,8 @@ async def run_episode(client: Any, engine: Engine, fmt: ChatFormat, task: str, i
     start = await client.start_sample(task, index)
     clock.lap("env_s")
     sid = start.session_id
+    if (conv := CONVERSATION.get()) is not None:
+        conv.begin(start.messages, start.tools)
     b = TrajectoryBuilder()
     max_turns, capped = turn_budget(start.max_turns, limits.max_turns)
     # Reaching max_turns below: the task's own limit ends the episode as turn_limit (turns with unreadable
@@ -126,6 +153,8 @@ async def run_episode(client: Any, engine: Engine, fmt: ChatFormat, task: str, i
                 parse_failures += 1
                 parsed = ParsedTurn("", [], [ToolCallError("", "the tool call could not be read")])
             clock.lap("parse_s")
+            if conv is not None:
+                conv.add([_said(fmt, parsed, gen.token_ids, gen.finish_reason)])
             if gen.finish_reason == "length":
                 if len(b) + 1 >= limits.max_model_len:
                     status = Status.CONTEXT_LIMIT
@@ -145,6 +174,8 @@ async def run_episode(client: Any, engine: Engine, fmt: ChatFormat, task: str, i
                 clock.lap("env_s")
                 if res.done:
                     done, reward, status, metrics = True, float(res.reward), Status(res.status), dict(res.metrics)
+                    if conv is not None:
+                        conv.add(res.messages)
                     break
                 observation = res.messages
             clock.lap("parse_s")  # the error observation, when there is one
@@ -155,6 +186,8 @@ async def run_episode(client: Any, engine: Engine, fmt: ChatFormat, task: str, i
                 break
             talk.observed(observation, obs_ids, own)
             b.add_context(obs_ids)
+            if conv is not None:
+                conv.add(observation, own)
     except EnvError:  # the worker died, the session expired or the gateway failed: infrastructure
         status, metrics = Status.ENV_ERROR, {"env_error": 1.0}  # not `done`: cancel below frees the slot
     finally:
@@ -176,3 +209,13 @@ async def run_episode(client: Any, engine: Engine, fmt: ChatFormat, task: str, i
     clock.lap("build_s")
     traj.timings = clock.done()  # the total includes building the trajectory
     return traj
+
+
+def _said(fmt: ChatFormat, parsed: ParsedTurn, ids: list[int], finish_reason: str) -> dict[str, Any]:
+    """A sampled turn as a `Conversation` message: the parsed message, the raw text where calls were unreadable."""
+    message = parsed.to_message()
+    if parsed.errors:
+        message["raw"] = fmt.decode(ids)
+    if finish_reason == "length":
+        message["finish"] = "length"
+    return message
