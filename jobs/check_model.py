@@ -14,7 +14,8 @@ vocabulary's call tokens, the model type), the stop tokens, and per task the fir
 episode's tokens and turns, whether the expert's calls written in the model's syntax came back through the
 parser (success, invalid calls), and any mismatch between the episode's tokens and a whole re-render of the
 conversation; then whether each first prompt and a turn fit rollout.max_model_len. Exit status 1 when any
-task fails (a prompt that does not fit counts when a preset or override set the length), 2 on bad settings.
+task fails (a prompt that does not fit counts when a preset or override set the length) or the template's turn
+end is not a stop token, 2 on bad settings.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import sys
 from pathlib import Path
 
 from agentrl.config import ConfigError, load_config
-from agentrl.rollout.model_check import TaskCheck, check
+from agentrl.rollout.model_check import TaskCheck, check, turn_end_problem
 
 DEFAULT_TASKS = "lookup,unlock,db,kg,webshop"
 
@@ -81,8 +82,11 @@ def _print(model_dir: Path, fmt, results: list, cfg, length_set: bool) -> int:
     print(f"parser     {fmt.parser.name}   (serve with --enable-auto-tool-choice --tool-call-parser {fmt.parser.name})")
     print(f"           {fmt.parser_note}")
     print(f"stops      {', '.join(f'{tok.convert_ids_to_tokens(i)} ({i})' for i in fmt.stop_ids)}")
+    problem = turn_end_problem(fmt)
+    print(f"turn end   {tok.convert_ids_to_tokens(fmt.turn_end)} ({fmt.turn_end}), a stop token" if problem is None
+          else f"turn end   {problem}   <- FAILED")
     print(f"{'task':10} {'prompt':>7} {'tokens':>7} {'turns':>5} {'success':>7} {'invalid':>7}  template")
-    failed = 0
+    failed = int(problem is not None)
     for x in results:
         if isinstance(x, TaskCheck):
             failed += not x.ok

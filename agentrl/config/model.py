@@ -40,10 +40,12 @@ class ModelConfig:
     chat_template: str = ""
     """Replaces the model directory's chat template wherever prompts are rendered (rollout, evaluation,
     jobs.check_model) and in every published or exported directory. One of agentrl's tool-capable templates by
-    name (`TEMPLATES_DIR`: chatml-tools, gemma-tools, phi3-tools; own-tools: the model's own template, given
-    tools, for any family whose template renders system, user and assistant turns), a template file (.jinja),
-    or a model directory or tokenizer_config.json whose template to use. Empty: the directory's own. A template
-    that lays out no tools fails at load, naming the template that fits the model's turns."""
+    name (`TEMPLATES_DIR`: chatml-tools, gemma-tools, llama3-tools, phi3-tools for those families' turn tokens;
+    plain-tools, plain-text turns closed by the model's eos, for a base model with none; own-tools: the model's own
+    template, given tools, for any family whose template renders system, user and assistant turns), a template
+    file (.jinja), or a model directory or tokenizer_config.json whose template to use. Empty: the directory's own.
+    A template that lays out no tools fails at load, naming the template that fits the model's turns. The special
+    token the template writes after an assistant turn is a stop token whatever generation_config.json lists."""
 
     def validate(self, p: str) -> None:
         _check(bool(self.tool_parser.strip()), f"{p}.tool_parser", "must name a vLLM tool parser or be auto")

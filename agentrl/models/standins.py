@@ -176,6 +176,20 @@ TOOLLESS: dict[str, Family] = {
 names a template that lays tools out (`fix`: one of ours for the family's turn tokens, or own-tools, which gives
 the family's own template the tools)."""
 
+BASE: dict[str, Family] = {
+    "gemma-base": Family("gemma-base", "GemmaConfig", ("<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"), "<eos>",
+                         ("<eos>",), "", "hermes", "gemma-tools"),
+    "llama3-base": Family("llama3-base", "LlamaConfig",
+                          ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                           "<|eot_id|>"), "<|end_of_text|>", ("<|end_of_text|>",), "", "hermes", "llama3-tools"),
+    "chatml-base": Family("chatml-base", "Qwen2Config", ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+                          "<|endoftext|>", ("<|endoftext|>",), "", "hermes", "chatml-tools"),
+    "plain-base": Family("plain-base", "LlamaConfig", ("<s>", "</s>"), "</s>", ("</s>",), "", "hermes", "plain-tools"),
+}
+"""Stand-ins of base (pretrained, not instruct) checkpoints as their GGUFs come: no chat template at all, and a
+generation config naming only the eos. Their turn tokens, where the vocabulary has any, were never trained; the
+template that fits (`fix`) brings its turn end as a stop (`ChatFormat.turn_end_id`)."""
+
 _CORPUS = [
     'What is the code of item bako? {"name": "lookup", "arguments": {"name": "bako", "field": "code"}}',
     "The answer is 41. Read the note, then enter the code it shows. name=bako code=41 color=red",
@@ -187,12 +201,14 @@ _CORPUS = [
 
 def build(family: str, out_dir: str | Path, seed: int = 0, hidden_size: int = 128, num_layers: int = 2,
           vocab_size: int = 700, max_position: int = 4096, dtype: str = "bfloat16") -> Path:
-    """Write a stand-in model directory of `family` (a key of FAMILIES or TOOLLESS) to `out_dir`; returns it."""
+    """Write a stand-in model directory of `family` (a key of FAMILIES, TOOLLESS or BASE) to `out_dir`; returns it."""
     import transformers
 
-    f = FAMILIES.get(family) or TOOLLESS[family]
+    f = FAMILIES.get(family) or TOOLLESS.get(family) or BASE[family]
     corpus = _CORPUS * 8
     tok = tiny.train_tokenizer(corpus, vocab_size, list(f.special_tokens), f.template, f.eos, f.eos)
+    if not f.template:  # a base model: no chat template saved at all
+        tok.chat_template = None
     torch.manual_seed(seed)
     config_cls = getattr(transformers, f.architecture)
     ids = [tok.convert_tokens_to_ids(t) for t in f.stops]

@@ -40,7 +40,14 @@ from typing import Any
 from agentrl.config import OWN_TOOLS, chat_template_names, chat_template_text, own_tools
 from agentrl.envs.json_args import clean_text
 from agentrl.rollout.env_text import PlainText, Span, encode_spans, render_located
-from agentrl.rollout.template_probe import TEMPLATE_BY_TOKENS, choose_parser, probe, suggest_template
+from agentrl.rollout.template_probe import (
+    PLAIN_TEMPLATE,
+    PROBE_TOOL,
+    TEMPLATE_BY_TOKENS,
+    choose_parser,
+    probe,
+    suggest_template,
+)
 from agentrl.rollout.tool_calls import ParsedTurn, ToolCallError, ToolCallParser
 
 log = logging.getLogger("agentrl.rollout.chat")
@@ -83,6 +90,9 @@ def template_error(source: str, problems: list[str], vocab: dict[str, int], temp
     fits = suggest_template(vocab, template)
     fix = (f"Set model.chat_template={fits[0]} (agentrl's tool-capable template for {', '.join(fits[1])} turns, "
            "which this model has)" if fits else
+           f"Set model.chat_template={PLAIN_TEMPLATE} (agentrl's template of plain-text System/User/Assistant turns, "
+           "each of the model's closed by its eos token: for a base model whose vocabulary has no chat turn tokens)"
+           if not template else
            f"Set model.chat_template={OWN_TOOLS} (the model's own turns: the tools, calls and results written into "
            "the system, assistant and user messages its template renders)" if own_fits else
            "Set model.chat_template to a template that lays out `tools`, writes `tool_calls` and shows `tool` "
@@ -103,7 +113,8 @@ def check_turn_tokens(name: str, tokenizer: Any, model_dir: str | Path) -> None:
     own = getattr(tokenizer, "chat_template", None)
     fits = suggest_template(vocab, own if isinstance(own, str) else "")
     instead = f"{fits[0]} (this model's {', '.join(fits[1])} turns)" if fits else \
-        f"{OWN_TOOLS} (the model's own template, given the tools)"
+        f"{OWN_TOOLS} (the model's own template, given the tools)" if own else \
+        f"{PLAIN_TEMPLATE} (plain-text turns closed by the model's eos: it has no template and no turn tokens)"
     raise ValueError(f"model.chat_template={name} writes turns of {', '.join(tokens)}, and the tokenizer of "
                      f"{model_dir} has no {', '.join(missing)} token: the model would read those markers as text it "
                      f"never saw and never stop on its turn end. Set model.chat_template={instead}, or a template "
@@ -133,6 +144,9 @@ class ChatFormat:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     parser_note: str = ""
     """How the tool parser was chosen: what the template writes, the vocabulary's call tokens, the model type."""
+    turn_end: int | None = None
+    """The special token the template writes after an assistant turn (`turn_end_id`), one of `stop_ids`; None
+    when it writes text there (no stop token can end such a turn: `jobs.check_model` fails)."""
 
     def __post_init__(self) -> None:
         self._backend = _plain_backend(self.tokenizer, ("encode", "_encode_plus"))
@@ -185,7 +199,16 @@ class ChatFormat:
         parser, note = choose_parser(tool_parser, tokenizer, model_type, features.call_text)
         log.info("%s: tool parser %s", source, note)
         stops = stop_ids if stop_ids is not None else model_stop_ids(tokenizer, None)
-        return cls(tokenizer, parser, tuple(stops), check_mode, kwargs, note)
+        fmt = cls(tokenizer, parser, tuple(stops), check_mode, kwargs, note)
+        # The template's own turn end is a stop whatever the directory lists: a base model's generation_config
+        # names only its eos, and under a template of ours (or any chosen one) every turn would otherwise run
+        # to max_new_tokens, past the <end_of_turn> it wrote.
+        fmt.turn_end = fmt.turn_end_id()
+        if fmt.turn_end is not None and fmt.turn_end not in fmt.stop_ids:
+            log.info("%s: the template's turn end %r is a stop token too", source,
+                     tokenizer.convert_ids_to_tokens(fmt.turn_end))
+            fmt.stop_ids = (*fmt.stop_ids, fmt.turn_end)
+        return fmt
 
     # ------------------------------------------------------------------ rendering
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
@@ -232,6 +255,17 @@ class ChatFormat:
         ids = self.encode(before[len(head):] + body)
         end = self.encode(after)[:1]
         return ids + end if end and end[0] in self._special_ids() else ids
+
+    def turn_end_id(self) -> int | None:
+        """The special token the template writes right after an assistant turn's text (whitespace before it
+        skipped): ChatML's `<|im_end|>`, Llama-3's `<|eot_id|>`, Gemma's `<end_of_turn>`, Phi-3's `<|end|>`, a
+        Zephyr-style `</s>`, GLM's next role token. None when the template writes plain text there."""
+        marker = f"<<agentrl:sampled-turn:{secrets.token_hex(8)}>>"
+        talk = [{"role": "user", "content": "?"}, {"role": "assistant", "content": marker},
+                {"role": "user", "content": "."}]
+        after = self.render(talk, [PROBE_TOOL], False).split(marker, 1)[-1].lstrip()
+        end = self.encode(after)[:1]
+        return end[0] if end and end[0] in self._special_ids() else None
 
     def _special_ids(self) -> set[int]:
         return set(self.tokenizer.all_special_ids) | {i for i, t in self.tokenizer.added_tokens_decoder.items()

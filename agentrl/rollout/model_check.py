@@ -84,6 +84,20 @@ def check(model_dir: str | Path, tasks: list[str], model: ModelConfig | None = N
     return fmt, out
 
 
+def turn_end_problem(fmt: ChatFormat) -> str | None:
+    """Why the model's turns would not stop where the template ends them (None: the turn end is a stop token).
+    A sampled turn that does not stop on it runs to rollout.max_new_tokens, past the turn's end, and every greedy
+    episode ends `truncated`."""
+    if fmt.turn_end is None:
+        return ("the chat template closes an assistant turn with text, not one special token, so no stop token can "
+                "end the model's turn (each would run to rollout.max_new_tokens): use a template whose turns end on a "
+                "special token (model.chat_template)")
+    if fmt.turn_end not in fmt.stop_ids:
+        name = fmt.tokenizer.convert_ids_to_tokens(fmt.turn_end)
+        return f"the template's turn end {name!r} ({fmt.turn_end}) is not a stop token: add it to model.stop_tokens"
+    return None
+
+
 async def first_prompts(client: Any, fmt: ChatFormat, tasks: list[str] | tuple[str, ...], split: str = "train",
                         samples: int = 8) -> dict[str, list[int]]:
     """Per task, the first prompt's length in tokens for its first `samples` indices of `split` (each session

@@ -34,7 +34,11 @@ CALL_MARKERS: tuple[tuple[str, str], ...] = (
 # Our templates by the turn tokens of the families they are written for (the first whose tokens all appear).
 TEMPLATE_BY_TOKENS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("<|im_start|>", "<|im_end|>"), "chatml-tools"), (("<start_of_turn>", "<end_of_turn>"), "gemma-tools"),
-    (("<|user|>", "<|assistant|>", "<|end|>"), "phi3-tools"))
+    (("<|user|>", "<|assistant|>", "<|end|>"), "phi3-tools"),
+    (("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"), "llama3-tools"))
+PLAIN_TEMPLATE = "plain-tools"
+"""Ours for a model with no template and none of those turn tokens (a base model): plain-text turns, each of the
+model's closed by its eos."""
 
 Render = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None, bool], str]
 

@@ -109,7 +109,7 @@ def test_the_probe_sees_tools_calls_and_results(toolless) -> None:
 def test_model_chat_template_is_checked_at_config_load(tmp_path) -> None:
     assert load_config(None, ["model.chat_template=chatml-tools"]).model.chat_template == "chatml-tools"
     with pytest.raises(ConfigError, match="model.chat_template: 'nope' is neither one of agentrl's templates "
-                                          r"\(chatml-tools, gemma-tools, own-tools, phi3-tools\)"):
+                                          r"\(chatml-tools, gemma-tools, llama3-tools, own-tools, phi3-tools, plain-tools\)"):
         load_config(None, ["model.chat_template=nope"])
     with pytest.raises(ConfigError, match="model.chat_template: .* holds neither chat_template.jinja"):
         load_config(None, [f"model.chat_template={tmp_path}"])
@@ -145,7 +145,7 @@ def test_own_tools_gives_a_familys_own_turns_the_tools_calls_and_results(toolles
     (published / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
     with pytest.raises(ValueError, match=r"own-tools gives the model directory's own template the tools, and .* has "
                                          r"none \(.*\): name one of agentrl's templates \(chatml-tools, gemma-tools, "
-                                         r"phi3-tools\)"):
+                                         r"llama3-tools, phi3-tools, plain-tools\)"):
         chat_template_text("own-tools", published)
 
 
