@@ -25,6 +25,7 @@ from agentrl.evaluation.players import EndpointPlayer, ExpertPlayer  # noqa: E40
 from agentrl.evaluation.runner import EvalScope, score  # noqa: E402
 from agentrl.evaluation.targets import resolve  # noqa: E402
 from agentrl.monitor.eval_results import ResultsFile, aggregate  # noqa: E402
+from agentrl.monitor.eval_transcripts import read_transcripts  # noqa: E402
 from agentrl.rollout.agent_loop import EpisodeLimits  # noqa: E402
 from agentrl.rollout.collect import Retry  # noqa: E402
 
@@ -56,6 +57,11 @@ def test_expert_target_through_evaluate(client: InProcessClient, tmp_path: Path)
     lines = [json.loads(x) for x in (tmp_path / "eval-test-greedy.jsonl").read_text().splitlines()]
     assert sorted(x["index"] for x in lines) == [f"test-{i}" for i in range(4)]
     assert all(x["turns"] >= 2 and x["extra"]["reward"] == 1.0 for x in lines)  # calls, then a closing message
+    for e in read_transcripts(tmp_path / "eval-test-greedy.transcripts.jsonl.gz"):  # what was said, per episode
+        said = [m for m in e["messages"] if m["role"] == "assistant"]
+        assert len(said) == e["turns"] and any(m.get("tool_calls") for m in said)
+        assert any(m["role"] == "user" for m in e["messages"])  # BFCL's later user turns, as observations
+        assert [m["role"] for m in e["prompt"]] == ["user"] and len(e["tools"]) >= 1
     assert not client.sessions  # every session ended (graded) or cancelled
 
 
