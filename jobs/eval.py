@@ -20,8 +20,9 @@ same); an evaluation whose first prompts cannot fit it with a turn is refused, n
 Results go to runs/<name>-eval/ (or --out): <stem>.jsonl (one line per episode; the same command run again
 skips what is scored: stop it whenever), <stem>.{txt,json,csv,md} (the md in AgentBench-FC's layout beside
 the paper's numbers), <stem>.transcripts.jsonl.gz (every episode's messages, tool calls and observations:
-`python -m jobs.show_trajectories OUT --task db --status turn_limit`), logs/ of the env roles. Success is the mean of --runs runs (default 4, the paper's)
-with a 95% t-interval, pass@k for k <= runs; env errors are retried, then counted as failures and reported.
+`python -m jobs.show_trajectories OUT --task db --status turn_limit`), logs/ of the env roles. Success is
+the mean of --runs runs (default 4, the paper's) with a 95% t-interval, pass@k for k <= runs; env errors are
+retried, then counted as failures and reported.
 AgentBench tasks run AgentBench-FC's faithful protocol unless --protocol strict. `python -m jobs.report RUN
 --eval OUT/<stem>.jsonl` adds the results to a run's report.
 """
