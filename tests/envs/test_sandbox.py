@@ -99,9 +99,12 @@ def test_launch_command_of_a_root_worker(monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert cfg.many_uids("bwrap") and cfg.sandbox_uid("bwrap") == cfg.uid_base
     assert not SandboxConfig(uid_count=1).many_uids("bwrap") and SandboxConfig(uid_count=1).sandbox_uid("bwrap") == 65534
     assert not cfg.many_uids("apptainer") and cfg.sandbox_uid("none") is None
-    assert cfg.nofile() == sandbox_config.resource.getrlimit(sandbox_config.resource.RLIMIT_NOFILE)[1]  # cannot raise: the hard limit
+    hard = sandbox_config.resource.getrlimit(sandbox_config.resource.RLIMIT_NOFILE)[1]
+    share = sandbox_config.file_share(cfg) // cfg.processes()  # the session's share of the host's file table, per process
+    assert cfg.nofile() == min(hard, share)  # cannot raise: the hard limit
     monkeypatch.setattr(sandbox_config, "has_capability", lambda cap: cap == sb.CAP_SYS_RESOURCE)
-    assert cfg.nofile() == max(min(sb.DOCKER_NOFILE, sb.nr_open()), sandbox_config.resource.getrlimit(sandbox_config.resource.RLIMIT_NOFILE)[1])
+    assert cfg.nofile() == min(max(min(sb.DOCKER_NOFILE, sb.nr_open()), hard), share)
+    assert cfg.nofile(host_file_max=1 << 40) == max(min(sb.DOCKER_NOFILE, sb.nr_open()), hard)  # a huge table
     assert SandboxConfig(open_files=4096).nofile() == 4096
     shell = Shell.__new__(Shell)
     shell.cfg, shell.backend, shell.uid_base = cfg, "bwrap", cfg.uid_range(3)  # the fourth live session's range
@@ -159,11 +162,12 @@ def test_mount_plan_and_seed(tmp_path: Path) -> None:
 
 def test_process_budget() -> None:
     cfg = SandboxConfig(nproc=64, pid_fraction=0.5)
-    assert sb.session_budget(cfg, host_pid_max=32768) == 256
-    sb.check_slots(cfg, 256, host_pid_max=32768)
-    with pytest.raises(ValueError, match=r"257 sandbox slots x 64 processes each = 16448 exceeds 0.5 of this "
-                                         r"host's pid_max \(32768\): at most 256 slots"):
-        sb.check_slots(cfg, 257, host_pid_max=32768)
+    big = {"host_file_max": 1 << 40, "ptys": 1 << 20}
+    assert sb.session_budget(cfg, host_pid_max=32768, **big) == 256
+    sb.check_slots(cfg, 256, host_pid_max=32768, **big)
+    with pytest.raises(ValueError, match=r"257 sandbox slots exceed this host's pids budget \(0.5 of pid_max "
+                                         r"32768 over 64 processes\): at most 256 slots"):
+        sb.check_slots(cfg, 257, host_pid_max=32768, **big)
     assert sb.pid_max() == int(Path("/proc/sys/kernel/pid_max").read_text())
 
 

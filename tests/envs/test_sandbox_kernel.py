@@ -8,17 +8,25 @@ host's last ones (errno 24 for the next session and for the host), a key added i
 new pipe of the others to 8 KB; the old `remove` gave up after 2 s on a cgroup that still held a process."""
 from __future__ import annotations
 
+import base64
 import ctypes
 import errno
 import os
 import subprocess
+import sys
 import time
+import types
+from pathlib import Path
 
 import pytest
 from sandbox_helpers import require_sandbox
 
 from agentrl.envs.sandbox import SandboxConfig, SandboxError, Shell, cgroup_support, cgroups
+from agentrl.envs.sandbox import config as sandbox_config
+from agentrl.envs.sandbox import shell as sandbox_shell
+from agentrl.envs.sandbox.config import budgets, check_slots, session_budget
 from agentrl.envs.sandbox.seccomp import ARCHES, DENIED, F_SETPIPE_SZ, RET_ALLOW, RET_ERRNO, run_filter, seccomp_filter
+from agentrl.envs.sandbox.shell import exec_text
 
 
 def fast(**kw: object) -> SandboxConfig:
@@ -100,7 +108,7 @@ def test_a_session_does_not_shrink_the_pipes_of_another() -> None:
     soft = int(open("/proc/sys/fs/pipe-user-pages-soft").read())
     if soft == 0 or soft > 1100 * 16:
         pytest.skip(f"pipe-user-pages-soft is {soft}: 1,100 pipes do not pass it")
-    hog, other = Shell(fast(), uid_slot=0), Shell(fast(), uid_slot=1)
+    hog, other = Shell(fast(open_files=4096), uid_slot=0), Shell(fast(), uid_slot=1)  # 2,200 descriptors
     try:
         assert "started" in hog.run(HOG).output
         assert hog.run(PIPE_SIZE).output.strip() != "65536"  # the hog's own new pipes are shrunk
@@ -160,3 +168,116 @@ def test_no_session_starts_without_its_cgroup(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr("agentrl.envs.sandbox.shell.SessionCgroup", refuse)
     with pytest.raises(SandboxError, match="does not start without its limits"):
         Shell(fast())
+
+
+# ------------------------------------------------------------- host-wide tables: each session its share
+
+COUNTERS = ("/proc/sys/fs/aio-nr", "/proc/sys/fs/file-nr", "/proc/sys/fs/inode-nr", "/proc/sys/fs/dentry-state",
+            "/proc/sys/kernel/pty/nr", "/proc/locks")
+TABLES = r"""python3 - <<'EOF'
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+ctx = ctypes.c_ulong(0)
+print("io_setup", libc.syscall(206, 65536, ctypes.byref(ctx)), errno.errorcode.get(ctypes.get_errno()))
+ptys = []
+while True:
+    try:
+        ptys.append(os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY))
+    except OSError as e:
+        print("ptys", len(ptys), errno.errorcode[e.errno])
+        break
+libc.shmget(0, 1 << 20, 0o1600)  # IPC_PRIVATE | IPC_CREAT: a SysV segment, in the session's IPC namespace
+EOF
+"""
+
+
+def test_a_session_holds_only_its_share_of_host_wide_tables() -> None:
+    """AIO contexts are refused; a session's ptys stop at `ptys` and the next session still gets its own;
+    the open files a session's processes may hold are within its share of fs.file-max; SysV IPC is the
+    session's own; the host's counts of those objects read as nothing. Before: one session's io_setup took
+    all 65,536 AIO events, 3,071 ptys took the host's last, and aio-nr, pty/nr, file-nr were readable."""
+    require_sandbox()
+    if os.uname().machine != "x86_64":
+        pytest.skip("the probe's io_setup number is x86_64's")
+    cfg = fast(ptys=8)
+    a, b = Shell(cfg), Shell(cfg, uid_slot=1)
+    try:
+        out = a.run(TABLES).output
+        assert "io_setup -1 ENOSYS" in out and "ptys 8 ENOSPC" in out, out
+        assert "ptys 8 ENOSPC" in b.run(TABLES).output  # the other session's are its own
+        assert b.run("cat /proc/sysvipc/shm | wc -l").output.strip() == "2"  # a header, and b's own segment
+        for path in COUNTERS:
+            if os.path.exists(path):
+                r = b.run(f"cat {path} 2>/dev/null | wc -c")
+                assert r.output.strip() == "0", (path, r.output)
+        nofile = int(a.run("ulimit -n").output)
+        assert nofile == cfg.nofile() and nofile * cfg.processes() <= sandbox_config.file_share(cfg)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_budgets_hand_computed() -> None:
+    cfg = SandboxConfig(nproc=64, pid_fraction=0.5, host_share=0.5, ptys=16)
+    # pids 32768 * 0.5 / 64 = 256; files 10,000,000 * 0.5 // (72 * 1024) = 67; ptys 3072 * 0.5 // 16 = 96
+    assert {k: n for k, (n, _) in budgets(cfg, 32768, 10_000_000, 3072).items()} == {"pids": 256, "files": 67,
+                                                                                     "ptys": 96}
+    assert session_budget(cfg, 32768, 10_000_000, 3072) == 67
+    # open files: 5,000,000 per session over 67 sessions, 72 processes each: 1,036 per process
+    assert cfg.nofile(host_file_max=10_000_000) == min(cfg.nofile(host_file_max=1 << 40), 5_000_000 // 67 // 72)
+    with pytest.raises(ValueError, match="68 sandbox slots exceed this host's files budget"):
+        check_slots(cfg, 68, 32768, 10_000_000, 3072)
+    with pytest.raises(ValueError, match="97 sandbox slots exceed this host's ptys budget"):
+        check_slots(SandboxConfig(open_files=16), 97, 32768, 10_000_000, 3072)
+
+
+def driver_module(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    """driver.py as the sandbox runs it, imported here: `sandbox_view` is view.py."""
+    view = types.ModuleType("sandbox_view")
+    exec(compile(Path(sandbox_shell.VIEW_SOURCE).read_text(), "sandbox_view", "exec"), view.__dict__)
+    monkeypatch.setitem(sys.modules, "sandbox_view", view)
+    module = types.ModuleType("sandbox_driver")
+    exec(compile(Path(sandbox_shell.DRIVER_SOURCE).read_text(), "sandbox_driver", "exec"), module.__dict__)
+    return module
+
+
+@pytest.mark.parametrize("code", [errno.ENFILE, errno.EMFILE])
+def test_the_driver_survives_a_full_file_table(monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    """No descriptor left for a command's output pipe (the host's file table full, ENFILE, or the driver's
+    own, EMFILE) is that command's failure, an observation. Before: `os.pipe()` outside the `try` raised,
+    the driver exited, and the session ended as env_error ("the sandbox's driver exited")."""
+    driver = driver_module(monkeypatch)
+
+    def full() -> tuple[int, int]:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(driver.os, "pipe", full)
+    answer = driver.Driver()._spawn(["true"], {}, 5, True, None)
+    assert answer["exit"] == 127 and os.strerror(code) in base64.b64decode(answer["output"]).decode()
+
+
+def test_the_driver_answers_whatever_a_request_holds() -> None:
+    """Text no program can take, sent to the driver as it is (past `exec_text`), is the command's failure:
+    the driver answers and goes on. Before: "\ud800" ended it."""
+    require_sandbox()
+    shell = Shell(fast())
+    try:
+        r = shell._request({"op": "run", "cmd": "echo \ud800"}, 5.0)
+        assert r.exit_code == 127 and "agentrl: could not start" in r.output, r
+        assert shell.run("echo alive").output == "alive\n"
+    finally:
+        shell.close()
+
+
+def test_any_text_is_a_command() -> None:
+    """NULs and unpaired surrogates reach the shell as text (U+FFFD where a surrogate has no byte of its
+    own); before, "echo \\ud800" ended the driver ("the sandbox's driver exited")."""
+    assert exec_text("a\0b\ud800c\udcff") == "ab\ufffdc\udcff" and exec_text("plain") == "plain"
+    require_sandbox()
+    shell = Shell(fast())
+    try:
+        assert shell.run("echo \ud800 x\0y").output == "\ufffd xy\n"
+        assert shell.run_independent(["echo", "\udfff"]).output == "\ufffd\n"
+        assert shell.run("echo alive").output == "alive\n"
+    finally:
+        shell.close()

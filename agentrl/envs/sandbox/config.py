@@ -58,6 +58,13 @@ class SandboxConfig:
     """RLIMIT_NOFILE; 0 = Docker's 1048576 (AgentBench's runtime; some of its samples open fd 123321)
     for a worker with CAP_SYS_RESOURCE, which may raise its hard limit (up to the kernel's nr_open),
     else the worker's own hard limit (a root worker in a container may lack the capability)."""
+    ptys: int = 16
+    """Pseudo-terminals per session: its own devpts instance with this maximum (bubblewrap). The kernel
+    counts ptys host-wide (`kernel.pty.nr`, at most `kernel.pty.max` less `kernel.pty.reserve` outside the
+    host's own instance), so `host_share` of those over `ptys` bounds the sessions at once."""
+    host_share: float = 0.5
+    """Of each host-wide kernel table sessions draw on (the open-file table `fs.file-max`, the ptys), the
+    part all live sessions together may hold: each session's share is this over `session_budget`."""
     cpu_s: int = 3600
     disk_mb: int = 512
     """Size of the session's writable root (a tmpfs: host memory, allocated as it is used)."""
@@ -107,12 +114,19 @@ class SandboxConfig:
         ranges = max(1, (2**32 - 2 - self.uid_base) // max(self.uid_count, 1))
         return self.uid_base + (slot % ranges) * self.uid_count
 
-    def nofile(self) -> int:
-        """The sessions' RLIMIT_NOFILE (see `open_files`)."""
+    def nofile(self, host_file_max: int | None = None) -> int:
+        """The sessions' RLIMIT_NOFILE (see `open_files`): with 0, also at most the session's share of the
+        host's open-file table over its processes (`file_share`), so that no session can fill the table."""
         if self.open_files:
             return self.open_files
         hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-        return max(hard, min(DOCKER_NOFILE, nr_open())) if has_capability(CAP_SYS_RESOURCE) else hard
+        wanted = max(hard, min(DOCKER_NOFILE, nr_open())) if has_capability(CAP_SYS_RESOURCE) else hard
+        return max(1, min(wanted, file_share(self, host_file_max) // self.processes()))
+
+    def processes(self) -> int:
+        """What may hold open files in one session at once: its `nproc`, and the launcher, bubblewrap and
+        the driver (the cgroup's pid limit)."""
+        return self.nproc + CGROUP_EXTRA_PIDS
 
     def image_dir(self) -> Path:
         return Path(self.image).expanduser() if self.image else default_rootfs_dir()
@@ -223,16 +237,62 @@ def pid_max(path: str = "/proc/sys/kernel/pid_max") -> int:
         return 32768  # the kernel's default
 
 
-def session_budget(cfg: SandboxConfig, host_pid_max: int | None = None) -> int:
-    """How many sessions may live at once on this host: `pid_fraction` of pid_max over `nproc` each."""
-    return int((host_pid_max or pid_max()) * cfg.pid_fraction) // max(cfg.nproc, 1)
+def file_max(path: str = "/proc/sys/fs/file-max") -> int:
+    try:
+        return int(Path(path).read_text())
+    except (OSError, ValueError):
+        return 1 << 20
 
 
-def check_slots(cfg: SandboxConfig, slots: int, host_pid_max: int | None = None) -> None:
-    """Raise ValueError when `slots` sessions of `nproc` processes each could exhaust the host's PIDs."""
-    limit = host_pid_max or pid_max()
-    budget = session_budget(cfg, limit)
-    if slots > budget:
-        raise ValueError(f"{slots} sandbox slots x {cfg.nproc} processes each = {slots * cfg.nproc} exceeds "
-                         f"{cfg.pid_fraction:g} of this host's pid_max ({limit}): at most {budget} slots, "
-                         f"or lower sandbox.nproc")
+def host_ptys(base: str = "/proc/sys/kernel/pty") -> int:
+    """Ptys the kernel lets all devpts instances but the host's own hold together (max less reserve)."""
+    try:
+        return int(Path(base, "max").read_text()) - int(Path(base, "reserve").read_text())
+    except (OSError, ValueError):
+        return 4096 - 1024  # the kernel's defaults
+
+
+MIN_NOFILE = 1024
+"""The fewest open files per process a session is given when `open_files` is 0 (Docker 29's default):
+sessions past what the host's file table allows at this many are refused (`session_budget`)."""
+
+
+def budgets(cfg: SandboxConfig, host_pid_max: int | None = None, host_file_max: int | None = None,
+            ptys: int | None = None) -> dict[str, tuple[int, str]]:
+    """Sessions at once each host-wide table allows -> (count, why): pids (`pid_fraction` of pid_max over
+    `nproc`), open files (`host_share` of fs.file-max over processes x files per process, at least
+    `MIN_NOFILE`), ptys (`host_share` of the ptys over `ptys`; bubblewrap's own devpts instance)."""
+    pids = host_pid_max or pid_max()
+    files = host_file_max or file_max()
+    per_process = cfg.open_files or MIN_NOFILE
+    out = {"pids": (int(pids * cfg.pid_fraction) // max(cfg.nproc, 1),
+                    f"{cfg.pid_fraction:g} of pid_max {pids} over {cfg.nproc} processes"),
+           "files": (int(files * cfg.host_share) // (cfg.processes() * per_process),
+                     f"{cfg.host_share:g} of fs.file-max {files} over {cfg.processes()} processes x "
+                     f"{per_process} files")}
+    if cfg.ptys > 0:
+        total = ptys or host_ptys()
+        out["ptys"] = (int(total * cfg.host_share) // cfg.ptys,
+                       f"{cfg.host_share:g} of the host's {total} ptys over {cfg.ptys}")
+    return out
+
+
+def session_budget(cfg: SandboxConfig, host_pid_max: int | None = None, host_file_max: int | None = None,
+                   ptys: int | None = None) -> int:
+    """How many sessions may live at once on this host: the least any host-wide table allows (`budgets`)."""
+    return min(n for n, _ in budgets(cfg, host_pid_max, host_file_max, ptys).values())
+
+
+def file_share(cfg: SandboxConfig, host_file_max: int | None = None) -> int:
+    """Open files one session may hold: `host_share` of fs.file-max over the sessions that may live at once."""
+    files = host_file_max or file_max()
+    return int(files * cfg.host_share) // max(session_budget(cfg, host_file_max=files), 1)
+
+
+def check_slots(cfg: SandboxConfig, slots: int, host_pid_max: int | None = None,
+                host_file_max: int | None = None, ptys: int | None = None) -> None:
+    """Raise ValueError when `slots` sessions could exhaust a host-wide table (pids, open files, ptys)."""
+    for name, (budget, why) in budgets(cfg, host_pid_max, host_file_max, ptys).items():
+        if slots > budget:
+            raise ValueError(f"{slots} sandbox slots exceed this host's {name} budget ({why}): at most "
+                             f"{budget} slots, or lower sandbox.nproc / sandbox.open_files / sandbox.ptys")

@@ -49,7 +49,7 @@ import subprocess
 import tarfile
 import time
 
-from sandbox_view import Tools, enter_view, node_id
+from sandbox_view import MS_NOSUID, Tools, _mount, enter_view, node_id
 
 STATE = "/run/agentrl-shell/state"
 LIMITS = {"nproc": resource.RLIMIT_NPROC, "as": resource.RLIMIT_AS, "fsize": resource.RLIMIT_FSIZE,
@@ -151,6 +151,11 @@ class Driver:
             error = confine_own_caps(libc, keep, self.cfg.get("admin"))
             if error:
                 return error
+        if self.cfg.get("ptys"):  # a devpts instance of the session's own, with at most this many ptys
+            try:
+                own_ptys(int(self.cfg["ptys"]))
+            except OSError as e:
+                return f"could not bound the session's ptys: {e}"
         for name, value in sorted(self.cfg.get("limits", {}).items()):
             try:
                 resource.setrlimit(LIMITS[name], (int(value), int(value)))
@@ -188,14 +193,20 @@ class Driver:
             return
         while True:
             req = json.loads(self.read_line())
-            self.reap()
-            if req["op"] == "run":
-                env = dict(self.cfg["env"], __AR_STATE=self.state, __AR_CMD=req["cmd"])
-                self.send(self._spawn(["bash"], env, req["timeout"], True, WRAPPER, lambda: oom_first(AGENT_OOM)))
-            elif req["op"] == "exec":
-                self.send(self.grader(req))
-            else:
-                self.send({"error": f"unknown op {req.get('op')!r}"})
+            try:  # whatever one request meets (a full file table, text no exec takes), the driver answers
+                answer = self.handle(req)
+            except Exception as e:  # noqa: BLE001 - the session's own failure, told as its command's result
+                answer = failed(f"agentrl: the command could not run: {type(e).__name__}: {e}")
+            self.send(answer)
+
+    def handle(self, req):
+        self.reap()
+        if req["op"] == "run":
+            env = dict(self.cfg["env"], __AR_STATE=self.state, __AR_CMD=req["cmd"])
+            return self._spawn(["bash"], env, req["timeout"], True, WRAPPER, lambda: oom_first(AGENT_OOM))
+        if req["op"] == "exec":
+            return self.grader(req)
+        return {"error": f"unknown op {req.get('op')!r}"}
 
     def grader(self, req):
         """An independent program (a grader, an init script): every other process stopped first (with
@@ -244,8 +255,9 @@ class Driver:
             pass
 
     def _spawn(self, argv, env, timeout, stderr, script, preexec=None):
-        r, w = os.pipe()
-        try:
+        r = w = None
+        try:  # every resource the start takes is inside: a full file table is the command's failure, not ours
+            r, w = os.pipe()
             for attempt in range(10):  # like bash's "fork: retry" when the sandbox's process limit is full
                 try:
                     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL if script is None else subprocess.PIPE,
@@ -259,14 +271,12 @@ class Driver:
                         raise
                     time.sleep(0.1 * (attempt + 1))
         except subprocess.SubprocessError as e:  # the grader's view could not be made: fail closed
-            os.close(r)
-            os.close(w)
+            close_all(r, w)
             return failed(f"agentrl: grader view: {e}")
-        except OSError as e:
-            os.close(r)
-            os.close(w)
-            return {"exit": 127, "output": base64.b64encode(str(e).encode()).decode(), "timed_out": False,
-                    "truncated": False}
+        except (OSError, ValueError) as e:  # ENFILE, EMFILE, EAGAIN, ...; ValueError: text no exec can take
+            close_all(r, w)
+            return {"exit": 127, "output": base64.b64encode(f"agentrl: could not start: {e}".encode()).decode(),
+                    "timed_out": False, "truncated": False}
         os.close(w)
         if script is not None:  # smaller than a pipe's buffer: never blocks
             try:
@@ -428,6 +438,27 @@ def oom_first(score):
             f.write(str(score))
     except OSError:  # no /proc here (the unsandboxed backend): the cgroup limit still holds
         pass
+
+
+def close_all(*fds):
+    for fd in fds:
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+MS_NOEXEC = 8
+DEVPTS_OPTIONS = "newinstance,ptmxmode=0666,mode=620"  # bubblewrap's own for its --dev
+
+
+def own_ptys(limit):
+    """Mount a devpts instance of the session's own over /dev/pts, with at most `limit` ptys: bubblewrap's
+    has no maximum, and the kernel's count of ptys outside the host's instance is host-wide
+    (`kernel.pty.nr`), so one session could take them all. /dev/ptmx links to pts/ptmx."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    _mount(libc, "devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, f"{DEVPTS_OPTIONS},max={int(limit)}")
 
 
 def failed(message):

@@ -158,7 +158,14 @@ def seed_archive(image: str) -> bytes:
 # /proc entries a container's root reads but the sandbox's cannot (the host's root-only /proc/tty/driver,
 # the non-dumpable driver's own fd tables): empty and read-only, so that `find /` exits 0 as it does in
 # AgentBench's container (its check scripts run `find / ...` and test the exit status).
-PROC_MASKED = ("/proc/tty/driver", "/proc/1/fdinfo", "/proc/1/map_files", "/proc/1/task/1/fdinfo")
+PROC_MASKED = ("/proc/tty/driver", "/proc/1/fdinfo", "/proc/1/map_files", "/proc/1/task/1/fdinfo", "/proc/sys/fs/quota")
+HOST_COUNTERS = ("/proc/sys/fs/aio-nr", "/proc/sys/fs/file-nr", "/proc/sys/fs/inode-nr", "/proc/sys/fs/inode-state",
+                 "/proc/sys/fs/dentry-state", "/proc/sys/kernel/pty/nr", "/proc/locks")
+"""Host-wide counts of kernel objects that any session changes (AIO events, open files, inodes, dentries,
+ptys, file locks with their inode numbers): read in another session, each is a channel between them (one
+session's `io_setup`s or ptys, counted by the next). Each reads empty (/dev/null bound over it); the
+per-session limits (`SandboxConfig.nofile`, `ptys`, the seccomp filter) do not need them. /proc/sys/fs/quota
+(the host's disk-quota operation counts) is masked as a directory, with PROC_MASKED."""
 
 
 def bwrap_argv(mounts: list[str], command: list[str], hostname: str, disk_mb: int, shm_mb: int,
@@ -172,7 +179,9 @@ def bwrap_argv(mounts: list[str], command: list[str], hostname: str, disk_mb: in
     seccomp_fd: a file descriptor bubblewrap reads the session's seccomp filter from
         (`agentrl.envs.sandbox.seccomp`), loaded before the command runs.
     """
-    masks = [a for path in PROC_MASKED for a in ("--size", "4096", "--tmpfs", path, "--remount-ro", path)]
+    masks = [a for path in PROC_MASKED if os.path.isdir(path)
+             for a in ("--size", "4096", "--tmpfs", path, "--remount-ro", path)]
+    masks += [a for path in HOST_COUNTERS if os.path.exists(path) for a in ("--ro-bind", "/dev/null", path)]
     if in_userns:
         users = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
                  "--assert-userns-disabled", "--cap-drop", "ALL",

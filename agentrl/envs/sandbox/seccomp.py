@@ -8,7 +8,9 @@ session held all 128 inotify instances of the host's root, and the next session 
 24); a pipe's buffer can be grown to 1 MB (`F_SETPIPE_SZ`), and the pages are counted per host uid
 (`pipe-user-pages-soft`): past them every new pipe of that uid gets one page. POSIX message queues
 (`RLIMIT_MSGQUEUE`, per uid), io_uring, userfaultfd, perf events and BPF are more kernel state no task
-needs (Docker's default profile refuses most of them too).
+needs (Docker's default profile refuses most of them too). Kernel AIO contexts (`io_setup`) are counted
+host-wide (`fs.aio-nr` against `fs.aio-max-nr`): one session once held all 65,536 events and the next
+session and the host's root got EAGAIN; refused, glibc's POSIX AIO (threads) still works.
 
 What the filter does (`seccomp_filter`): on this machine's architecture, each call in `DENIED` fails with
 ENOSYS (as on a kernel built without it: `tail -f` falls back to polling), `fcntl(fd, F_SETPIPE_SZ, n)`
@@ -50,15 +52,15 @@ ARCHES: dict[str, tuple[int, dict[str, int]]] = {
     "x86_64": (0xC000003E, {
         "add_key": 248, "request_key": 249, "keyctl": 250, "inotify_init": 253, "inotify_init1": 294,
         "fanotify_init": 300, "perf_event_open": 298, "bpf": 321, "userfaultfd": 323, "mq_open": 240,
-        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "fcntl": 72}),
+        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "io_setup": 206, "fcntl": 72}),
     "aarch64": (0xC00000B7, {
         "add_key": 217, "request_key": 218, "keyctl": 219, "inotify_init1": 26, "fanotify_init": 262,
         "perf_event_open": 241, "bpf": 280, "userfaultfd": 282, "mq_open": 180,
-        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "fcntl": 25}),
+        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "io_setup": 0, "fcntl": 25}),
 }
 """Per machine: the audit architecture and the system call numbers the filter names."""
 DENIED = ("add_key", "request_key", "keyctl", "inotify_init", "inotify_init1", "fanotify_init", "perf_event_open",
-          "bpf", "userfaultfd", "mq_open", "io_uring_setup", "io_uring_enter", "io_uring_register")
+          "bpf", "userfaultfd", "mq_open", "io_uring_setup", "io_uring_enter", "io_uring_register", "io_setup")
 
 
 class SeccompUnavailable(RuntimeError):

@@ -114,6 +114,19 @@ def python_argv(code: str, params: list[str]) -> list[str]:
     return [*TRUSTED_PYTHON, "-c", PYTHON_PRELUDE, code, *params]
 
 
+def exec_text(text: str) -> str:
+    """`text` as it can reach a program (an environment variable, argv): without NULs, which cannot travel
+    there (nor in a tty), and with each unpaired surrogate that has no byte of its own replaced by U+FFFD.
+    The sandbox's python encodes text with `surrogateescape`: U+DC80..U+DCFF stand for the bytes 0x80..0xFF
+    (kept); U+D800 has no byte, and once ended the driver. Any text a client sends is a command here."""
+    text = text.replace("\0", "")
+    try:
+        text.encode("utf-8", "surrogateescape")
+        return text
+    except UnicodeEncodeError:
+        return "".join("\ufffd" if "\ud800" <= c <= "\udfff" and not "\udc80" <= c <= "\udcff" else c for c in text)
+
+
 # ------------------------------------------------------------------------------------------- the shell
 
 @dataclass
@@ -185,6 +198,7 @@ class Shell:
         if self.backend == "bwrap":  # the bounding set the driver keeps for the session's root
             cfg["caps"] = sorted(DOCKER_CAPS.values()) if c.many_uids(self.backend) else []
             cfg["admin"] = DRIVER_CAPS["CAP_SYS_ADMIN"]
+            cfg["ptys"] = c.ptys
         seed = b""
         if self.backend == "bwrap":
             seed = seed_archive(str(self.cfg.image_dir().absolute()))
@@ -319,8 +333,8 @@ class Shell:
     # ---------------------------------------------------------------------------------- commands
     def run(self, command: str, timeout: float | None = None) -> CommandResult:
         """Run `command` in the session's shell (stdout and stderr together; state carries over)."""
-        command = command.replace("\0", "")  # cannot travel in an environment variable or argv (neither in a tty)
-        return self._request({"op": "run", "cmd": command}, self.cfg.command_timeout_s if timeout is None else timeout)
+        return self._request({"op": "run", "cmd": exec_text(command)},
+                             self.cfg.command_timeout_s if timeout is None else timeout)
 
     def run_independent(self, argv: list[str], timeout: float | None = None, stderr: bool = False,
                         freeze: bool = False, view: bool = True) -> CommandResult:
@@ -328,7 +342,7 @@ class Shell:
         (unless `stderr`); with `freeze`, every other process of the sandbox is stopped meanwhile; with
         `view` (bubblewrap), in its own mount namespace whose /usr is the image's, read-only (graders);
         without, in the session's own (a sample's init script, which may write its /usr/bin)."""
-        argv = [a.replace("\0", "") for a in argv]
+        argv = [exec_text(a) for a in argv]
         return self._request({"op": "exec", "argv": argv, "stderr": stderr, "freeze": freeze, "view": view},
                              self.cfg.command_timeout_s if timeout is None else timeout)
 
