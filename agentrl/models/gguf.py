@@ -7,8 +7,9 @@
     verify    three checks of the written directory against the GGUF: every tensor equals the GGUF's
               dequantized one rounded to the saved dtype (transformers' own GGUF loader, an independent read);
               the token embedding equals `gguf`'s own dequantization of the file (no transformers in between);
-              and the next-token logits of a chat prompt, ours (float32 compute) against the GGUF model's
-              float32 forward pass: the largest KL divergence and the share of positions whose top token agrees
+              and the next-token logits of a chat prompt (of raw text, `RAW_PROBE`, for a GGUF without a chat
+              template: a base model), ours (float32 compute) against the GGUF model's float32 forward pass: the
+              largest KL divergence and the share of positions whose top token agrees
 
 `transformers.AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)` alone gives a model that cannot be
 saved as it is: hence the explicit class. Needs the `gguf` and `accelerate` packages. A wheel that carries a
@@ -33,6 +34,8 @@ import torch
 log = logging.getLogger("agentrl.models.gguf")
 
 PROBE = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+RAW_PROBE = "The capital of France is"
+"""The prompt of a GGUF without a chat template (a base model): raw text, encoded with the tokenizer's own bos."""
 VERIFY_FILE = "gguf_verification.json"
 """Written into the converted directory: what the GGUF was and how the check came out."""
 
@@ -50,6 +53,10 @@ class Verification:
     """Largest KL(GGUF || ours) over the probe's positions, float32 compute on both sides."""
     top1_agreement: float
     greedy_reply: str
+    prompt: str = PROBE[0]["content"]
+    """What the logits were compared on: the chat prompt, or `RAW_PROBE` when the GGUF has no chat template."""
+    chat_template: bool = True
+    """Whether the GGUF ships a chat template (a base model's does not: set model.chat_template)."""
 
     @property
     def ok(self) -> bool:
@@ -121,8 +128,9 @@ def verify(gguf_file: str | Path, out: str | Path) -> Verification:
     emb_diff = float((emb.to(cast).float() - mine["model.embed_tokens.weight"]).abs().max()) \
         if emb is not None else math.nan
     tok = transformers.AutoTokenizer.from_pretrained(str(out))
-    ids = torch.tensor([tok.apply_chat_template(PROBE, tokenize=True, add_generation_prompt=True,
-                                                return_dict=False)])
+    templated = bool(tok.chat_template)
+    ids = torch.tensor([tok.apply_chat_template(PROBE, tokenize=True, add_generation_prompt=True, return_dict=False)
+                        if templated else tok(RAW_PROBE)["input_ids"]])  # a base model: raw text
     with torch.no_grad():
         lp_ref = ref(ids).logits[0].log_softmax(-1)  # [T, V]
         lp_ours = ours(ids).logits[0].log_softmax(-1)
@@ -130,7 +138,8 @@ def verify(gguf_file: str | Path, out: str | Path) -> Verification:
         top1 = (lp_ref.argmax(-1) == lp_ours.argmax(-1)).float().mean()
         reply = ours.generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=tok.pad_token_id)
     v = Verification(str(gguf_file), saved, len(mine), equal, emb_diff, float(kl.max()), float(top1),
-                     tok.decode(reply[0, ids.shape[1]:], skip_special_tokens=True).strip())
+                     tok.decode(reply[0, ids.shape[1]:], skip_special_tokens=True).strip(),
+                     PROBE[0]["content"] if templated else RAW_PROBE, templated)
     (out / VERIFY_FILE).write_text(json.dumps(asdict(v), indent=2))
     return v
 

@@ -6,6 +6,7 @@ parser, strict; the template's turn end (`<end_of_turn>`, `<|eot_id|>`, `<|im_en
 though the directory never listed it; and `jobs.check_model` fails on a template whose turn end no stop can match."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,24 @@ def test_check_model_fails_when_the_templates_turn_end_is_not_a_stop(base, tmp_p
     assert "turn end   the chat template closes an assistant turn with text" in out and "<- FAILED" in out
     assert check_model.main([str(base["plain-base"]), "model.chat_template=plain-tools", "--tasks", "lookup"]) == 0
     assert "turn end   </s> (1), a stop token" in capsys.readouterr().out
+
+
+def test_make_model_converts_and_verifies_a_gguf_without_a_chat_template(tmp_path, capsys) -> None:
+    """A base model's GGUF (no template) is verified on raw text, and the output names the template that fits."""
+    from jobs import make_model
+    from tests.models.gguf_standin import write_gguf
+
+    small = standins.build("llama3-base", tmp_path / "src", num_layers=1)
+    gguf_file = write_gguf(small, tmp_path / "base.gguf")
+    out = tmp_path / "converted"
+    assert make_model.main(["--from-gguf", str(gguf_file), str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "tensors equal to the GGUF's, rounded to bfloat16: True" in printed
+    assert "top-1 agreement 1.000" in printed
+    assert "greedy reply to 'The capital of France is' (raw text: no chat template)" in printed
+    assert "it has none" in printed and "Set model.chat_template=llama3-tools" in printed
+    v = json.loads((out / "gguf_verification.json").read_text())
+    assert v["chat_template"] is False and v["prompt"] == "The capital of France is"
+    # the template it names works on the converted directory, its <|eot_id|> a stop
+    fmt = ChatFormat.load(out, chat_template="llama3-tools")
+    assert fmt.tokenizer.convert_ids_to_tokens(fmt.turn_end) == "<|eot_id|>" and fmt.turn_end in fmt.stop_ids
