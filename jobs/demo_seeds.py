@@ -7,6 +7,9 @@ r"""Run the demo (or another preset) over seeds and trainer thread counts and ch
     python -m jobs.demo_seeds --preset smollm2-135m --seeds 0,1 --threads 2 --control all --gate-control \
         --min-gain 0 --root runs/smollm2-seeds --out runs/bench/smollm2_seeds.json      # the real model (README)
     python -m jobs.demo_seeds ... --reuse     # the same sweep again: finished runs are read, the rest run
+    python -m jobs.demo_seeds --preset smollm2-135m-agentbench --seeds 0,1 --threads 2 --control all \
+        --gate-mean 3 --max-drop-sigmas 2 --root runs/smollm2-agentbench-seeds \
+        --out runs/bench/smollm2_agentbench_seeds.json --reuse        # the paper's tasks together (README)
 
 Each run is `python -m jobs.train --preset P seed=S trainer.threads=T` in its own run dir
 (runs/demo-seeds/s<S>-t<T>/). The gate, per run and per task: the sampled held-out success after RL
@@ -15,7 +18,10 @@ Prints a table and writes runs/bench/demo_seeds.json; exits 1 if any run or task
 run (`trainer.update=sft`: the same warm start as the RL run, continued for as many updates, no RL, each of
 `trainer.control_batch` demonstrations; --control for the first seed, --control all for each) is reported;
 with --gate-control each run's sampled success after RL must also exceed its seed's control's by more than
---min-sigmas standard errors (binomial, over both evaluations' episodes).
+--min-sigmas standard errors (binomial, over both evaluations' episodes). With several tasks, --gate-mean K gates
+the mean over tasks of RL - control instead (more than K standard errors, the tasks' pooled) and drops the per-task
+gain gate; --max-drop-sigmas K fails a task whose sampled success after RL is more than K standard errors below its
+warm start's.
 """
 from __future__ import annotations
 
@@ -29,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from agentrl.bench.seeds import gate, table, versus_control
+from agentrl.bench.seeds import drop_gate, gate, mean_gate, mean_versus_control, table, versus_control
 
 
 def run_name(seed: int, threads: int, control: bool) -> str:
@@ -81,6 +87,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run the control (trainer.update=sft): on the first seed, or on each (all)")
     ap.add_argument("--gate-control", action="store_true",
                     help="gate each run's sampled success after RL on its seed's control's, too")
+    ap.add_argument("--gate-mean", type=float, default=None, metavar="K",
+                    help="with a control: gate on the mean over tasks of RL - control exceeding K standard errors "
+                         "(the multi-task bar), instead of each task's against --min-sigmas")
+    ap.add_argument("--max-drop-sigmas", type=float, default=None, metavar="K",
+                    help="also gate: no task's sampled success after RL below its warm start's by more than K "
+                         "standard errors (training the tasks together costs none of them)")
     ap.add_argument("--control-set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                     help="a setting for the control runs only (e.g. trainer.control_batch=32: as many "
                          "demonstrations per update as an RL step's episodes); repeatable")
@@ -102,14 +114,27 @@ def main(argv: list[str] | None = None) -> int:
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
         runs = list(pool.map(lambda c: run_demo(root, *c, args.overrides, args.preset,
                                                  tuple(args.control_set), args.reuse), combos))
-    misses = [m for run in runs if not run["control"] for m in gate(run, args.min_gain, args.min_sigmas)]
+    if args.gate_mean is None:
+        misses = [m for run in runs if not run["control"] for m in gate(run, args.min_gain, args.min_sigmas)]
+    else:  # the multi-task bar: the mean against the control and the drop gate stand for each task's own gain
+        misses = [f"{run['name']}: the run failed (rc {run['rc']})" for run in runs if "error" in run]
+    if args.max_drop_sigmas is not None:
+        misses += [m for run in runs if not run["control"] for m in drop_gate(run, args.max_drop_sigmas)]
     controls = {(run["seed"], run["threads"]): run for run in runs if run["control"]}
     for run in runs:
         control = controls.get((run["seed"], run["threads"]))
         if not run["control"] and control is not None:
             run["vs_control"], missed = versus_control(run, control, args.min_sigmas)
-            misses += missed if args.gate_control else []
+            run["vs_control_mean"] = mean_versus_control(run["vs_control"])
+            if args.gate_mean is not None:
+                misses += mean_gate(run, args.gate_mean)
+            elif args.gate_control:
+                misses += missed
     print(table(runs))
+    for run in runs:
+        if (m := run.get("vs_control_mean")) is not None:
+            print(f"{run['name']}: mean over {m['tasks']} tasks, RL - control {m['diff']:+.3f} ± {m['se']:.3f} "
+                  f"({m['diff'] / m['se'] if m['se'] else float('inf'):.1f} se)")
     for m in misses:
         print("MISS", m)
     for run in runs:
@@ -118,8 +143,14 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"min_gain": args.min_gain, "min_sigmas": args.min_sigmas, "runs": runs,
                                     "misses": misses}, indent=2))
-    gated = sum((len(run.get("per_task", {})) or 1) * (2 if args.gate_control and "vs_control" in run else 1)
-                for run in runs if not run["control"])
+    gated = 0  # one per (run, task) gate, one per run for the mean gate
+    for run in runs:
+        if run["control"]:
+            continue
+        tasks = len(run.get("per_task", {})) or 1
+        gated += tasks * ((args.gate_mean is None) + (args.max_drop_sigmas is not None))
+        if "vs_control" in run:
+            gated += 1 if args.gate_mean is not None else tasks if args.gate_control else 0
     print(f"wrote {args.out}")
     print(f"{args.preset}: {gated - len(misses)} passed, {len(misses)} failed")  # one line per (run, task) gate
     return 1 if misses else 0

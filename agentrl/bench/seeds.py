@@ -57,3 +57,39 @@ def table(runs: list[dict[str, Any]]) -> str:
                          f"{run['wall_s']:>5.0f}s" + (f"  vs control {v['diff']:+.3f} ± {v['se']:.3f}"
                                                       if (v := run.get("vs_control", {}).get(task)) else ""))
     return "\n".join(lines)
+
+
+def mean_versus_control(vs: dict[str, dict[str, float]]) -> dict[str, float] | None:
+    """The mean over tasks of RL − control and its standard error (the tasks' evaluations are independent:
+    se = √(Σ seᵢ²) / n). None when no task was compared."""
+    if not vs:
+        return None
+    n = len(vs)
+    return {"diff": sum(v["diff"] for v in vs.values()) / n,
+            "se": math.sqrt(sum(v["se"] ** 2 for v in vs.values())) / n, "tasks": n}
+
+
+def mean_gate(run: dict[str, Any], min_sigmas: float) -> list[str]:
+    """Misses of the multi-task bar against the control: the mean over tasks of RL − control must exceed
+    `min_sigmas` standard errors (the paper's claim is about the task set, not each task alone)."""
+    m = run.get("vs_control_mean")
+    if m is None:
+        return [f"{run['name']}: no mean over tasks against a control"]
+    if m["diff"] <= min_sigmas * m["se"]:
+        return [f"{run['name']} mean over {m['tasks']} tasks: RL − control {m['diff']:+.3f} (se {m['se']:.3f}) "
+                f"misses > {min_sigmas} se"]
+    return []
+
+
+def drop_gate(run: dict[str, Any], max_drop_sigmas: float) -> list[str]:
+    """Misses of 'training the families together costs none of them': no task's sampled success after RL is below
+    its warm start's by more than `max_drop_sigmas` standard errors of the difference."""
+    if "error" in run:
+        return []  # `gate` reports the failed run
+    misses = []
+    for task, r in run["per_task"].items():
+        gain, se = r.get("sampled_gain"), r.get("sampled_gain_stderr")
+        if gain is not None and se is not None and gain < -max_drop_sigmas * se:
+            misses.append(f"{run['name']} {task}: sampled success fell {gain:+.3f} (se {se:.3f}), more than "
+                          f"{max_drop_sigmas} se below its warm start")
+    return misses

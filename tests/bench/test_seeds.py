@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from agentrl.bench.seeds import gate, table, versus_control
+from agentrl.bench.seeds import drop_gate, gate, mean_gate, mean_versus_control, table, versus_control
 
 
 def _run(name: str, before: float, after: float, episodes: int = 256, control: bool = False) -> dict:
@@ -35,3 +35,30 @@ def test_versus_control_is_the_binomial_difference_of_the_two_evaluations_after(
     rl["vs_control"] = out
     text = table([rl, ctl | {"error": "x"}])
     assert "vs control +0.080" in text and "s0-t2-control    FAILED rc 0" in text
+
+
+def _tasks(name: str, pairs: dict[str, tuple[float, float]], episodes: int = 64, control: bool = False) -> dict:
+    run = _run(name, 0.5, 0.5, episodes, control)
+    run["per_task"] = {t: _run(name, b, a, episodes)["per_task"]["lookup"] for t, (b, a) in pairs.items()}
+    return run
+
+
+def test_the_mean_over_tasks_against_the_control_pools_the_tasks_standard_errors() -> None:
+    rl = _tasks("s0-t2", {"db": (0.2, 0.5), "os": (0.1, 0.2), "kg": (0.3, 0.3)})
+    ctl = _tasks("s0-t2-control", {"db": (0.2, 0.3), "os": (0.1, 0.1), "kg": (0.3, 0.3)}, control=True)
+    vs, _ = versus_control(rl, ctl, min_sigmas=3)
+    m = mean_versus_control(vs)
+    naive_se = math.sqrt(sum(v["se"] ** 2 for v in vs.values())) / 3
+    assert math.isclose(m["diff"], (0.2 + 0.1 + 0.0) / 3) and math.isclose(m["se"], naive_se) and m["tasks"] == 3
+    rl["vs_control_mean"] = m
+    assert mean_gate(rl, min_sigmas=1) == []  # +0.100 against se ~0.044
+    assert mean_gate(rl, min_sigmas=3)  # 2.3 se: missed
+    assert mean_gate({"name": "x"}, 3) == ["x: no mean over tasks against a control"]
+    assert mean_versus_control({}) is None
+
+
+def test_the_drop_gate_flags_a_task_that_ends_below_its_warm_start() -> None:
+    run = _tasks("s0-t2", {"db": (0.2, 0.6), "os": (0.5, 0.3), "kg": (0.3, 0.27)})
+    misses = drop_gate(run, max_drop_sigmas=2)
+    assert len(misses) == 1 and "s0-t2 os" in misses[0]  # -0.20 is 2.3 se; kg's -0.03 is 0.4 se
+    assert drop_gate({"name": "y", "rc": 1, "error": "boom"}, 2) == []
