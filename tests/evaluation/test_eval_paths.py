@@ -29,6 +29,7 @@ from agentrl.evaluation.runner import EvalScope
 from agentrl.evaluation.targets import resolve
 from agentrl.monitor.eval_results import aggregate, read_results
 from agentrl.monitor.eval_stats import t_quantile
+from agentrl.monitor.eval_transcripts import read_transcripts
 from agentrl.rollout.agent_loop import EpisodeLimits
 from agentrl.rollout.collect import Retry
 
@@ -124,6 +125,24 @@ def test_endpoint_and_local_paths_score_each_sample_alike_under_greedy(served, t
     assert solved and set(solved) <= set(TAUGHT)  # it solves some of what it was taught, nothing else
     assert local["test-1"].tokens == remote["test-1"].tokens  # the same greedy tokens, counted by both
     assert "lookup" in local_table and "lookup" in remote_table
+    # the transcripts: a turn per assistant message on both paths; where both solved a sample, the same calls
+    # and the same env observations (an unreadable call's answer is each path's own: not compared)
+    said = {side: {e["index"]: e for e in read_transcripts(tmp_path / side / "eval.transcripts.jsonl.gz")}
+            for side in ("local", "endpoint")}
+    assert sorted(said["local"]) == sorted(said["endpoint"]) == sorted(local)
+    for side, scored in (("local", local), ("endpoint", remote)):
+        for i, e in said[side].items():
+            assert sum(m["role"] == "assistant" for m in e["messages"]) == scored[i].turns == e["turns"], (side, i)
+    for i in solved:
+        assert _exchange(said["local"][i]) == _exchange(said["endpoint"][i]), i
+        assert _exchange(said["local"][i])[0][-1][0] == "submit_answer", i
+
+
+def _exchange(e: dict) -> tuple[list, list]:
+    """An episode's (tool calls as (name, arguments), the env's observations' texts)."""
+    calls = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+             for m in e["messages"] if m["role"] == "assistant" for c in m.get("tool_calls", [])]
+    return calls, [m["content"] for m in e["messages"] if m["role"] != "assistant" and "by" not in m]
 
 
 def _eval_cli(url: str, out: Path, *extra: str) -> subprocess.Popen:
@@ -161,6 +180,10 @@ def test_an_interrupted_evaluation_resumes_with_only_the_missing_episodes(served
     assert after[:3] == kept
     eps = read_results(results)
     assert len(eps) == 12 and {(e.index, e.sample) for e in eps} == {(f"test-{i}", s) for i in range(6) for s in (0, 1)}
+    # one transcript per scored episode: those played before the kill and dropped from the file were played
+    # again, and the reader keeps each key's last, the one its results line scored
+    transcripts = {(t["index"], t["sample"]): t for t in read_transcripts(out / "eval-test.transcripts.jsonl.gz")}
+    assert {k: t["status"] for k, t in transcripts.items()} == {(e.index, e.sample): e.status for e in eps}
     # the tables hold what the file's episodes say: pass@k by the unbiased estimator, the t-interval over runs
     table = json.loads((out / "eval-test.json").read_text())["tasks"][0]
     by_index: dict[str, list[int]] = {}
