@@ -16,11 +16,13 @@ from agentrl.config import TrainerConfig
 from agentrl.monitor.progress import StepProgress
 from agentrl.trainer.batch import collate
 from agentrl.trainer.imitation import reproduced_share
+from agentrl.trainer.loss_watch import DemoFit, check_end, check_step, demo_fit
 from agentrl.trainer.parallel import Parallel
 from agentrl.trainer.step import sft_step
 from agentrl.types import Trajectory
 
 log = logging.getLogger("agentrl.trainer")
+__all__ = ["DemoFit", "WarmStart", "check_control_run", "no_demos_message", "split_demos"]
 
 
 def check_control_run(t: TrainerConfig, resume: Path | None) -> None:
@@ -97,6 +99,8 @@ class WarmStart:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda i: min(1.0, (i + 1) / warmup))
         self.rng = random.Random(seed)  # the same draws on every rank: each runs its share of the same batch
         self.done = 0
+        # the loss watch's fixed batch (`loss_watch`), drawn apart so the training draws stay as they were
+        self.probe = random.Random(seed + 2).sample(self.train, min(t.sft_batch, len(self.train)))
 
     def step(self, batch: int = 0) -> dict[str, float]:
         """One update on `batch` demonstrations drawn without replacement (0: `sft_batch`)."""
@@ -110,13 +114,16 @@ class WarmStart:
 
     def run(self, monitor) -> dict[str, float]:
         """The warm start; returns the last step's statistics plus `sft_steps_done`."""
-        t, stats = self.t, {}
+        t, stats, first = self.t, {}, None
+        before = demo_fit(self.model, self.probe, self.pad_id) if t.sft_steps else None
         # rank 0's bar (a terminal) or a line every 30 s (a Slurm log); it may stop early, at sft_target
         bar = StepProgress(t.sft_steps, "warm start") if self.par.is_main else None
         for i in range(t.sft_steps):
             if self.held and i % t.sft_check_every == 0 and self._imitates(monitor, i):
                 break
             stats = self.step()
+            first = first or stats
+            check_step(first, stats, i + 1, t.sft_lr)
             monitor.scalars({f"sft/{k}": v for k, v in stats.items()}, i)
             if bar is not None:
                 bar.update(1, loss=stats["sft_loss"], token_acc=stats["sft_token_acc"])
@@ -129,6 +136,13 @@ class WarmStart:
                             t.sft_steps, t.sft_target)
         if bar is not None:
             bar.close()
+        if before is not None and self.done:
+            after = demo_fit(self.model, self.probe, self.pad_id)
+            before, after = self.par.broadcast_object((before, after))  # rank 0's verdict on every rank
+            log.info("warm start: a fixed batch of its demonstrations went from loss %.4f (token_acc %.3f) to %.4f "
+                     "(%.3f)", before.loss, before.token_acc, after.loss, after.token_acc)
+            monitor.scalars({"sft/watch_loss_before": before.loss, "sft/watch_loss_after": after.loss}, self.done)
+            check_end(before, after, self.done, t.sft_lr)
         log.info("warm start done after %d steps", self.done)
         return {**stats, "sft_steps_done": float(self.done)}
 
