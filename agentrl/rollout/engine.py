@@ -399,7 +399,10 @@ class VLLMEngine:
     def _swap(self, weights: Callable[[], Any], version: int) -> None:
         if self.devices is None:  # in-process: the tensors are handed over as they are
             items = list(weights())
-            reload = lambda worker: worker.reload_weights(weights_iterator=iter(items))  # noqa: E731
+
+            def reload(worker: Any) -> None:
+                _rotary_caches_are_not_weights()
+                worker.reload_weights(weights_iterator=iter(items))
         else:  # the loader itself goes to the engine's workers (pickled), which read the weights there
             reload = _reload_in_worker(weights)
         with self._lock:
@@ -442,8 +445,31 @@ def _reload_in_worker(weights: Callable[[], Any]) -> Callable[[Any], None]:
     (`weight_sources.DirWeights`) travels as the directory's name and each worker reads the files; a loader of
     tensors held in memory (the broadcast's) travels with its tensors."""
     def reload(worker: Any) -> None:
+        _rotary_caches_are_not_weights()
         worker.reload_weights(weights_iterator=iter(weights()))
     return reload
+
+
+ROTARY_CACHES = ("cos_sin_cache", "cos_sin_cache_bf16", "long_short_cos_sin_cache", "cos_sin_q_cache",
+                 "cos_sin_qc_cache", "cos_sin_k_cache", "cos_sin_q_inter_cache", "cos_sin_qc_no_clamp_cache",
+                 "inv_freq")
+"""The buffers vLLM's rotary embeddings compute from the config (`vllm/model_executor/layers/rotary_embedding/`):
+never in a checkpoint, never sent by the trainer."""
+
+
+def _rotary_caches_are_not_weights() -> None:
+    """Tell vLLM's layerwise reload (`reload_weights`) that the rotary caches are not weights to wait for.
+
+    It counts every parameter and buffer of a layer as loadable; a rotary embedding has no parameters, only its
+    cos/sin cache, which no checkpoint holds, so at each swap every one logged `RotaryEmbedding: Failed to load
+    weights` and put its own cache back (`_place_kernel_tensors`). That fallback is what happens either way; with
+    the caches in vLLM's own skip list (`SKIP_LOAD_TENSORS`, the set it keeps for MoE expert maps) the layer
+    simply has nothing to load. Runs where the weights are loaded: in this process, or in the engine's own."""
+    try:
+        from vllm.model_executor.model_loader.reload.meta import SKIP_LOAD_TENSORS
+    except ImportError:  # a vLLM without layerwise reload: nothing counts the caches
+        return
+    SKIP_LOAD_TENSORS.update(ROTARY_CACHES)
 
 
 def _set_result(fut: asyncio.Future[Any], value: Any) -> None:
