@@ -302,3 +302,78 @@ def test_a_private_server_goes_with_a_worker_killed_outright(tmp_path: Path) -> 
         if alive(pid):
             os.killpg(pid, signal.SIGKILL)
         worker.kill()
+
+
+def _rss_mb() -> int:
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("VmRSS")).split()[1]) >> 10
+
+
+def test_concurrent_sessions_share_no_server_state_and_give_back_their_memory() -> None:
+    """issue 41, 2 and 3: on 8fd2eaf every session of a worker was a database on one server and a thread of
+    the worker: session A modulated Com_select and B read it from SHOW GLOBAL STATUS (8 of 8 bits), GET_LOCK
+    and UUID_SHORT() carried bits too, and 16 sessions reading 16 MB rows raised the worker's memory by
+    695 MB, 410 MB of it held afterwards. Now each session is a process of its own (as the worker runs it:
+    `isolation_of`) with a server of its own, both gone at its close."""
+    import time
+
+    from agentrl.envs.isolation import ProcessSession, SessionHost, isolation_of
+    from agentrl.envs.session import ToolBox
+    from agentrl.reaper import alive
+
+    task = DbTask(backend="mariadb", statement_timeout_s=20.0)
+    host = SessionHost({"db": (task, ToolBox(task.tools()))})
+
+    def start(index: str) -> Any:  # as the worker would
+        if isolation_of(task) == "process":
+            return ProcessSession(host, task, index, 60.0, 60.0, 50.0)
+        return Session(task, index)
+
+    def sql(s: Any, query: str, i: int = 0) -> str:
+        return str(s.interact(call("execute_sql", {"query": query}, f"c{i}")).messages[0]["content"])
+
+    def servers() -> set[int]:
+        return {int(p.name) for p in Path("/proc").iterdir()
+                if p.name.isdigit() and f"--socket={tempfile_root()}" in _cmdline(p)}  # private servers
+
+    before_servers = servers()
+    rss = _rss_mb()
+    a, b = start("train-0"), start("train-1")
+    try:
+        def selects() -> int:
+            return int(sql(b, "SHOW GLOBAL STATUS LIKE 'Com_select'").split("'")[3])
+
+        first = selects()
+        for i in range(6):
+            sql(a, "SELECT 1", i)
+        assert sql(a, "SELECT GET_LOCK('agentrl', 0)") == "[(1,)]"
+        assert selects() - first <= 1  # b's own statements only (a's 7 SELECTs on one server)
+        assert sql(b, "SELECT IS_FREE_LOCK('agentrl')") == "[(1,)]"
+        assert sql(b, "SELECT @@max_session_mem_used") == f"[({128 << 20},)]"
+        for s in (a, b):
+            assert sql(s, "SELECT LENGTH(REPEAT('x', 16e6)) FROM seq_1_to_3").startswith("[(16000000,)")
+            sql(s, "SELECT REPEAT('x', 16e6) FROM seq_1_to_5")
+        assert _rss_mb() - rss < 32, (rss, _rss_mb())  # no 16 MB row was read in this (the worker's) process
+        assert len(servers() - before_servers) == 2  # one each
+    finally:
+        a.close()
+        b.close()
+        host.close()
+    deadline = time.monotonic() + 20
+    while servers() - before_servers and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not servers() - before_servers, "a session's server outlived it"
+    assert not [pid for pid in servers() - before_servers if alive(pid)]
+
+
+def _cmdline(p: Path) -> str:
+    try:
+        return (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def tempfile_root() -> str:
+    import tempfile
+
+    return str(Path(tempfile.gettempdir()) / "agentrl-mariadb-")

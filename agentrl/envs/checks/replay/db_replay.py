@@ -89,6 +89,9 @@ def lax_match(table_hash: str, sample: DbSample) -> bool:
 
 
 def _address(task: DbTask) -> str:
-    address = task.server_address()
+    """The task's server option: the operator's server, or "" (a private server per database)."""
+    address = task._address
+    if address is None:
+        return ""
     return f"unix:{address.unix_socket}" if address.unix_socket else f"{address.host}:{address.port}"
 

@@ -36,7 +36,6 @@ success rate on "dev" is the gold pass rate of the backend).
 """
 from __future__ import annotations
 
-import atexit
 import copy
 import logging
 import threading
@@ -57,6 +56,7 @@ from agentrl.envs.tasks.db.backends import (
     Table,
     server_temp_usage,
 )
+from agentrl.envs.tasks.db.backends.server import find_mariadbd, template_dir
 from agentrl.envs.tasks.db.episode import MAX_ROUNDS, TOOLS, DbEpisode
 from agentrl.envs.tasks.db.faithful import PROMPTS, FaithfulDbEpisode
 from agentrl.envs.tasks.db.samples import DbSample, load_samples
@@ -112,15 +112,18 @@ class DbTask:
         if sqlite_affinity not in ("text", "auto"):
             raise ValueError(f"db: unknown sqlite_affinity {sqlite_affinity!r} (text | auto)")
         self.backend = backend
-        # SQLite runs in the worker's process: each session gets a process of its own (memory, the GIL);
-        # MariaDB's work runs on its server, and its sessions share the server this task may start.
-        self.isolation = "thread" if backend == "mariadb" else "process"
+        # Each session a process of its own: SQLite runs in it (memory, the GIL), and so does a MariaDB
+        # session's client (a 16 MB row read in the worker's threads held 43-55 MB a session, 410 MB kept
+        # after 16) and its private server, one per session (`backends.server`: no global status, lock or
+        # counter shared), started from a data directory made here, before the worker forks its sessions.
+        self.isolation = "process"
+        if backend == "mariadb" and not mariadb_address and find_mariadbd():
+            template_dir(str(find_mariadbd()))
         self.timeout_s = float(statement_timeout_s)
         self.database_bytes = int(database_mb) << 20
         self.affinity = sqlite_affinity
         self._address = (ServerAddress.parse(mariadb_address, mariadb_user, mariadb_password)
                          if mariadb_address else None)
-        self._server: MariaDBServer | None = None
         self.shared_account = bool(mariadb_shared_account)
         self.sql_mode = mariadb_sql_mode
         if self.shared_account and backend == "mariadb":
@@ -180,32 +183,28 @@ class DbTask:
         return DbEpisode(samples[i], self)
 
     # ------------------------------------------------------------------------------ databases
-    def server_address(self) -> ServerAddress:
-        """The MariaDB server sessions use: the given one, or a private one started on first use."""
-        if self._address is not None:
-            return self._address
-        with self._lock:
-            if self._server is None:
-                self._server = MariaDBServer().start()
-                atexit.register(self._server.stop)
-                log.info("db: started a private mariadbd at %s", self._server.socket)
-            return self._server.address
-
     def open_database(self, tables: list[Table], sqlite_file: Path | None = None) -> SqliteDatabase | MariaDBDatabase:
+        """A database of the session's own: SQLite; a MariaDB database on the operator's server; or, without
+        one, on a private server of its own (`backends.server`), stopped when the database closes."""
         if self.backend == "sqlite":
             return SqliteDatabase(tables, self.timeout_s, self.affinity, sqlite_file, self.database_bytes)
         if sqlite_file is not None:
             raise ValueError("this sample is an SQLite database file; use backend='sqlite'")
+        server = MariaDBServer().start() if self._address is None else None
+        address = server.address if server is not None else self._address
+        assert address is not None
         try:
-            address = self.server_address()
             return MariaDBDatabase(address, tables, self.timeout_s, allow_shared_account=self.shared_account,
                                    sql_mode=self.sql_mode, quota_bytes=self.database_bytes,
-                                   temp_usage=self._temp_usage(address))
+                                   temp_usage=self._temp_usage(address),
+                                   on_close=server.stop if server is not None else None)
         except SharedAccountRefused as e:
             raise EnvError("env_error", f"db: {e}") from e
 
     def _temp_usage(self, address: ServerAddress) -> Callable[[], int] | None:
-        """The server's temporary files (`server_temp_usage`), looked up once per task."""
+        """The server's temporary files (`server_temp_usage`): of each private server, once of the operator's."""
+        if self._address is None:
+            return server_temp_usage(address)
         with self._lock:
             if not hasattr(self, "_temp"):
                 self._temp = server_temp_usage(address)
@@ -226,7 +225,5 @@ class DbTask:
 
     def close(self) -> None:
         """Stop the private server, if this task started one."""
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
+        pass  # each private server goes with its database
 

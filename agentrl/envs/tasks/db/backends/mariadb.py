@@ -45,9 +45,11 @@ SERVER_TEMP_BYTES = 256 << 20
 """MariaDB: while the server's temporary files (sort files, spilled temporary tables) pass this, every running
 statement of ours is stopped, with an observation. MariaDB 10.11 cannot bound them per session (11.5's
 max_tmp_session_space_usage can); one `ORDER BY` over 10^8 generated rows wrote 1.65 GB in 10 s here."""
-TEMP_LIMITS = {"tmp_disk_table_size": 64 << 20, "tmp_memory_table_size": 16 << 20, "max_heap_table_size": 16 << 20}
+TEMP_LIMITS = {"tmp_disk_table_size": 64 << 20, "tmp_memory_table_size": 16 << 20, "max_heap_table_size": 16 << 20,
+               "max_session_mem_used": 128 << 20}
 """MariaDB: the most one internal temporary table (a GROUP BY's, a recursive CTE's) may take on disk and in
-memory, and one MEMORY table. A private server of ours makes them each session's maximum (`--maximum-*`:
+memory, one MEMORY table, and all the memory of one connection (a statement past it fails with error 1290).
+A private server of ours makes them each session's maximum (`--maximum-*`:
 a `SET SESSION` above it is cut to it); on another server they are set per session and the operator's
 `--maximum-*` options hold them."""
 SESSION_PRIVILEGES = ("SELECT, INSERT, UPDATE, DELETE, CREATE, DROP, ALTER, INDEX, CREATE VIEW, SHOW VIEW, "
@@ -125,7 +127,9 @@ class MariaDBDatabase:
 
     def __init__(self, server: ServerAddress, tables: list[Table], timeout_s: float = 10.0,
                  own_user: bool = True, allow_shared_account: bool = False, sql_mode: str = MYSQL8_SQL_MODE,
-                 quota_bytes: int = 256 << 20, temp_usage: Callable[[], int] | None = None) -> None:
+                 quota_bytes: int = 256 << 20, temp_usage: Callable[[], int] | None = None,
+                 on_close: Callable[[], None] | None = None) -> None:
+        self.on_close = on_close  # called once, after the database is dropped (the server's holder lets go)
         self.server = server
         self.sql_mode = sql_mode
         self.timeout_s = timeout_s
@@ -135,9 +139,10 @@ class MariaDBDatabase:
         self.name = f"agentrl_{secrets.token_hex(6)}"
         self.user: str | None = None
         self.shared_account = not own_user  # True when this session logs in with the server's own account
-        self.admin = server.connect()
+        self.admin: Any = None
         self.conn: Any = None
         try:
+            self.admin = server.connect()
             with self.admin.cursor() as cur:
                 cur.execute(f"CREATE DATABASE {_bquote(self.name)}")
             user, password = server.user, server.password
@@ -307,6 +312,14 @@ class MariaDBDatabase:
         """Drop the session's database and user; first end every connection of its user (a statement still
         running, e.g. one the session freed of its time limit, holds locks that DROP DATABASE would wait on,
         and would otherwise run on after the session)."""
+        try:
+            self._drop()
+        finally:
+            on_close, self.on_close = getattr(self, "on_close", None), None
+            if on_close is not None:
+                on_close()
+
+    def _drop(self) -> None:
         conn, self.conn = self.conn, None
         admin, self.admin = getattr(self, "admin", None), None
         monitor, self._monitor = getattr(self, "_monitor", None), None
