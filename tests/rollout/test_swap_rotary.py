@@ -50,8 +50,8 @@ def test_after_a_swap_vllm_gives_the_new_weights_logprobs_without_the_rotary_war
             p.add_(torch.randn_like(p) * 0.05)
     records = _Records()
     reload_log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
-    reload_log.addHandler(records)
     engine = VLLMEngine(str(model_dir), max_model_len=128, max_num_seqs=4, kv_cache_gib=1, seed=0)
+    reload_log.addHandler(records)  # after the engine's start: vLLM's logging config clears its loggers' handlers
     try:
         asyncio.run(engine.load_weights(lambda: iter(list(new.state_dict().items())), 1))
         gen = asyncio.run(engine.generate(PROMPT, SamplingConfig(max_new_tokens=12, temperature=1.0, seed=0)))
