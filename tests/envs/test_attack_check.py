@@ -5,6 +5,7 @@ kg_intersection_chain took the whole player down there)."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from sandbox_helpers import missing_sandbox
@@ -26,7 +27,7 @@ def held(task: Task) -> tuple[int, list[str]]:
     return len(results), [f"{r.attack}: reward {r.reward}, {r.status}, {r.detail}" for r in results if not r.held]
 
 
-GENERIC = 8
+GENERIC = 9
 """The generic attacks every task gets (`library.generic`, `library.wire_attacks`)."""
 
 
@@ -127,3 +128,38 @@ def test_the_rollout_suite_plays_the_real_model_as_its_preset_configures_it(caps
     assert attack_check.main(["--tasks", "rollout", "--model", str(smol), "model.chat_template=chatml-tools"]) == 0
     assert attack_check.main(["--tasks", "rollout", "--model", str(smol)]) == 2  # its own template: no tools
     assert "model.chat_template=chatml-tools" in capsys.readouterr().err
+
+
+def test_any_text_is_an_observation_in_the_faithful_protocols(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """issue 41, 4: the faithful protocols read a call's arguments as AgentBench does (json.loads, the values
+    whatever the keys), so "\\ud800" and NULs reach the task as they were sent; on 8fd2eaf os's ended its
+    sandbox's driver (env_error). Every generic attack (any_text among them) holds in each faithful protocol."""
+    from agentbench_checkout import build_checkout
+
+    from agentrl.envs.checks.attacks.library import generic, wire_attacks
+    from agentrl.envs.tasks import get_task
+
+    checkout = build_checkout(tmp_path / "agentbench")
+    monkeypatch.setenv("AGENTRL_CACHE_DIR", str(tmp_path / "cache"))
+    tasks: list[Task] = [DbTask(source="agentbench", agentbench_dir=checkout),
+                         KGTask(source="ours", agentbench_dir=checkout, protocol="faithful")]
+    for name in ("alfworld", "webshop"):
+        try:
+            tasks.append(get_task(name, agentbench_dir=checkout, protocol="faithful"))
+        except ImportError as e:  # textworld: install.sh installs it
+            if os.environ.get("CI"):
+                raise
+            print(f"{name} skipped: {e}")
+    if missing_sandbox() is None or os.environ.get("CI"):
+        from os_fixtures import agentbench_checkout
+
+        from agentrl.envs.tasks.os_task import OsTask
+
+        tasks.append(OsTask(source="agentbench", agentbench_dir=agentbench_checkout(tmp_path / "os"),
+                            sandbox={"backend": "bwrap", "command_timeout_s": 5.0}))
+    for task in tasks:
+        assert getattr(task, "protocol", "faithful") == "faithful", task.name
+        attacks = generic(task.name, task.tools()) + wire_attacks(task.name, task.tools())
+        results = play_attacks(task, attacks, call_timeout_s=CALL_TIMEOUT_S)
+        assert len(results) == GENERIC
+        assert [f"{r.attack}: {r.status} {r.detail}" for r in results if not r.held] == [], task.name

@@ -87,7 +87,28 @@ def wire_attacks(task: str, tools: list[dict[str, Any]]) -> list[Attack]:
         Attack("non_finite_numbers", task, "NaN, Infinity and 1e999 in the arguments",
                (call(name, '{"x": NaN}'), call(name, '{"x": [Infinity, -Infinity]}', "c1"),
                 call(name, '{"x": 1e999}', "c2"))),
+        Attack("any_text", task, "every string argument of every tool holding NULs, unpaired surrogates, "
+               "noncharacters and controls, escaped and raw (issue 41, 4: '\\ud800' ended os's faithful driver)",
+               tuple(_hostile_calls(tools)) + (text(HOSTILE_TEXT),)),
     ]
+
+
+HOSTILE_TEXT = "echo \ud800 \udcff a\0b \uffff \U0010ffff \x1b[2J\r\x7f \ufeff\u202e"
+"""Text no encoder takes whole: an unpaired high surrogate (no byte of its own), a surrogate that stands for
+a byte, a NUL, noncharacters, the last code point, terminal controls, a BOM and a right-to-left override."""
+
+
+def _hostile_calls(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One call per tool (at most 6) whose string arguments (each property, or "x") are `HOSTILE_TEXT`, as a
+    client's JSON escapes it, then the first tool's with the text raw in its arguments."""
+    out = []
+    for i, tool in enumerate(tools[:6]):
+        fn = tool.get("function", {})
+        props = (fn.get("parameters") or {}).get("properties") or {"x": {"type": "string"}}
+        args = {k: [HOSTILE_TEXT] if v.get("type") == "array" else HOSTILE_TEXT for k, v in props.items()}
+        out.append(call(fn.get("name", "tool"), args, f"c{i}"))
+    name = tools[0]["function"]["name"] if tools else "tool"
+    return out + [call(name, '{"x": "' + HOSTILE_TEXT + '"}', "c9")]
 
 
 # ------------------------------------------------------------------------------------------------ os
