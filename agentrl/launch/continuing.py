@@ -18,9 +18,11 @@ def _flat(d: dict, prefix: str = "") -> dict[str, object]:
     return out
 
 
-# Fields a continued run may change: more steps extend it; how long roles may wait, and restarts, are the
-# operator's business. Anything else would make the second half a different experiment.
-RESUME_MAY_CHANGE = ("trainer.steps", "cluster.role_timeout_s", "cluster.max_restarts")
+# Fields a continued run may change: more steps extend it; how long roles may wait, restarts, and the engines'
+# KV-cache size (how many episodes fit at once, not what they sample) are the operator's business. Anything else
+# would make the second half a different experiment.
+RESUME_MAY_CHANGE = ("trainer.steps", "cluster.role_timeout_s", "cluster.max_restarts",
+                     "cluster.rollout.kv_cache_gib")
 
 
 def resume_check(run_dir: Path, cfg: RunConfig) -> str | None:

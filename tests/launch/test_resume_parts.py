@@ -30,6 +30,8 @@ def test_resume_check_names_what_differs(tmp_path: Path) -> None:
     assert resume_check(run, same) is None
     longer = load_config("smoke", ["cluster.schedule=async", "trainer.lr=1e-5", "trainer.steps=50"])
     assert resume_check(run, longer) is None  # more steps extend the run
+    roomier = load_config("smoke", ["cluster.schedule=async", "trainer.lr=1e-5", "cluster.rollout.kv_cache_gib=3"])
+    assert resume_check(run, roomier) is None  # how many episodes fit in the KV cache, not what they sample
     other = load_config("smoke", ["cluster.schedule=async", "trainer.lr=2e-5", "seed=3"])
     why = resume_check(run, other)
     assert why is not None and "trainer.lr" in why and "seed" in why and "trainer.steps" not in why
