@@ -34,11 +34,11 @@ GENERIC = 9
 def test_every_attack_holds_on_the_built_in_tasks() -> None:
     assert held(LookupTask()) == (GENERIC, [])
     assert held(KGTask()) == (GENERIC + 3, [])
-    assert held(DbTask(statement_timeout_s=1.0, database_mb=32)) == (GENERIC + 12, [])
+    assert held(DbTask(statement_timeout_s=1.0, database_mb=32)) == (GENERIC + 13, [])
     if missing_sandbox() is None or os.environ.get("CI"):  # os needs bubblewrap and its rootfs (CI has both)
         from agentrl.envs.tasks.os_task import OsTask
 
-        assert held(OsTask(sandbox={"backend": "bwrap", "command_timeout_s": 5.0})) == (GENERIC + 13, [])
+        assert held(OsTask(sandbox={"backend": "bwrap", "command_timeout_s": 5.0})) == (GENERIC + 14, [])
 
 
 def test_every_attack_holds_on_bfcl_alfworld_and_webshop() -> None:
@@ -57,17 +57,23 @@ def test_every_attack_holds_on_bfcl_alfworld_and_webshop() -> None:
 
 
 def test_every_db_attack_holds_on_mariadb() -> None:
-    """issue 20, 5 in the suite: on c07c523 db_lift_limits' CTE ran past the call's deadline and on after
-    its session closed (`lingering_queries` sees it on the server)."""
+    """On private servers (a server per session, the default) every attack holds, db_server_channel too (issue
+    41, 2: on 8fd2eaf one session's lock and SELECTs were seen by the next). On an operator's server, shared
+    by design, issue 20, 5: on c07c523 db_lift_limits' CTE ran past the call's deadline and on after its
+    session closed (`lingering_queries` sees it on the server)."""
     from agentrl.envs.tasks.db.backends import MariaDBServer, find_mariadbd
 
     if find_mariadbd() is None:  # skipped with the reason here; a failure in CI, which installs it
         missing_system_tool("mariadbd is not installed (apt-get install --no-install-recommends mariadb-server)")
+    assert held(DbTask(backend="mariadb", statement_timeout_s=1.0, database_mb=32)) == (GENERIC + 13, [])
     server = MariaDBServer().start()
     try:
         task = DbTask(backend="mariadb", mariadb_address=f"unix:{server.socket}", statement_timeout_s=1.0,
                       database_mb=32)
-        assert held(task) == (GENERIC + 12, [])
+        lift = [a for a in attacks_for("db", task.tools()) if a.name == "db_lift_limits"]
+        assert [r.detail for r in play_attacks(task, lift, call_timeout_s=CALL_TIMEOUT_S) if not r.held] == []
+        channel = [a for a in attacks_for("db", task.tools()) if a.name == "db_server_channel"]
+        assert not play_attacks(task, channel, call_timeout_s=CALL_TIMEOUT_S)[0].held  # the probe sees a channel
     finally:
         server.stop()
 

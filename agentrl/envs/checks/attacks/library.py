@@ -210,12 +210,13 @@ LINGER_WAIT_S = 5.0  # how long a closed session's statements may take to end (t
 
 def lingering_queries(task: Any) -> str:
     """"" when no statement of a closed MariaDB session still runs on the task's server, else which do
-    (on c07c523 the endless CTE ran on at 80% CPU after its session closed). Not MariaDB: nothing to see."""
+    (on c07c523 the endless CTE ran on at 80% CPU after its session closed). Not MariaDB, or a private server
+    per session (stopped with it): nothing to see."""
     import time
 
-    if getattr(task, "backend", "") != "mariadb":
+    address = getattr(task, "_address", None)  # the operator's server; a private one goes with its session
+    if getattr(task, "backend", "") != "mariadb" or address is None:
         return ""
-    address = task.server_address()
     deadline = time.monotonic() + LINGER_WAIT_S
     while True:
         conn = address.connect()

@@ -241,8 +241,113 @@ def os_resource_attacks() -> list[Attack]:
     ]
 
 
+
+
+# ------------------------------------------------------------------- issue 41: host tables and channels
+
+TABLE_HOG = r"""cat > /tmp/t.py <<'EOF'
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+ctx = ctypes.c_ulong(0)
+aio = libc.syscall(206, 65536, ctypes.byref(ctx))
+ptys = []
+try:
+    while True:
+        ptys.append(os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY))
+except OSError:
+    pass
+for _ in range(30):
+    if os.fork() == 0:
+        held = []
+        try:
+            while True:
+                held.append(os.open("/dev/null", os.O_RDONLY))
+        except OSError:
+            time.sleep(120)
+        os._exit(0)
+print("aio", aio, "ptys", len(ptys), flush=True)
+time.sleep(120)
+EOF
+(python3 /tmp/t.py > /tmp/t.out 2>&1 &); sleep 3; cat /tmp/t.out
+cat /proc/sys/fs/aio-nr /proc/sys/kernel/pty/nr /proc/sys/fs/file-nr 2>&1"""
+TABLE_PROBE = ("python3 -c \"import os; print('ptys', len([os.open('/dev/ptmx', os.O_RDWR | os.O_NOCTTY) "
+               "for _ in range(4)]))\"; cat /proc/sys/fs/aio-nr /proc/sys/kernel/pty/nr /proc/sys/fs/file-nr "
+               "/proc/locks 2>/dev/null | wc -c")
+
+
+def _table_probe(task: Any) -> str:
+    """While the attacker holds every AIO context, pty and file it could get: the host's file table is far from
+    full, the worker (host root) and a new session can still open ptys, and the session reads none of the
+    host's counts of them. "" when all holds, else what did not."""
+    from agentrl.envs.sandbox import Shell
+
+    problems = []
+    try:
+        used, _, limit = (int(x) for x in Path("/proc/sys/fs/file-nr").read_text().split())
+        if used > 0.9 * limit:
+            problems.append(f"the host's file table is {used} of {limit}")
+    except (OSError, ValueError):
+        pass
+    try:
+        os.close(os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY))
+    except OSError as e:
+        problems.append(f"the worker cannot open a pty ({e})")
+    budget = getattr(task, "budget", None)
+    slot = budget.acquire() if budget is not None else 1
+    try:
+        shell = Shell(task.sandbox, uid_slot=slot)
+        try:
+            out = shell.run(TABLE_PROBE).output.split()
+        finally:
+            shell.close()
+    finally:
+        if budget is not None:
+            budget.release(slot)
+    if out[:2] != ["ptys", "4"]:
+        problems.append(f"a new session could not open 4 ptys ({' '.join(out)[:120]})")
+    if out[-1:] != ["0"]:
+        problems.append(f"a new session reads the host's counts ({out[-1:]} bytes)")
+    return "; ".join(problems)
+
+
+def os_table_attacks() -> list[Attack]:
+    return [Attack("os_host_tables", "os", "every AIO context, pty and open file a session can get, held by 31 "
+                   "processes while the worker and a new session look (issue 41, 1)",
+                   (call("bash_action", {"script": TABLE_HOG}),), "train-0", probe=_table_probe)]
+
+
+LOCK = "agentrl_attack"
+
+
+def _channel_probe(task: Any) -> str:
+    """While the attacker's session holds a user lock and has run 47 SELECTs: a database opened now (another
+    session's) sees the lock free and its server's Com_select at its own few. "" on SQLite (nothing shared)."""
+    if getattr(task, "backend", "") != "mariadb":
+        return ""
+    db = task.open_database([])
+    try:
+        free = db.execute(f"SELECT IS_FREE_LOCK('{LOCK}')")
+        selects = db.execute("SHOW GLOBAL STATUS LIKE 'Com_select'")
+    finally:
+        db.close()
+    problems = [] if free == "[(1,)]" else [f"another session's IS_FREE_LOCK says {free}"]
+    count = re.findall(r"'(\d+)'", selects)
+    if not count or int(count[-1]) >= 30:
+        problems.append(f"another session's server counts the attacker's SELECTs ({selects[:80]})")
+    return "; ".join(problems)
+
+
+def db_channel_attacks() -> list[Attack]:
+    return [Attack("db_server_channel", "db", "a user lock held and 47 SELECTs run while another session "
+                   "reads IS_FREE_LOCK and SHOW GLOBAL STATUS (issue 41, 2; MariaDB)",
+                   (_sqls([f"SELECT GET_LOCK('{LOCK}', 0)", "SELECT UUID_SHORT()"] + ["SELECT 1"] * 14),
+                    _sqls(["SELECT 1"] * 16), _sqls(["SELECT 1"] * 16)),  # 16 calls a message at most
+                   probe=_channel_probe)]
+
+
 RESOURCE_ATTACKS: dict[str, Callable[[], list[Attack]]] = {
-    "db": db_resource_attacks, "kg": kg_resource_attacks, "bfcl": bfcl_resource_attacks, "os": os_resource_attacks}
+    "db": lambda: db_resource_attacks() + db_channel_attacks(), "kg": kg_resource_attacks,
+    "bfcl": bfcl_resource_attacks, "os": lambda: os_resource_attacks() + os_table_attacks()}
 
 
 def resource_attacks(task: str) -> list[Attack]:
