@@ -13,7 +13,7 @@
 Prints one line per attack and task: reward, status, whether the worker stayed healthy, and HELD or
 FAILED; then the totals. Exits 0 when every attack held, 1 when one did not, 2 when a task cannot be
 built. A task whose system tools are missing here (bubblewrap and the rootfs for os, mariadbd for
-db:mariadb: db on a private MariaDB server, started and stopped here) is skipped with the reason.
+db:mariadb: db on private MariaDB servers, one per session) is skipped with the reason.
 The attacks and the player are `agentrl.envs.checks.attacks`. `http` is not a task: it starts a
 controller and an env worker process (serving `lookup`, in a temporary run dir, with a 2 s head deadline)
 and floods both from other processes, without the run's secret, while the run's own client plays episodes
