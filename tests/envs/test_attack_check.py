@@ -89,7 +89,7 @@ def test_a_failed_attack_is_reported() -> None:
             return episode
 
     results = play_attacks(Generous(), attacks_for("generous", LookupTask().tools()))
-    assert [r.attack for r in results if not r.held] == ["forged_markers", "huge_text", "lone_surrogates"]
+    assert [r.attack for r in results if not r.held] == ["forged_markers", "huge_text", "lone_surrogates", "any_text"]
 
 
 def test_the_teardown_check_counts_only_the_cgroups_its_attacks_leave() -> None:
