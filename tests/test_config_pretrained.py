@@ -45,4 +45,46 @@ def test_the_pretrained_presets_set_rates_of_their_own() -> None:
     assert q.trainer.lr == 1e-6
     s = load_config("smollm2-135m")
     assert s.model.chat_template == "chatml-tools" and s.trainer.sft_lr < 1e-3 and s.trainer.lr < 1e-3
-    assert load_config("smollm2-135m", ["model.path=/elsewhere"]).trainer.lr == s.trainer.lr  # its own, kept
+    here = load_config("smollm2-135m", ["model.path=/scratch/me/SmolLM2-135M-Instruct"])  # its model, copied
+    assert (here.trainer.lr, here.trainer.sft_lr) == (s.trainer.lr, s.trainer.sft_lr)  # its own, kept
+
+
+def test_a_pretrained_preset_on_another_model_names_the_rates_it_tuned() -> None:
+    """A preset's rates were chosen for its own model.path: on another model they must be set again (auto measures
+    them), never silently carried (a base model under smollm2-135m's sft_lr 3e-4 went from loss 1.39 to 5.62)."""
+    with pytest.raises(ConfigError) as e:
+        load_config("smollm2-135m", ["model.path=/models/gemma-3-270m"])
+    msg = str(e.value)
+    assert msg.startswith("trainer.lr, trainer.sft_lr: preset 'smollm2-135m' sets trainer.lr=5e-05, "
+                          "trainer.sft_lr=0.0003 for its own model (models/SmolLM2-135M-Instruct)"), msg
+    assert "trainer.sft_lr=auto trainer.lr=auto" in msg and "jobs.lr_range /models/gemma-3-270m" in msg
+    with pytest.raises(ConfigError, match="^trainer.lr: preset 'smollm2-135m' sets trainer.lr=5e-05 "):
+        load_config("smollm2-135m", ["model.path=/models/gemma-3-270m", "trainer.sft_lr=auto"])
+    cfg = load_config("smollm2-135m", ["model.path=/models/gemma-3-270m", "trainer.sft_lr=auto", "trainer.lr=2e-6"])
+    assert (cfg.trainer.sft_lr, cfg.trainer.lr) == ("auto", 2e-6)
+    # a tool that trains nothing (a format check, an evaluation) may run the preset's settings on another model
+    assert load_config("smollm2-135m", ["model.path=/models/gemma-3-270m"], trains=False).trainer.lr == 5e-5
+
+
+@pytest.mark.parametrize(("value", "want"), [("auto", "auto"), ("1e-5", 1e-5), ("0.0003", 3e-4)])
+def test_the_rates_take_a_number_or_auto(value: str, want: object) -> None:
+    cfg = load_config("smoke", [f"trainer.sft_lr={value}", f"trainer.lr={value}"])
+    assert cfg.trainer.sft_lr == cfg.trainer.lr == want
+
+
+@pytest.mark.parametrize(("overrides", "error"), [
+    (["trainer.sft_lr=fast"], "trainer.sft_lr: expected a number or auto, got 'fast'"),
+    (["trainer.lr=true"], "trainer.lr: expected a number or auto, got True"),
+    (["trainer.sft_lr=-1e-5"], "trainer.sft_lr: must be positive"),
+    (["trainer.lr=auto", "trainer.sft_lr=auto", "trainer.sft_steps=0"], "trainer.lr: auto with sft_lr auto"),
+])
+def test_a_bad_rate_fails_at_load_naming_the_field(overrides: list[str], error: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config("smoke", overrides)
+    assert str(e.value).startswith(error), e.value
+
+
+def test_auto_rates_read_back_from_a_run_dir(tmp_path) -> None:
+    cfg = load_config("smoke", ["trainer.sft_lr=auto", "trainer.lr=auto"])
+    dump_config(cfg, tmp_path / "config.yaml")
+    assert load_config(str(tmp_path / "config.yaml")) == cfg

@@ -42,6 +42,16 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         _check(value in choices and type(value) in {type(c) for c in choices}, path,
                f"unknown value {value!r} ({' | '.join(str(c) for c in choices)})")
         return value
+    if isinstance(tp, types.UnionType) or origin is typing.Union:  # `float | Literal["auto"]`: the first arm that fits
+        wanted = []
+        for arm in typing.get_args(tp):
+            try:
+                return _coerce(value, arm, path)
+            except ConfigError:
+                wanted.append(" | ".join(map(str, typing.get_args(arm))) if typing.get_origin(arm) is Literal
+                              else "a number" if arm is float else getattr(arm, "__name__", str(arm)))
+        got = str(value) if isinstance(value, Scalar) else repr(value)
+        raise ConfigError(f"{path}: expected {' or '.join(wanted)}, got {got}")
     if isinstance(value, Scalar):  # a command-line value: the text for strings, the number for numbers
         value = str(value) if tp is str else value.parsed
     if tp is bool:
@@ -59,8 +69,6 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     if tp is str:
         _check(isinstance(value, str), path, f"expected a string, got {value!r}")
         return str(value)
-    if isinstance(tp, types.UnionType):  # pragma: no cover - no unions in the tree yet
-        raise ConfigError(f"{path}: unions are not supported")
     raise ConfigError(f"{path}: unsupported type {tp}")
 
 
@@ -168,8 +176,37 @@ def _check_source(preset: str, preset_data: dict[str, Any], overrides: dict[str,
            "them to the pretrained defaults (smoke, smollm2-135m)")
 
 
-def load_config(preset: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Build the run config from a preset name (or a YAML path) and `a.b=value` overrides."""
+OWN_MODEL_RATES = ("trainer.lr", "trainer.sft_lr")
+"""Fields a preset for a pretrained model tunes to that model: with another `model.path` they must be set again."""
+
+
+def _same_model(a: str, b: str) -> bool:
+    """The same directory, or one of the same name elsewhere (a cluster's copy: /scratch/me/Qwen2.5-7B-Instruct)."""
+    pa, pb = Path(a).expanduser().resolve(), Path(b).expanduser().resolve()
+    return pa == pb or pa.name.lower() == pb.name.lower()
+
+
+def _check_rates_carry(preset: str, preset_data: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """A preset that names its own `model.path` run with another one: the learning rates it sets were chosen for
+    its model and do not carry to another (a base model under smollm2-135m's sft_lr 3e-4 went from loss 1.39 to 5.62
+    in 4 steps), so the command line must set them: `auto` measures them (`agentrl.trainer.lr_range`)."""
+    own, other = _get_dotted(preset_data, "model.path"), overrides.get("model.path")
+    if not own or not other or _same_model(str(own), str(other)):
+        return
+    tuned = [k for k in OWN_MODEL_RATES if _get_dotted(preset_data, k) not in (None, "auto") and k not in overrides]
+    _check(not tuned, ", ".join(tuned),
+           f"preset {preset!r} sets {', '.join(f'{k}={_get_dotted(preset_data, k)}' for k in tuned)} for its own "
+           f"model ({own}); learning rates do not carry from one model to another, so with model.path={other} set "
+           "them on the command line: trainer.sft_lr=auto trainer.lr=auto (a short range test on the warm start's "
+           f"demonstrations picks them), or measure first with python -m jobs.lr_range {other} --preset {preset} "
+           "and pass the rates it prints")
+
+
+def load_config(preset: str | None = None, overrides: list[str] | tuple[str, ...] = (), *,
+                trains: bool = True) -> RunConfig:
+    """Build the run config from a preset name (or a YAML path) and `a.b=value` overrides. `trains=False`: a tool
+    that trains nothing (a format check, an evaluation) may run a preset's settings on another model without
+    setting its learning rates again (`_check_rates_carry`)."""
     data: dict[str, Any] = {}
     if preset:
         path = Path(preset)
@@ -183,6 +220,8 @@ def load_config(preset: str | None = None, overrides: list[str] | tuple[str, ...
     given = dict(parse_override(item) for item in overrides)
     if preset:
         _check_source(preset, data, given)
+        if trains:
+            _check_rates_carry(preset, data, given)
     for key, value in given.items():
         _set_dotted(data, key, value)
     return config_from_dict(data)

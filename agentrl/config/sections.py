@@ -186,18 +186,20 @@ class RolloutConfig:
 class TrainerConfig:
     steps: int = 20
     """RL steps (one optimizer step per batch)."""
-    lr: float = 1e-4
+    lr: float | Literal["auto"] = 1e-4
     """RL learning rate. This default is tuned for the tiny model trained from scratch; a run from a pretrained
-    `model.path` that sets none gets `PRETRAINED_DEFAULTS`' (1e-6, the paper's)."""
+    `model.path` that sets none gets `PRETRAINED_DEFAULTS`' (1e-6, the paper's). auto: a fixed fraction of the
+    warm start's rate (`agentrl.trainer.lr_range.RL_FRACTION`, 1/6), measured when `sft_lr` is auto too."""
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     micro_batch_tokens: int = 8192
     """Gradient accumulation: micro-batches of at most this many tokens."""
     sft_steps: int = 200
     """Warm-start optimizer steps on the scripted expert's trajectories (0: none)."""
-    sft_lr: float = 3e-3
+    sft_lr: float | Literal["auto"] = 3e-3
     """Warm-start learning rate; tuned for the tiny model from scratch, 1e-5 for a pretrained `model.path` that
-    sets none (`PRETRAINED_DEFAULTS`)."""
+    sets none (`PRETRAINED_DEFAULTS`). auto: measured at the start of the warm start by a short range test on its
+    demonstrations (`agentrl.trainer.lr_range`; `python -m jobs.lr_range` prints the same table beforehand)."""
     sft_batch: int = 32
     """Demonstrations per warm-start step."""
     control_batch: int = 0
@@ -261,7 +263,11 @@ class TrainerConfig:
         _check(self.steps >= 0, f"{p}.steps", "must be >= 0")
         _check(self.sft_steps >= 0, f"{p}.sft_steps", "must be >= 0")
         for name in ("lr", "sft_lr", "micro_batch_tokens", "sft_batch", "threads"):
-            _check(getattr(self, name) > 0, f"{p}.{name}", "must be positive")
+            _check(getattr(self, name) == "auto" or getattr(self, name) > 0, f"{p}.{name}", "must be positive")
+        # lr: auto is a fraction of the warm start's rate: with sft_lr auto that rate is measured by the warm start
+        _check(not (self.lr == "auto" and self.sft_lr == "auto" and self.sft_steps == 0), f"{p}.lr",
+               "auto with sft_lr auto takes the rate the warm start measures, and sft_steps=0 runs none: set "
+               "trainer.lr (or trainer.sft_lr) to a number")
         _check(self.grad_clip >= 0, f"{p}.grad_clip", "must be >= 0 (0 disables clipping)")
         _check(0 <= self.sft_target <= 1, f"{p}.sft_target", "must be in [0, 1] (0: off)")
         _check(0 < self.sft_min_token_prob < 1, f"{p}.sft_min_token_prob", "must be in (0, 1)")

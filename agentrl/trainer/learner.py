@@ -21,6 +21,7 @@ from agentrl.config import RunConfig, chat_template_text
 from agentrl.trainer import checkpoint
 from agentrl.trainer.batch import collate
 from agentrl.trainer.checkpoint import TrainerState
+from agentrl.trainer.lr_range import rl_lr
 from agentrl.trainer.model_load import gather_tensors, load_policy, load_reference, tensor_specs
 from agentrl.trainer.parallel import Parallel
 from agentrl.trainer.step import rl_step
@@ -112,7 +113,8 @@ class Learner:
                 checkpoint.save_reference(run_dir, self.model, par)
         self.ref_model = (reference_model(run_dir, model_dir, t.threads, par, t.sft_steps > 0, t.attn_implementation)
                           if cfg.algo.kl_coef > 0 else None)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+        lr = rl_lr(self.warm.t if self.warm is not None else t)  # `lr: auto`: from the rate the warm start measured
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=t.weight_decay)
         warmup = max(t.warmup_steps, 1)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda i: min(1.0, (i + 1) / warmup))
         self.state = TrainerState()

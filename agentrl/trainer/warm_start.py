@@ -17,6 +17,7 @@ from agentrl.monitor.progress import StepProgress
 from agentrl.trainer.batch import collate
 from agentrl.trainer.imitation import reproduced_share
 from agentrl.trainer.loss_watch import DemoFit, check_end, check_step, demo_fit
+from agentrl.trainer.lr_range import auto_rates
 from agentrl.trainer.parallel import Parallel
 from agentrl.trainer.step import sft_step
 from agentrl.types import Trajectory
@@ -92,6 +93,8 @@ class WarmStart:
         self.train, self.held = split_demos(demos, t, seed)
         if not self.train:
             raise RuntimeError(no_demos_message(demos, t))
+        if "auto" in (t.sft_lr, t.lr):  # measured here, on these demonstrations; `self.t` holds the numbers
+            self.t = t = auto_rates(model, self.train, t, pad_id, self.par, seed)
         self.opt = torch.optim.AdamW(model.parameters(), lr=t.sft_lr, weight_decay=0.0)
         # short linear warm-up (sft_warmup_steps), then constant: a decaying rate slowed the tiny model's late copy
         # skills more than it steadied them; a pretrained model's warm start of a few steps wants little or none
