@@ -92,6 +92,13 @@ class _Live:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
+def task_cap(task: Task, slots: int) -> int:
+    """How many sessions of `task` this worker may hold at once: the task's own `session_cap()` (a sandboxing task:
+    what the host's pid, file and pty tables allow), else `slots`."""
+    cap = getattr(task, "session_cap", None)
+    return min(int(cap()), slots) if callable(cap) else slots
+
+
 class EnvWorker:
     """Sessions of the hosted tasks and the route handlers over them."""
 
@@ -128,6 +135,10 @@ class EnvWorker:
         """Sessions ended here (their call timed out) → why, for their later calls."""
         self.starting = 0
         """start_sample calls in flight: they hold a slot until they answer."""
+        self.starting_by_task: dict[str, int] = {}
+        self.task_caps = {name: cap for name, t in self.tasks.items() if (cap := task_cap(t, slots)) < slots}
+        """Tasks whose sessions the host holds fewer of than this worker's slots (`session_cap`): their starts past
+        the cap answer no_capacity (the client waits and retries) while the other tasks use the remaining slots."""
         self.stuck = 0
         """Task calls past their deadline whose threads still run: each holds a slot until it returns."""
         self.counters = {"call_timeouts": 0, "busy": 0, "unhandled": 0, "unauthorized": 0, "failed_starts": 0}
@@ -290,6 +301,10 @@ class EnvWorker:
         if self.host is not None:
             self.host.close()
 
+    def _live_of(self, task: str) -> int:
+        """Sessions of `task` this worker holds or is starting."""
+        return self.starting_by_task.get(task, 0) + sum(1 for live in self.sessions.values() if live.task == task)
+
     # ------------------------------------------------------------------------------------ routes
     async def start_sample(self, request: web.Request) -> web.Response:
         body = await self._body(request)
@@ -299,7 +314,12 @@ class EnvWorker:
             raise EnvError("no_capacity", f"worker {self.worker_id} is draining")
         if self.taken >= self.slots:
             raise EnvError("no_capacity", f"worker {self.worker_id} is full ({self.slots} slots)")
+        cap = self.task_caps.get(task.name)
+        if cap is not None and self._live_of(task.name) >= cap:
+            raise EnvError("no_capacity", f"worker {self.worker_id} holds {cap} {task.name} sessions, all this "
+                                          f"host's tables allow at once")
         self.starting += 1
+        self.starting_by_task[task.name] = self.starting_by_task.get(task.name, 0) + 1
         try:
             if self.host is not None and task.name in self.isolated:
                 session: Session | ProcessSession = await self._run(
@@ -316,6 +336,7 @@ class EnvWorker:
             raise
         finally:
             self.starting -= 1
+            self.starting_by_task[task.name] -= 1
         if self.start_failures.pop(task.name, 0) >= UNHEALTHY_AFTER:
             self.changed.set()  # healthy again: say so now
         sid = uuid.uuid4().hex
@@ -549,10 +570,14 @@ async def start_worker(envs: EnvsConfig, controller: ControllerConfig, controlle
 
         built = [get_task(name, **envs.task_options.get(name, {})) for name in envs.tasks]
         tasks = {t.name: t for t in built}
-    for task in tasks.values():  # a sandboxing task checks the host can hold `slots` sessions (PIDs), or refuses
-        check = getattr(task, "check_slots", None)
-        if callable(check):
-            check(envs.slots)
+    for task in tasks.values():  # a sandboxing task the host holds fewer sessions of: capped, said once here
+        cap = task_cap(task, envs.slots)
+        if cap < 1:
+            raise ValueError(f"{task.name}: this host holds no session of it ({task.session_cap_why()})")
+        if cap < envs.slots:
+            log.warning("%s: at most %d sessions at once on this host of this worker's %d slots (%s); its starts "
+                        "past that wait for a free one, the other tasks keep the rest", task.name, cap, envs.slots,
+                        task.session_cap_why())
     # The controller expires idle sessions and cancels them here; the worker asks about its own quiet
     # ones (later by a margin, so the two rarely cross) only to free slots the controller forgot.
     worker = EnvWorker(tasks, envs.slots, worker_id,

@@ -79,24 +79,52 @@ def test_session_budget() -> None:
     assert budget.live == 2
 
 
-def test_a_worker_refuses_more_sandbox_slots_than_the_hosts_pids_allow() -> None:
-    """start_worker runs the task's own budget check before serving: no half-started worker."""
+def test_a_worker_caps_a_task_the_host_holds_fewer_sessions_of() -> None:
+    """start_worker asks each task how many sessions the host holds (`session_cap`): more slots than that start a
+    worker whose starts of that task past the cap answer no_capacity (the client waits), while the other tasks
+    keep every slot; a cap of 0 refuses to start, no half-started worker."""
     import asyncio
 
     from agentrl.config import ControllerConfig, EnvsConfig
-    from agentrl.envs.worker import start_worker
+    from agentrl.envs.task import EnvError
+    from agentrl.envs.tasks.echo import EchoTask
+    from agentrl.envs.worker import EnvWorker, start_worker
 
-    class Budgeted:  # the os task's check_slots contract, without a sandbox: 10 slots at most
-        name, max_turns = "budgeted", 1
+    class Budgeted(EchoTask):  # the os task's session_cap contract, without a sandbox
+        name = "budgeted"
 
-        def check_slots(self, slots: int) -> None:
-            if slots > 10:
-                raise ValueError(f"{slots} sandbox slots exceed this host's budget of 10")
+        def __init__(self, cap: int) -> None:
+            self.cap = cap
 
-    async def go(slots: int) -> None:
-        running = await start_worker(EnvsConfig(tasks=("budgeted",), slots=slots), ControllerConfig(),
-                                     "http://127.0.0.1:9", "w", tasks={"budgeted": Budgeted()})  # type: ignore[dict-item]
+        def session_cap(self) -> int:
+            return self.cap
+
+        def session_cap_why(self) -> str:
+            return f"a budget of {self.cap}"
+
+    async def go(cap: int) -> None:
+        running = await start_worker(EnvsConfig(tasks=("budgeted",), slots=4), ControllerConfig(),
+                                     "http://127.0.0.1:9", "w", tasks={"budgeted": Budgeted(cap)})  # type: ignore[dict-item]
         await running.stop()
 
-    with pytest.raises(ValueError, match="budget of 10"):
-        asyncio.run(go(11))
+    with pytest.raises(ValueError, match="a budget of 0"):
+        asyncio.run(go(0))
+
+    class Req:  # the one thing start_sample reads of its request, through `_body`
+        def __init__(self, body: dict) -> None:
+            self.body = body
+
+    async def starts() -> list[str]:
+        worker = EnvWorker({"budgeted": Budgeted(2), "echo": EchoTask()}, 4, "w")
+        worker._body = lambda request: asyncio.sleep(0, request.body)  # type: ignore[method-assign]
+        seen = []
+        for task in ("budgeted", "budgeted", "budgeted", "echo", "echo"):
+            try:
+                await worker.start_sample(Req({"task": task, "index": "train-0"}))  # type: ignore[arg-type]
+                seen.append(f"{task} ok")
+            except EnvError as e:
+                seen.append(f"{task} {e.code}")
+        worker.shutdown()
+        return seen
+
+    assert asyncio.run(starts()) == ["budgeted ok", "budgeted ok", "budgeted no_capacity", "echo ok", "echo ok"]

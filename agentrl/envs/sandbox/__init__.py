@@ -26,6 +26,7 @@ from agentrl.envs.sandbox.config import (
     SandboxConfig,
     SandboxError,
     SandboxUnavailable,
+    budgets,
     cgroup_support,
     check_cgroups,
     check_image,
@@ -49,6 +50,6 @@ from agentrl.envs.sandbox.shell import (
 
 __all__ = ["BACKENDS", "BASE_ENV", "CAP_SYS_RESOURCE", "CHECK_ENV", "DOCKER_CAPS", "DOCKER_NOFILE", "PYTHON_PRELUDE",
            "TRUSTED_PYTHON", "CommandResult", "SandboxConfig", "SandboxError", "SandboxUnavailable", "Shell",
-           "apptainer_argv", "bwrap_argv", "cgroup_support", "check_cgroups", "check_image", "check_slots",
+           "apptainer_argv", "budgets", "bwrap_argv", "cgroup_support", "check_cgroups", "check_image", "check_slots",
            "has_capability", "nr_open", "pid_max", "plan_mounts", "python_argv", "seed_archive", "select_backend",
            "session_budget"]

@@ -58,6 +58,7 @@ from agentrl.envs.sandbox import (
     CommandResult,
     SandboxConfig,
     Shell,
+    budgets,
     check_image,
     check_slots,
     select_backend,
@@ -146,8 +147,9 @@ class SessionBudget:
     def acquire(self) -> int:
         with self._lock:
             if self.live >= self.limit:
-                raise RuntimeError(f"os: {self.live} sandboxes are live, the host's process budget allows "
-                                   f"{self.limit} (sandbox.pid_fraction of pid_max over sandbox.nproc)")
+                raise RuntimeError(f"os: {self.live} sandboxes are live, the host's tables allow {self.limit} "
+                                   f"(pids, open files and ptys: sandbox.pid_fraction, host_share, nproc, "
+                                   f"open_files, ptys)")
             slot = next(i for i in range(len(self.taken) + 1) if i not in self.taken)
             self.taken.add(slot)
             return slot
@@ -480,8 +482,17 @@ class OsTask:
         self.sizes = {split: len(p) for split, p in self.problems.items()}
 
     def check_slots(self, slots: int) -> None:
-        """Fail (ValueError) when `slots` sandboxes could exhaust the host's PIDs (a worker's start check)."""
+        """Fail (ValueError) when `slots` sandboxes could exhaust a host-wide table (`os(slots=...)`'s check)."""
         check_slots(self.sandbox, slots)
+
+    def session_cap(self) -> int:
+        """Sandboxes this host holds at once: the least its pid, file and pty tables allow (`session_budget`).
+        A worker with more slots holds at most this many os sessions and answers further starts no_capacity."""
+        return self.budget.limit
+
+    def session_cap_why(self) -> str:
+        """Which host table sets `session_cap`, and how."""
+        return "; ".join(f"{name} {n}: {why}" for name, (n, why) in budgets(self.sandbox).items())
 
     def tools(self) -> list[dict[str, Any]]:
         return copy.deepcopy(self.prompts.tools if self.prompts else TOOLS)
