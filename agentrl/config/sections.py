@@ -189,7 +189,7 @@ class TrainerConfig:
     lr: float | Literal["auto"] = 1e-4
     """RL learning rate. This default is tuned for the tiny model trained from scratch; a run from a pretrained
     `model.path` that sets none gets `PRETRAINED_DEFAULTS`' (1e-6, the paper's). auto: a fixed fraction of the
-    warm start's rate (`agentrl.trainer.lr_range.RL_FRACTION`, 1/6), measured when `sft_lr` is auto too."""
+    warm start's rate (`agentrl.trainer.lr_range.RL_FRACTION`, 1/20), measured when `sft_lr` is auto too."""
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     micro_batch_tokens: int = 8192

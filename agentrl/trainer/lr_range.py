@@ -46,9 +46,11 @@ MIN_DROP = 0.10
 """A clear drop: at least this share of the held-out loss before."""
 BEST_SHARE = 0.5
 """A clear drop: at least this share of the best drop on the grid."""
-RL_FRACTION = 1 / 6
-"""`trainer.lr` = this x `trainer.sft_lr` (`lr: auto`): SmolLM2-135M's pair (sft_lr 3e-4, lr 5e-5), the only one
-RL has been shown to work with on a real model (docs/models.md)."""
+RL_FRACTION = 1 / 20
+"""`trainer.lr` = this x `trainer.sft_lr` (`lr: auto`). SmolLM2-135M-Instruct is the one real model RL has been shown
+to work on, at lr 5e-5 (+0.45 over its warm start, 7.4 s.e. above the imitation control); on its demonstrations this
+range test picks 1e-3 (docs/models.md), and 5e-5 / 1e-3 = 1/20. (Its preset's own pair, sft_lr 3e-4 and lr 5e-5, was
+set by hand; the RL rate is the one that was measured to work, so the fraction is taken against the test's pick.)"""
 
 
 def geometric_grid(low: float, high: float, points: int) -> tuple[float, ...]:
