@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = [a for a in args.task if "=" in a] + ([f"model.path={args.model}"] if args.model else [])
     own = [a for a in args.task if "=" not in a]
     try:
-        cfg = load_config(args.preset, overrides) if args.preset or overrides else None
+        cfg = load_config(args.preset, overrides, trains=False) if args.preset or overrides else None
     except (ConfigError, ValueError, OSError) as e:
         print(f"attack_check: {e}", file=sys.stderr)
         return 2

@@ -196,7 +196,7 @@ def measure(model_dir: Path, preset: str, overrides: list[str], episodes: int, c
             profile: bool = False, own_process: bool = False) -> dict[str, Any]:
     """Build the engine, warm every side up, then run the sides interleaved `repeats` times on it. `linger_ms`:
     one side of ours per value, the first the headline (None: the config's `rollout.linger_ms` alone)."""
-    cfg = load_config(preset, overrides)
+    cfg = load_config(preset, overrides, trains=False)
     lingers = linger_ms or [cfg.rollout.linger_ms]
     loop = asyncio.new_event_loop()
     bench = Bench(model_dir, cfg, episodes, concurrency, own_process)
@@ -269,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(env)  # the engine starts in this process: its OpenMP reads these at start
     result = measure(args.model, args.preset, args.overrides, args.episodes, args.concurrency, args.repeats,
                      args.linger_ms, args.profile, args.own_process)
-    result["machine"] = repeat.machine(load_config(args.preset, args.overrides).seed, cpus, env, load_before)
+    seed = load_config(args.preset, args.overrides, trains=False).seed
+    result["machine"] = repeat.machine(seed, cpus, env, load_before)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(repeat.table(result["repeats"]))

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     tasks = [t for t in args.tasks.split(",") if t]
     try:
         path = [f"model.path={args.model_dir}"] if args.model_dir is not None else []
-        cfg = load_config(args.preset, overrides + path)
+        cfg = load_config(args.preset, overrides + path, trains=False)
         if not cfg.model.path:
             raise ValueError("name a model directory (or model.path=DIR)")
         model_dir = Path(cfg.model.path)

@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = args.base_url or args.target
         if not spec:
-            spec = load_config(args.preset, args.overrides).model.path
+            spec = load_config(args.preset, args.overrides, trains=False).model.path
         if not spec:
             raise ValueError("name a run dir, a model directory (or model.path=DIR), or --base-url URL --model NAME")
         target = resolve(spec, args.version, args.model, args.api_key_env, args.label)
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                 o.startswith("model.path=") for o in args.overrides):  # the model dir is the config's model
             args.overrides.append(f"model.path={target.model_dir}")
         try:
-            base = load_config(preset, args.overrides)
+            base = load_config(preset, args.overrides, trains=False)
         except ConfigError as e:
             if args.preset or args.overrides:
                 raise
