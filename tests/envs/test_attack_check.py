@@ -115,12 +115,12 @@ def test_the_teardown_check_counts_only_the_cgroups_its_attacks_leave() -> None:
                 d.rmdir()
 
 
-def test_the_rollout_suite_plays_the_real_model_as_its_preset_configures_it(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_rollout_suite_plays_the_real_model_as_its_preset_configures_it() -> None:
     """issue 41, 5: `--model models/SmolLM2-135M-Instruct` stopped with a ValueError (the model's own template
     ignores tools) and took no preset or override. Now the suite plays the model as the smollm2 preset has it
     (chatml-tools), and a template that cannot run tools is said in one line (exit 2), not a traceback."""
     from agentrl.models.gguf import VERIFY_FILE, default_models_dir
-    from jobs import attack_check
+    from tests.job_cli import run_job
 
     smol = default_models_dir() / "SmolLM2-135M-Instruct"
     if not (smol / VERIFY_FILE).exists():
@@ -128,12 +128,13 @@ def test_the_rollout_suite_plays_the_real_model_as_its_preset_configures_it(caps
         if os.environ.get("CI"):
             pytest.fail(why)
         pytest.skip(why)
-    assert attack_check.main(["--tasks", "rollout", "--preset", "smollm2-135m", f"model.path={smol}"]) == 0
-    out = capsys.readouterr().out
-    assert "SmolLM2-135M-Instruct+chatml-tools" in out and " 0 succeeded" in out, out
-    assert attack_check.main(["--tasks", "rollout", "--model", str(smol), "model.chat_template=chatml-tools"]) == 0
-    assert attack_check.main(["--tasks", "rollout", "--model", str(smol)]) == 2  # its own template: no tools
-    assert "model.chat_template=chatml-tools" in capsys.readouterr().err
+    run = run_job("attack_check", "--tasks", "rollout", "--preset", "smollm2-135m", f"model.path={smol}")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "SmolLM2-135M-Instruct+chatml-tools" in run.stdout and " 0 succeeded" in run.stdout, run.stdout
+    run = run_job("attack_check", "--tasks", "rollout", "--model", str(smol), "model.chat_template=chatml-tools")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    run = run_job("attack_check", "--tasks", "rollout", "--model", str(smol))  # its own template: no tools
+    assert run.returncode == 2 and "model.chat_template=chatml-tools" in run.stderr, run.stderr[-2000:]
 
 
 def test_any_text_is_an_observation_in_the_faithful_protocols(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -72,7 +72,7 @@ def test_the_built_image() -> None:
 def test_session_budget() -> None:
     budget = SessionBudget(2)
     assert (budget.acquire(), budget.acquire()) == (0, 1)  # each live session its own slot (its uid range)
-    with pytest.raises(RuntimeError, match="2 sandboxes are live, the host's process budget allows 2"):
+    with pytest.raises(RuntimeError, match="2 sandboxes are live, the host's tables allow 2"):
         budget.acquire()
     budget.release(0)
     assert budget.acquire() == 0

@@ -175,7 +175,7 @@ def test_registry_and_options(task: OsTask, tmp_path: Path) -> None:
         get_task("os", no_such_option=1)
     with pytest.raises(ValueError, match="unknown protocol"):
         OsTask(protocol="loose", sandbox={"backend": "bwrap"})
-    with pytest.raises(ValueError, match="exceeds 0.5 of this host's pid_max"):
+    with pytest.raises(ValueError, match=r"1000000 sandbox slots exceed this host's pids budget \(0.5 of pid_max"):
         OsTask(slots=10**6, sandbox={"backend": "bwrap"})
     checkout = agentbench_checkout(tmp_path)  # AgentBench's own layout
     t = OsTask(source="agentbench", agentbench_dir=checkout, protocol="strict", sandbox={"backend": "bwrap"})

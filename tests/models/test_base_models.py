@@ -15,7 +15,7 @@ from agentrl.config import ModelConfig, chat_template_text
 from agentrl.models import standins
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.model_check import check
-from jobs import check_model
+from tests.job_cli import run_job
 
 TURN_END = {"gemma-base": "<end_of_turn>", "llama3-base": "<|eot_id|>", "chatml-base": "<|im_end|>",
             "plain-base": "</s>"}
@@ -50,27 +50,28 @@ def test_own_tools_on_a_model_without_a_template_names_ours(base) -> None:
         ChatFormat.load(base["plain-base"], chat_template="own-tools")
 
 
-def test_check_model_fails_when_the_templates_turn_end_is_not_a_stop(base, tmp_path, capsys) -> None:
+def test_check_model_fails_when_the_templates_turn_end_is_not_a_stop(base, tmp_path) -> None:
     """A template that closes the model's turns with plain text: no stop token can end them."""
     text = tmp_path / "text-end.jinja"
     text.write_text(chat_template_text("plain-tools").replace("{{- eos_token + '\\n\\n' -}}", "{{- '\\n\\n' -}}"))
-    assert check_model.main([str(base["plain-base"]), f"model.chat_template={text}", "--tasks", "lookup"]) == 1
-    out = capsys.readouterr().out
-    assert "turn end   the chat template closes an assistant turn with text" in out and "<- FAILED" in out
-    assert check_model.main([str(base["plain-base"]), "model.chat_template=plain-tools", "--tasks", "lookup"]) == 0
-    assert "turn end   </s> (1), a stop token" in capsys.readouterr().out
+    run = run_job("check_model", str(base["plain-base"]), f"model.chat_template={text}", "--tasks", "lookup")
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert "turn end   the chat template closes an assistant turn with text" in run.stdout and "<- FAILED" in run.stdout
+    run = run_job("check_model", str(base["plain-base"]), "model.chat_template=plain-tools", "--tasks", "lookup")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "turn end   </s> (1), a stop token" in run.stdout
 
 
-def test_make_model_converts_and_verifies_a_gguf_without_a_chat_template(tmp_path, capsys) -> None:
+def test_make_model_converts_and_verifies_a_gguf_without_a_chat_template(tmp_path) -> None:
     """A base model's GGUF (no template) is verified on raw text, and the output names the template that fits."""
-    from jobs import make_model
     from tests.models.gguf_standin import write_gguf
 
     small = standins.build("llama3-base", tmp_path / "src", num_layers=1)
     gguf_file = write_gguf(small, tmp_path / "base.gguf")
     out = tmp_path / "converted"
-    assert make_model.main(["--from-gguf", str(gguf_file), str(out)]) == 0
-    printed = capsys.readouterr().out
+    run = run_job("make_model", "--from-gguf", str(gguf_file), str(out))
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    printed = run.stdout
     assert "tensors equal to the GGUF's, rounded to bfloat16: True" in printed
     assert "top-1 agreement 1.000" in printed
     assert "greedy reply to 'The capital of France is' (raw text: no chat template)" in printed

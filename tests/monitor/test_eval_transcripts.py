@@ -11,7 +11,7 @@ import pytest
 from agentrl.monitor.eval_results import ScoredEpisode
 from agentrl.monitor.eval_transcripts import TranscriptFile, read_transcripts, transcripts_path
 from agentrl.monitor.trajectory_text import render_transcript
-from jobs import show_trajectories
+from tests.job_cli import run_job
 
 SYSTEM = {"role": "system", "content": "You are a database agent. " * 20}  # long: written once
 TOOLS = [{"type": "function", "function": {"name": "execute_sql", "parameters": {"type": "object"}}},
@@ -116,10 +116,11 @@ def evaluation(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _shown(capsys, *argv: str) -> list[tuple[str, str, str]]:
+def _shown(*argv: str) -> list[tuple[str, str, str]]:
     """(task, index, sample) of every episode the command printed."""
-    assert show_trajectories.main([*argv]) == 0
-    heads = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.startswith("=== ") and "(split" in ln]
+    run = run_job("show_trajectories", *argv, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    heads = [ln.split() for ln in run.stdout.splitlines() if ln.startswith("=== ") and "(split" in ln]
     return [(h[1], h[2], h[6].rstrip(")")) for h in heads]
 
 
@@ -131,14 +132,14 @@ def _shown(capsys, *argv: str) -> list[tuple[str, str, str]]:
     (["--success", "-n", "0"], [("db", "test-0", "0"), ("db", "test-0", "1")]),
     (["--min-reward", "0.2", "--max-reward", "0.5", "--index", "test-0"], [("os", "test-0", "0"), ("os", "test-0", "1")]),
 ])
-def test_show_trajectories_filters_an_evaluation(evaluation: Path, capsys, args: list[str], want: list) -> None:
-    assert _shown(capsys, str(evaluation), *args) == want
-    assert _shown(capsys, str(evaluation / "eval-test.jsonl"), *args) == want  # the results file names it too
+def test_show_trajectories_filters_an_evaluation(evaluation: Path, args: list[str], want: list) -> None:
+    assert _shown(str(evaluation), *args) == want
+    assert _shown(str(evaluation / "eval-test.jsonl"), *args) == want  # the results file names it too
 
 
-def test_show_trajectories_on_nothing_to_show(evaluation: Path, tmp_path_factory, capsys) -> None:
-    assert show_trajectories.main([str(evaluation), "--task", "kg"]) == 1
-    assert "no episode" in capsys.readouterr().err
+def test_show_trajectories_on_nothing_to_show(evaluation: Path, tmp_path_factory) -> None:
+    run = run_job("show_trajectories", str(evaluation), "--task", "kg", timeout=120)
+    assert run.returncode == 1 and "no episode" in run.stderr
     empty = tmp_path_factory.mktemp("empty")
-    assert show_trajectories.main([str(empty)]) == 2
-    assert "neither a run directory" in capsys.readouterr().err
+    run = run_job("show_trajectories", str(empty), timeout=120)
+    assert run.returncode == 2 and "neither a run directory" in run.stderr
