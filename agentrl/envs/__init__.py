@@ -12,7 +12,5 @@
   * `checks/`: tools that check tasks, run from `jobs/` (contract, expert report, attacks, gold replays);
   * `task_data`: the generators of the built-in tasks' data files.
 
-`api`, `contract`, `expert`, `expert_report`, `attacks` and `replay` are the old module paths, kept as
-re-exports of the modules above. Importing this package imports nothing else and starts nothing: pick
-the submodule you need.
+Importing this package imports nothing else and starts nothing: pick the submodule you need.
 """

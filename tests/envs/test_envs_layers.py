@@ -4,8 +4,7 @@
     (`wire_types`) nothing but that API: a task author, the controller and the client read them alone;
   * the os runtime (`sandbox/`) serves the os task and the checks that attack it, nothing else;
   * the checks (`checks/`) are run from `jobs/`; in the package only the rollout's hostile-text check uses
-    one of their types;
-  * our own code imports names from where they live, never through the old module paths kept for users.
+    one of their types.
 """
 from __future__ import annotations
 
@@ -16,11 +15,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 ENVS = ROOT / "agentrl" / "envs"
-OLD_PATHS = ("agentrl.envs.api", "agentrl.envs.contract", "agentrl.envs.expert", "agentrl.envs.expert_report",
-             "agentrl.envs.attacks", "agentrl.envs.replay")
-"""Old module paths, now re-exports (tests/envs/test_old_import_paths.py checks they still work)."""
-SHIMS = {ENVS / "api.py", ENVS / "contract.py", ENVS / "expert.py", ENVS / "expert_report.py",
-         ENVS / "attacks" / "__init__.py", ENVS / "replay" / "__init__.py"}
 
 
 def agentrl_imports(path: Path) -> set[str]:
@@ -63,11 +57,5 @@ def test_the_sandbox_serves_the_os_task_and_the_checks() -> None:
 
 def test_the_checks_are_run_from_jobs() -> None:
     users = {rel(p) for p in (ROOT / "agentrl").rglob("*.py") if ENVS / "checks" not in p.parents
-             and p not in SHIMS and any(within(m, "agentrl.envs.checks") for m in agentrl_imports(p))}
+             and any(within(m, "agentrl.envs.checks") for m in agentrl_imports(p))}
     assert users <= {"agentrl/rollout/hostile.py"}, f"package modules that import the checks: {sorted(users)}"
-
-
-def test_our_code_imports_the_new_homes() -> None:
-    old = {rel(p): sorted(m for m in agentrl_imports(p) if any(within(m, o) for o in OLD_PATHS))
-           for p in code_files() if p not in SHIMS and p.name != "test_old_import_paths.py"}
-    assert {f: ms for f, ms in old.items() if ms} == {}
