@@ -1,10 +1,10 @@
 """What the asynchronous pipeline's roles need from the trainer↔rollout channel, as `typing.Protocol`s, and the
-one contract every channel keeps (`mpi_channel`, `file_channel`, `memory_channel`; tested against each in
-tests/transport/test_channel_contract.py).
+one contract every channel keeps (`mpi_channel`, `file_channel`, and the tests' in-memory double
+`tests/transport/memory_channel.py`; tested against each in tests/transport/test_channel_contract.py).
 
 Roles type their channel as `TrainerChannel` (the trainer's hub rank) or `RolloutChannel` (one rollout rank)
 and never name a transport, so the hub loop and a rollout rank can run together in one process over the
-in-memory channel, and under mpiexec or as separate jobs over the others, unchanged.
+tests' in-memory channel, and under mpiexec or as separate jobs over the others, unchanged.
 
 The contract:
 

@@ -15,8 +15,8 @@ from agentrl.config import dump_config, load_config
 from agentrl.monitor.tensorboard import NullMonitor
 from agentrl.trainer import checkpoint, role
 from agentrl.transport import weights
-from agentrl.transport.memory_channel import MemoryWorld
 from agentrl.transport.shards import ShardWriter, shard_dir
+from tests.transport.memory_channel import MemoryWorld
 
 
 @pytest.fixture(scope="module")

@@ -18,10 +18,10 @@ import pytest
 from agentrl.launch import rendezvous
 from agentrl.transport.channel import Notice, NoticeInbox, RolloutChannel, TrainerChannel
 from agentrl.transport.file_channel import FileRolloutChannel, FileTrainerChannel
-from agentrl.transport.memory_channel import MemoryRolloutChannel, MemoryTrainerChannel, MemoryWorld
 from agentrl.transport.mpi_channel import MpiRolloutChannel, MpiTrainerChannel
 from agentrl.transport.shards import ShardWriter, shard_dir
 from agentrl.types import Status, Trajectory, TrajectoryBuilder
+from tests.transport.memory_channel import MemoryRolloutChannel, MemoryTrainerChannel, MemoryWorld
 
 POLL = 0.01
 Ends = tuple[TrainerChannel, list[RolloutChannel]]

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from agentrl.transport.channel import Notice
-from agentrl.transport.memory_channel import MemoryWorld, memory_channels
 from agentrl.types import Status, Trajectory, TrajectoryBuilder
+from tests.transport.memory_channel import MemoryWorld, memory_channels
 
 
 def traj(rank: int, i: int) -> Trajectory:
