@@ -21,7 +21,8 @@ from agentrl.monitor.eval_results import read_results
 from agentrl.monitor.eval_transcripts import read_transcripts
 from agentrl.rollout.agent_loop import CONVERSATION, EpisodeLimits
 from agentrl.rollout.collect import Retry
-from agentrl.rollout.engine import ExpertEngine, SamplingConfig, ScriptedEngine
+from agentrl.rollout.engine import ExpertEngine, SamplingConfig
+from tests.rollout.scripted_engine import ScriptedEngine
 
 LIMITS = EpisodeLimits(max_turns=0, max_model_len=1024, max_new_tokens=48)
 SETTINGS = Settings(temperature=0.0, top_p=1.0, limits=LIMITS, retry=Retry(max_retries=0))

@@ -15,8 +15,9 @@ from agentrl.envs.worker import start_worker
 from agentrl.models import tiny_chat as chat
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode, turn_budget
 from agentrl.rollout.collect import collect
-from agentrl.rollout.engine import ExpertEngine, SamplingConfig, ScriptedEngine
+from agentrl.rollout.engine import ExpertEngine, SamplingConfig
 from agentrl.types import Status
+from tests.rollout.scripted_engine import ScriptedEngine
 
 INDEX = "test-3"
 
