@@ -88,8 +88,9 @@ def test_bwrap_command_line_in_a_prepared_user_namespace() -> None:
     i = argv.index("--cap-drop")
     assert argv[i + 1] == "ALL"
     added = {argv[j + 1] for j in range(len(argv)) if argv[j] == "--cap-add"}
-    # the driver alone (PID 1) gets CAP_SYS_ADMIN, for the graders' views; it leaves every session's bounding set
-    assert added == set(sb.DOCKER_CAPS) | {"CAP_SYS_ADMIN"} and len(added) == 15
+    # the driver alone (PID 1) gets CAP_SYS_ADMIN (the graders' views, the session's /proc files) and
+    # CAP_SYS_PTRACE (sysinfo's answers); it leaves every session's bounding set
+    assert added == set(sb.DOCKER_CAPS) | {"CAP_SYS_ADMIN", "CAP_SYS_PTRACE"} and len(added) == 16
 
 
 def test_launch_command_of_a_root_worker(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -100,7 +101,8 @@ def test_launch_command_of_a_root_worker(monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert not SandboxConfig(uid_count=1).many_uids("bwrap") and SandboxConfig(uid_count=1).sandbox_uid("bwrap") == 65534
     assert not cfg.many_uids("apptainer") and cfg.sandbox_uid("none") is None
     hard = sandbox_config.resource.getrlimit(sandbox_config.resource.RLIMIT_NOFILE)[1]
-    share = sandbox_config.file_share(cfg) // cfg.processes()  # the session's share of the host's file table, per process
+    # the session's share of the host's file table, per holder (its processes, its uids' files in flight)
+    share = (sandbox_config.file_share(cfg) - (cfg.user_uids + 2) * sandbox_config.SCM_MAX_FD) // cfg.holders()
     assert cfg.nofile() == min(hard, share)  # cannot raise: the hard limit
     monkeypatch.setattr(sandbox_config, "has_capability", lambda cap: cap == sb.CAP_SYS_RESOURCE)
     assert cfg.nofile() == min(max(min(sb.DOCKER_NOFILE, sb.nr_open()), hard), share)

@@ -19,13 +19,14 @@ import types
 from pathlib import Path
 
 import pytest
-from sandbox_helpers import require_sandbox
+from sandbox_helpers import require_sandbox, run_filter
 
+from agentrl.envs.checks.attacks.channels import PARKER, PROC_SNAPSHOT, parse_snapshot
 from agentrl.envs.sandbox import SandboxConfig, SandboxError, Shell, cgroup_support, cgroups
 from agentrl.envs.sandbox import config as sandbox_config
 from agentrl.envs.sandbox import shell as sandbox_shell
 from agentrl.envs.sandbox.config import budgets, check_slots, session_budget
-from agentrl.envs.sandbox.seccomp import ARCHES, DENIED, F_SETPIPE_SZ, RET_ALLOW, RET_ERRNO, run_filter, seccomp_filter
+from agentrl.envs.sandbox.seccomp import ARCHES, DENIED, F_SETPIPE_SZ, RET_ALLOW, RET_ERRNO, SET_UIDS, seccomp_filter
 from agentrl.envs.sandbox.shell import exec_text
 
 
@@ -47,12 +48,21 @@ def test_the_filter_refuses_shared_kernel_objects_and_nothing_else(machine: str)
     assert run_filter(program, fcntl, arch, (3, F_SETPIPE_SZ, 1 << 20)) == eperm
     assert run_filter(program, fcntl, arch, (3, F_SETPIPE_SZ + 1, 0)) == RET_ALLOW  # F_GETPIPE_SZ and the rest
     for nr in range(0, 460):  # every other call of the architecture is allowed
-        if nr not in {numbers[n] for n in DENIED if n in numbers} | {fcntl}:
+        if nr not in {numbers[n] for n in DENIED if n in numbers} | {fcntl}:  # (set*uid to root among them)
             assert run_filter(program, nr, arch) == RET_ALLOW, nr
+    unchanged = 0xFFFFFFFF
+    for name in SET_UIDS:  # a real uid of root, nobody or the first 8 users; any effective or saved one
+        nr = numbers[name]
+        for uid, verdict in ((0, RET_ALLOW), (1000, RET_ALLOW), (1007, RET_ALLOW), (65534, RET_ALLOW),
+                             (unchanged, RET_ALLOW), (1, eperm), (999, eperm), (1008, eperm), (65533, eperm),
+                             (65535, eperm), (1 << 31, eperm), ((1 << 32) + 1000, RET_ALLOW)):
+            assert run_filter(program, nr, arch, (uid, 5, 5)) == verdict, (name, uid)
+        assert run_filter(program, nr, arch, (unchanged, 4242, 4242)) == RET_ALLOW  # seteuid(4242)
+    assert run_filter(seccomp_filter(machine, user_uids=0), numbers["setuid"], arch, (1000,)) == eperm
     assert run_filter(program, 0, 0x40000003) == enosys  # another architecture (i386 through int 0x80)
     if machine == "x86_64":
         assert run_filter(program, 0x40000000 + 1, arch) == enosys  # the x32 ABI
-    assert len(program) % 8 == 0 and len(program) // 8 < 64
+    assert len(program) % 8 == 0 and len(program) // 8 < 128
 
 
 PROBE = r"""cat > /tmp/probe.py <<'EOF'
@@ -218,24 +228,28 @@ def test_a_session_holds_only_its_share_of_host_wide_tables() -> None:
 
 
 def test_budgets_hand_computed() -> None:
-    cfg = SandboxConfig(nproc=64, pid_fraction=0.5, host_share=0.5, ptys=16)
-    # pids 32768 * 0.5 / 64 = 256; files 10,000,000 * 0.5 // (72 * 1024) = 67; ptys 3072 * 0.5 // 16 = 96
-    assert {k: n for k, (n, _) in budgets(cfg, 32768, 10_000_000, 3072).items()} == {"pids": 256, "files": 67,
+    cfg = SandboxConfig(nproc=64, pid_fraction=0.5, host_share=0.5, ptys=16, user_uids=8)
+    # pids 32768 * 0.5 / 64 = 256; ptys 3072 * 0.5 // 16 = 96; files: 72 processes and 10 uids' files in
+    # flight hold 1,024 each, and each uid 253 more (one message past its limit):
+    # 10,000,000 * 0.5 // (82 * 1024 + 10 * 253 = 86,498) = 57
+    assert {k: n for k, (n, _) in budgets(cfg, 32768, 10_000_000, 3072).items()} == {"pids": 256, "files": 57,
                                                                                      "ptys": 96}
-    assert session_budget(cfg, 32768, 10_000_000, 3072) == 67
-    # open files: 5,000,000 per session over 67 sessions, 72 processes each: 1,036 per process
-    assert cfg.nofile(host_file_max=10_000_000) == min(cfg.nofile(host_file_max=1 << 40), 5_000_000 // 67 // 72)
-    with pytest.raises(ValueError, match="68 sandbox slots exceed this host's files budget"):
-        check_slots(cfg, 68, 32768, 10_000_000, 3072)
+    assert session_budget(cfg, 32768, 10_000_000, 3072) == 57
+    # open files: 5,000,000 // 57 = 87,719 per session, less 2,530 for the uids' last messages, over 82 holders
+    assert cfg.nofile(host_file_max=10_000_000) == min(cfg.nofile(host_file_max=1 << 40), 1038)
+    assert 72 * 1038 + 10 * (1038 + 253) <= 5_000_000 // 57
+    with pytest.raises(ValueError, match="58 sandbox slots exceed this host's files budget"):
+        check_slots(cfg, 58, 32768, 10_000_000, 3072)
     with pytest.raises(ValueError, match="97 sandbox slots exceed this host's ptys budget"):
         check_slots(SandboxConfig(open_files=16), 97, 32768, 10_000_000, 3072)
 
 
 def driver_module(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
-    """driver.py as the sandbox runs it, imported here: `sandbox_view` is view.py."""
-    view = types.ModuleType("sandbox_view")
-    exec(compile(Path(sandbox_shell.VIEW_SOURCE).read_text(), "sandbox_view", "exec"), view.__dict__)
-    monkeypatch.setitem(sys.modules, "sandbox_view", view)
+    """driver.py as the sandbox runs it, imported here: `sandbox_view` is view.py, `sandbox_proc` procview.py."""
+    for name, source in (("sandbox_view", sandbox_shell.VIEW_SOURCE), ("sandbox_proc", sandbox_shell.PROC_SOURCE)):
+        module = types.ModuleType(name)
+        exec(compile(Path(source).read_text(), name, "exec"), module.__dict__)
+        monkeypatch.setitem(sys.modules, name, module)
     module = types.ModuleType("sandbox_driver")
     exec(compile(Path(sandbox_shell.DRIVER_SOURCE).read_text(), "sandbox_driver", "exec"), module.__dict__)
     return module
@@ -281,3 +295,64 @@ def test_any_text_is_a_command() -> None:
         assert shell.run("echo alive").output == "alive\n"
     finally:
         shell.close()
+
+
+# ----------------------------------------------------------- what one session can read of another's work
+
+MODULATE = ("(python3 -c \"import os, time\nb = bytearray(300 << 20)\nps = [os.pipe() for _ in range(400)]\n"
+            "for _ in range(40):\n    if os.fork() == 0:\n        time.sleep(60)\n        os._exit(0)\n"
+            "t = time.time()\nwhile time.time() < t + 3: pass\ntime.sleep(60)\" &); sleep 4; echo started")
+
+
+def _snapshot(shell: Shell) -> tuple[list[int], dict[str, str]]:
+    return parse_snapshot(shell.run(PROC_SNAPSHOT, timeout=60).output)
+
+
+def test_a_session_reads_nothing_of_another_sessions_work() -> None:
+    """Every file of /proc outside the session's own processes reads the same while another session forks 40
+    processes, holds 300 MB and 800 pipes and burns CPU (and the host runs what it runs); meminfo, loadavg
+    and sysinfo(2) count the session's own memory and processes only. Before, /proc/meminfo, stat, loadavg,
+    uptime's idle, vmstat, interrupts, softirqs, diskstats, buddyinfo, zoneinfo, pressure/*, fs/ext4/*
+    and sysinfo's procs and freeram all moved with it (a channel between sessions)."""
+    require_sandbox()
+    cfg = fast(timeout=60.0)
+    a, b = Shell(cfg), Shell(cfg, uid_slot=1)
+    try:
+        own, before = _snapshot(b)
+        assert len(before) > 100, before  # /proc/sys and the static descriptions are still there
+        assert "started" in a.run(MODULATE, timeout=30).output
+        own_after, after = _snapshot(b)
+        moved = sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
+        assert not moved, moved
+        total, used, tasks, sys_total, sys_used, procs = own_after
+        assert total == sys_total == cfg.session_memory_mb << 20 if b.cgroup is not None else total > 0
+        assert used < 200 << 20 and sys_used < 200 << 20, own_after  # a holds 300 MB more than that
+        assert tasks < 20 and procs < 20, own_after  # a's 41 processes are not counted
+        ps = b.run("ps -e --no-headers | wc -l; free -m | head -2; uptime; nproc").output
+        assert int(ps.split()[0]) < 10 and "Mem:" in ps and "load average" in ps, ps
+    finally:
+        a.close()
+        b.close()
+
+
+def test_files_parked_in_unix_sockets_stay_within_the_sessions_share() -> None:
+    """Files passed over a Unix socket and not received are held by no process: the kernel bounds them per real
+    uid (at most the sender's RLIMIT_NOFILE, `too_many_unix_fds`). Before, a session's root could become any of
+    its 65,536 uids and park 1,000 files under each (5 uids: 5,000 measured; all of them: past the host's
+    table); now only root, nobody and `user_uids` users can be taken, and the budget counts each as a holder."""
+    require_sandbox()
+    if not SandboxConfig().many_uids("bwrap"):
+        pytest.skip("a root worker maps a uid range per session; this one is not root")
+    cfg = fast(timeout=60.0)
+    shell = Shell(cfg)
+    try:
+        out = shell.run(PARKER + "python3 /tmp/p.py; su nobody -s /bin/sh -c id; useradd -m jack && su - jack -c id; "
+                        "su daemon -s /bin/sh -c id", timeout=60).output
+    finally:
+        shell.close()
+    parked = int(out.split("parked ")[1].split()[0])
+    uids = cfg.user_uids + 2  # root, nobody, 1000..1007: 10 of the 19 the parker tries
+    assert uids * 1000 <= parked <= uids * (cfg.nofile() + sandbox_config.SCM_MAX_FD), out
+    assert cfg.processes() * cfg.nofile() + parked <= sandbox_config.file_share(cfg)
+    assert "uid=65534(nobody)" in out and "uid=1000(jack)" in out, out  # what the tasks do still works
+    assert "cannot set user id" in out, out  # daemon (1): not a uid a session may become

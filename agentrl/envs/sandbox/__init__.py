@@ -14,8 +14,9 @@ code. Used by the `os` task (`agentrl.envs.tasks.os_task`) and by the checks tha
     everything a session left);
   * `seccomp`: the system-call filter bubblewrap sessions run under;
   * `rootfs`: the image's root file system, built by `python -m jobs.make_rootfs`;
-  * `driver.py`, `view.py` (run inside each sandbox, sent as source by `Shell`) and `userns.py` (the
-    launcher of a root worker's user namespaces): never imported by the worker.
+  * `driver.py`, `view.py`, `procview.py` (run inside each sandbox, sent as source by `Shell`: the driver,
+    the graders' views, the session's own /proc files and sysinfo answers) and `userns.py` (the launcher
+    of a root worker's user namespaces): never imported by the worker.
 
 This package re-exports the names `agentrl.envs.sandbox` offered when it was one module.
 """

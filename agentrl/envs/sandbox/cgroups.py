@@ -115,6 +115,10 @@ class SessionCgroup:
                     pass
             raise
         self.procs = [str(d / "cgroup.procs") for d in self.dirs]
+        memory = self.dirs[0]
+        self.memory_files = ((memory / "memory.usage_in_bytes", memory / "memory.stat") if support.kind == "v1"
+                             else (memory / "memory.current", memory / "memory.stat"))
+        """The session's memory usage and its breakdown, which the session's /proc/meminfo is made of."""
 
     def join_self(self) -> None:
         """Move the calling process into this cgroup (a forked child, before exec: its whole tree follows)."""

@@ -84,6 +84,11 @@ class SandboxConfig:
     """How many ids a root worker maps into its bubblewrap sandboxes (1: only root, as host_uid). Each live
     session gets a range of its own (`uid_range`): the kernel counts pipe pages, keys and processes per
     host uid, so sessions that shared one would share those budgets."""
+    user_uids: int = 8
+    """Regular users (uids 1000, 1001, ... as `useradd` makes them) a session's processes may become, beside
+    root and nobody (bubblewrap with the seccomp filter: `seccomp.real_uids`). The kernel bounds the files
+    parked in Unix sockets per real uid, to RLIMIT_NOFILE each: every such uid is one more holder of the
+    session's share of the open-file table (`holders`)."""
     seccomp: bool = True
     """bubblewrap: the seccomp filter of `agentrl.envs.sandbox.seccomp` (no kernel keys, inotify, fanotify,
     pipe growth, message queues, io_uring, ...: kernel objects shared with other sessions and the host)."""
@@ -97,6 +102,10 @@ class SandboxConfig:
     hostname: str = "agentrl-sandbox"
     work_dir: str = ""
     """backend "none" only: where session directories are made ("" = the temp dir)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.user_uids <= 1024:
+            raise ValueError(f"sandbox.user_uids must be within 0..1024, not {self.user_uids}")
 
     def many_uids(self, backend: str) -> bool:
         """Whether sessions get a range of user ids (`userns.py`): bwrap under a root worker."""
@@ -116,12 +125,19 @@ class SandboxConfig:
 
     def nofile(self, host_file_max: int | None = None) -> int:
         """The sessions' RLIMIT_NOFILE (see `open_files`): with 0, also at most the session's share of the
-        host's open-file table over its processes (`file_share`), so that no session can fill the table."""
+        host's open-file table over what may hold them (`holders`, `file_share`), so that no session can fill
+        the table."""
         if self.open_files:
             return self.open_files
         hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         wanted = max(hard, min(DOCKER_NOFILE, nr_open())) if has_capability(CAP_SYS_RESOURCE) else hard
-        return max(1, min(wanted, file_share(self, host_file_max) // self.processes()))
+        share = file_share(self, host_file_max) - (self.user_uids + 2) * SCM_MAX_FD
+        return max(1, min(wanted, share // self.holders()))
+
+    def holders(self) -> int:
+        """What may hold open files of one session at once, each up to RLIMIT_NOFILE: its processes, and the
+        files it parks in Unix sockets (SCM_RIGHTS), which the kernel bounds per real uid (`user_uids` + 2)."""
+        return self.processes() + self.user_uids + 2
 
     def processes(self) -> int:
         """What may hold open files in one session at once: its `nproc`, and the launcher, bubblewrap and
@@ -252,6 +268,9 @@ def host_ptys(base: str = "/proc/sys/kernel/pty") -> int:
         return 4096 - 1024  # the kernel's defaults
 
 
+SCM_MAX_FD = 253
+"""Files one message may pass: the kernel checks a uid's files in flight before adding a message's, so a uid
+may hold this many past its RLIMIT_NOFILE."""
 MIN_NOFILE = 1024
 """The fewest open files per process a session is given when `open_files` is 0 (Docker 29's default):
 sessions past what the host's file table allows at this many are refused (`session_budget`)."""
@@ -260,16 +279,18 @@ sessions past what the host's file table allows at this many are refused (`sessi
 def budgets(cfg: SandboxConfig, host_pid_max: int | None = None, host_file_max: int | None = None,
             ptys: int | None = None) -> dict[str, tuple[int, str]]:
     """Sessions at once each host-wide table allows -> (count, why): pids (`pid_fraction` of pid_max over
-    `nproc`), open files (`host_share` of fs.file-max over processes x files per process, at least
-    `MIN_NOFILE`), ptys (`host_share` of the ptys over `ptys`; bubblewrap's own devpts instance)."""
+    `nproc`), open files (`host_share` of fs.file-max over holders x files per holder, at least
+    `MIN_NOFILE`, and what a message passes past it per uid), ptys (`host_share` of the ptys over `ptys`;
+    bubblewrap's own devpts instance)."""
     pids = host_pid_max or pid_max()
     files = host_file_max or file_max()
     per_process = cfg.open_files or MIN_NOFILE
     out = {"pids": (int(pids * cfg.pid_fraction) // max(cfg.nproc, 1),
                     f"{cfg.pid_fraction:g} of pid_max {pids} over {cfg.nproc} processes"),
-           "files": (int(files * cfg.host_share) // (cfg.processes() * per_process),
-                     f"{cfg.host_share:g} of fs.file-max {files} over {cfg.processes()} processes x "
-                     f"{per_process} files")}
+           "files": (int(files * cfg.host_share) // (cfg.holders() * per_process
+                                                     + (cfg.user_uids + 2) * SCM_MAX_FD),
+                     f"{cfg.host_share:g} of fs.file-max {files} over {cfg.processes()} processes and "
+                     f"{cfg.user_uids + 2} uids' files in flight x {per_process} files")}
     if cfg.ptys > 0:
         total = ptys or host_ptys()
         out["ptys"] = (int(total * cfg.host_share) // cfg.ptys,

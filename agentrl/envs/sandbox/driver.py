@@ -49,6 +49,7 @@ import subprocess
 import tarfile
 import time
 
+from sandbox_proc import REFRESH_S, ProcView
 from sandbox_view import MS_NOSUID, Tools, _mount, enter_view, node_id
 
 STATE = "/run/agentrl-shell/state"
@@ -103,6 +104,7 @@ class Driver:
         self.state = STATE
         self.tools = None
         self.view = None
+        self.proc = None  # the session's own /proc files and sysinfo answers (`sandbox_proc`)
 
     # ------------------------------------------------------------------------------- worker channel
     def read_exact(self, n):
@@ -118,8 +120,10 @@ class Driver:
 
     def read_line(self):
         while b"\n" not in self.buf:
-            ready, _, _ = select.select([0] + self.lingering, [], [])
+            ready, _, _ = select.select([0] + self.lingering + self.listening(), [], [],
+                                        None if self.proc is None else REFRESH_S)
             self.drain_lingering(ready)
+            self.serve_proc(ready)
             if 0 in ready:
                 chunk = os.read(0, 65536)
                 if not chunk:
@@ -171,6 +175,14 @@ class Driver:
                                int(self.cfg.get("tools_room", 0)))
         except (OSError, shutil.Error) as e:
             return f"could not copy the system tools: {e}"
+        if self.cfg.get("proc") is not None:  # the session's own meminfo, stat, loadavg, ... and sysinfo(2)
+            try:
+                self.proc = ProcView(self.cfg["proc"])
+                self.proc.mount()
+                if self.cfg["proc"].get("sysinfo"):
+                    self.proc.listen(os.uname().machine)
+            except (OSError, KeyError) as e:
+                return f"could not give the session its own /proc view: {e}"
         self.view = self.cfg.get("view")
         if self.view is not None:
             self.view = dict(self.view, local_lib_id=node_id("/usr/local", "lib"))
@@ -256,6 +268,8 @@ class Driver:
 
     def _spawn(self, argv, env, timeout, stderr, script, preexec=None):
         r = w = None
+        if self.proc is not None:
+            self.proc.refresh(force=True)
         try:  # every resource the start takes is inside: a full file table is the command's failure, not ours
             r, w = os.pipe()
             for attempt in range(10):  # like bash's "fork: retry" when the sandbox's process limit is full
@@ -300,11 +314,12 @@ class Driver:
                     pass
                 status = os.waitstatus_to_exitcode(os.waitpid(proc.pid, 0)[1])
                 break
-            fds = [self.wake] + self.lingering + ([r] if pipe_open else [])
-            ready, _, _ = select.select(fds, [], [], left)
+            fds = [self.wake] + self.lingering + ([r] if pipe_open else []) + self.listening()
+            ready, _, _ = select.select(fds, [], [], left if self.proc is None else min(left, REFRESH_S))
             if self.wake in ready:
                 self.drain(self.wake)
             self.drain_lingering(ready)
+            self.serve_proc(ready)
             if pipe_open and r in ready:
                 chunk = os.read(r, 65536)
                 pipe_open = bool(chunk)
@@ -330,6 +345,17 @@ class Driver:
             code = 128 - code  # killed by a signal: the shell's convention
         return {"exit": code, "output": base64.b64encode(bytes(out)).decode(), "timed_out": timed_out,
                 "truncated": truncated}
+
+    def listening(self):
+        return [self.proc.listener] if self.proc is not None and self.proc.listener >= 0 else []
+
+    def serve_proc(self, ready):
+        """Answer a trapped sysinfo(2), and rewrite the session's /proc files when they are due."""
+        if self.proc is None:
+            return
+        if self.proc.listener in ready:
+            self.proc.answer()
+        self.proc.refresh()
 
     @staticmethod
     def keep(out, chunk, cap):

@@ -24,11 +24,13 @@ DOCKER_CAPS = {"CAP_AUDIT_WRITE": 29, "CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CA
                "CAP_SETGID": 6, "CAP_SETPCAP": 8, "CAP_SETUID": 7, "CAP_SYS_CHROOT": 18}
 """Docker's default capabilities, which root has in AgentBench's containers; here they hold only in the
 sandbox's user namespace, over the ids it maps (no CAP_SYS_ADMIN: no mount can be undone)."""
-DRIVER_CAPS = {"CAP_SYS_ADMIN": 21, "CAP_SETPCAP": 8}
+DRIVER_CAPS = {"CAP_SYS_ADMIN": 21, "CAP_SETPCAP": 8, "CAP_SYS_PTRACE": 19}
 """What the sandbox's PID 1, the driver, holds beyond the session's: CAP_SYS_ADMIN (of the sandbox's user
-namespace) to give each grader its own read-only view of /usr, CAP_SETPCAP to cut the bounding set. The
-driver takes both out of the bounding, inheritable and ambient sets before anything else runs, so no
-session process ever holds CAP_SYS_ADMIN (no mount can be undone)."""
+namespace) to give each grader its own read-only view of /usr and the session its own /proc files,
+CAP_SETPCAP to cut the bounding set, CAP_SYS_PTRACE to write a trapped sysinfo(2)'s answer into the
+calling process (`procview.py`), whatever its uid. The driver takes them out of the bounding, inheritable
+and ambient sets before anything else runs, so no session process ever holds one of them (no mount can be
+undone, no other process's memory written)."""
 
 
 # ------------------------------------------------------------------------------------ root file system
@@ -159,13 +161,45 @@ def seed_archive(image: str) -> bytes:
 # the non-dumpable driver's own fd tables): empty and read-only, so that `find /` exits 0 as it does in
 # AgentBench's container (its check scripts run `find / ...` and test the exit status).
 PROC_MASKED = ("/proc/tty/driver", "/proc/1/fdinfo", "/proc/1/map_files", "/proc/1/task/1/fdinfo", "/proc/sys/fs/quota")
+"""Directories inside kept entries: empty and read-only (/proc/sys/fs/quota: the host's disk-quota operation counts)."""
 HOST_COUNTERS = ("/proc/sys/fs/aio-nr", "/proc/sys/fs/file-nr", "/proc/sys/fs/inode-nr", "/proc/sys/fs/inode-state",
-                 "/proc/sys/fs/dentry-state", "/proc/sys/kernel/pty/nr", "/proc/locks")
-"""Host-wide counts of kernel objects that any session changes (AIO events, open files, inodes, dentries,
-ptys, file locks with their inode numbers): read in another session, each is a channel between them (one
-session's `io_setup`s or ptys, counted by the next). Each reads empty (/dev/null bound over it); the
-per-session limits (`SandboxConfig.nofile`, `ptys`, the seccomp filter) do not need them. /proc/sys/fs/quota
-(the host's disk-quota operation counts) is masked as a directory, with PROC_MASKED."""
+                 "/proc/sys/fs/dentry-state", "/proc/sys/kernel/pty/nr", "/proc/sys/kernel/random/entropy_avail")
+"""Host-wide counts under /proc/sys of kernel objects that any session changes (AIO events, open files, inodes,
+dentries, ptys; the entropy pool on kernels before 5.18): read in another session, each is a channel between
+them (one session's `io_setup`s or ptys, counted by the next). Each reads empty (/dev/null bound over it;
+entropy_avail then reads the kernel's constant 256, `procview.STATIC`); the per-session limits
+(`SandboxConfig.nofile`, `ptys`, the seccomp filter) do not need them. The rest of /proc/sys is the host's
+configuration (limits, not counts) or the session's own namespaces' (net, ipc, user, ns_last_pid)."""
+PROC_KEPT = ("cmdline", "consoles", "cpuinfo", "crypto", "devices", "execdomains", "filesystems", "misc", "mounts",
+             "net", "partitions", "self", "sys", "sysvipc", "thread-self", "tty", "version")
+"""The entries directly in /proc a session sees as they are: static descriptions of the host (its CPUs, kernel,
+devices, file systems), or views of the reader's own namespaces (mounts, net, sysvipc, self). Every other
+entry (the process directories aside) is hidden, whatever the kernel adds: /proc/interrupts, softirqs,
+diskstats, buddyinfo, zoneinfo, pagetypeinfo, pressure/, schedstat, cgroups (a count of every cgroup on the
+host), fs/ (ext4's free blocks per group), irq/, locks, key-users, timer_list, ... each moves with what
+other sessions do. The few that `free`, `ps`, `top`, `uptime` and glibc read are the session's own instead
+(`PROC_SESSION`)."""
+PROC_SESSION = ("meminfo", "stat", "loadavg", "uptime", "vmstat", "swaps")
+"""Hidden like the rest by bubblewrap, then given the session's own content by the driver (`procview.py`)."""
+
+
+def proc_masks(proc: str = "/proc") -> list[str]:
+    """bubblewrap's arguments that hide the host-wide entries of /proc (`PROC_KEPT`, `PROC_MASKED`,
+    `HOST_COUNTERS`): an empty read-only tmpfs over a directory, /dev/null over a file. Listed from this
+    host's /proc, which shows the same kernel's entries as the session's."""
+    masks: list[str] = []
+    for name in sorted(os.listdir(proc)):
+        path = f"/proc/{name}"
+        if name.isdigit() or name in PROC_KEPT or os.path.islink(os.path.join(proc, name)):
+            continue
+        if os.path.isdir(os.path.join(proc, name)):
+            masks += ["--size", "4096", "--tmpfs", path, "--remount-ro", path]
+        else:
+            masks += ["--ro-bind", "/dev/null", path]
+    masks += [a for path in PROC_MASKED if os.path.isdir(path)
+              for a in ("--size", "4096", "--tmpfs", path, "--remount-ro", path)]
+    masks += [a for path in HOST_COUNTERS if os.path.exists(path) for a in ("--ro-bind", "/dev/null", path)]
+    return masks
 
 
 def bwrap_argv(mounts: list[str], command: list[str], hostname: str, disk_mb: int, shm_mb: int,
@@ -179,9 +213,7 @@ def bwrap_argv(mounts: list[str], command: list[str], hostname: str, disk_mb: in
     seccomp_fd: a file descriptor bubblewrap reads the session's seccomp filter from
         (`agentrl.envs.sandbox.seccomp`), loaded before the command runs.
     """
-    masks = [a for path in PROC_MASKED if os.path.isdir(path)
-             for a in ("--size", "4096", "--tmpfs", path, "--remount-ro", path)]
-    masks += [a for path in HOST_COUNTERS if os.path.exists(path) for a in ("--ro-bind", "/dev/null", path)]
+    masks = proc_masks()
     if in_userns:
         users = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
                  "--assert-userns-disabled", "--cap-drop", "ALL",

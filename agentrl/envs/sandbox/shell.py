@@ -75,6 +75,7 @@ log = logging.getLogger(__name__)
 
 DRIVER_SOURCE = Path(__file__).with_name("driver.py")
 VIEW_SOURCE = Path(__file__).with_name("view.py")
+PROC_SOURCE = Path(__file__).with_name("procview.py")
 USERNS_LAUNCHER = Path(__file__).with_name("userns.py")
 # Reads length-prefixed sources from stdin ("<length> <module>\n" + source each): each but the last becomes
 # the module it names; the last, the driver, runs as __main__. Keeps the command line short.
@@ -163,6 +164,7 @@ class Shell:
         self._proc: subprocess.Popen[bytes] | None = None
         self._buf = b""
         self._dir: Path | None = None
+        self._memory_fds: tuple[int, ...] = ()
         try:
             self._start()
         except BaseException:
@@ -199,6 +201,9 @@ class Shell:
             cfg["caps"] = sorted(DOCKER_CAPS.values()) if c.many_uids(self.backend) else []
             cfg["admin"] = DRIVER_CAPS["CAP_SYS_ADMIN"]
             cfg["ptys"] = c.ptys
+            cfg["proc"] = {"memory": (c.session_memory_mb if self.cgroup is not None else c.memory_mb) << 20,
+                           "usage": self._memory_fds[0] if self._memory_fds else None,
+                           "stat": self._memory_fds[1] if self._memory_fds else None, "sysinfo": c.seccomp}
         seed = b""
         if self.backend == "bwrap":
             seed = seed_archive(str(self.cfg.image_dir().absolute()))
@@ -243,20 +248,24 @@ class Shell:
 
         self._stderr = tempfile.TemporaryFile()
         seccomp = self._seccomp_fd()
+        # the session's cgroup memory files, read by the driver for the session's own /proc/meminfo
+        self._memory_fds = (tuple(os.open(p, os.O_RDONLY) for p in cgroup.memory_files)
+                            if cgroup is not None and self.backend == "bwrap" else ())
         try:
             self._proc = subprocess.Popen(self.argv(seccomp), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=self._stderr, start_new_session=True, cwd="/",
                                           env={"PATH": BASE_ENV["PATH"], "LANG": "C.UTF-8"},
-                                          pass_fds=() if seccomp is None else (seccomp,),
+                                          pass_fds=(() if seccomp is None else (seccomp,)) + self._memory_fds,
                                           preexec_fn=enter if cgroup is not None or uid is not None else None)
         finally:
-            if seccomp is not None:
-                os.close(seccomp)
+            for fd in (() if seccomp is None else (seccomp,)) + self._memory_fds:
+                os.close(fd)
         cfg, seed = self._driver_config()
-        view, source = VIEW_SOURCE.read_bytes(), DRIVER_SOURCE.read_bytes()
+        view, proc, source = VIEW_SOURCE.read_bytes(), PROC_SOURCE.read_bytes(), DRIVER_SOURCE.read_bytes()
         header = json.dumps(cfg).encode()
         try:
-            self._write(b"%d sandbox_view\n" % len(view) + view + b"%d __main__\n" % len(source) + source
+            self._write(b"%d sandbox_view\n" % len(view) + view + b"%d sandbox_proc\n" % len(proc) + proc
+                        + b"%d __main__\n" % len(source) + source
                         + b"%d\n" % len(header) + header + seed)
             answer = self._answer(time.monotonic() + max(30.0, self.cfg.command_timeout_s))
         except SandboxError as e:
@@ -272,7 +281,7 @@ class Shell:
         if self.backend != "bwrap" or not self.cfg.seccomp:
             return None
         try:
-            return filter_fd(seccomp_filter())
+            return filter_fd(seccomp_filter(user_uids=self.cfg.user_uids))
         except SeccompUnavailable as e:
             raise SandboxError(f"{e}; set sandbox.seccomp to false to run sessions without the filter") from e
 

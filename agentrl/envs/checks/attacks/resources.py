@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentrl.envs.checks.attacks.channels import os_channel_attacks
 from agentrl.envs.checks.attacks.library import Attack, call, calls, text
 
 log = logging.getLogger(__name__)
@@ -347,7 +348,7 @@ def db_channel_attacks() -> list[Attack]:
 
 RESOURCE_ATTACKS: dict[str, Callable[[], list[Attack]]] = {
     "db": lambda: db_resource_attacks() + db_channel_attacks(), "kg": kg_resource_attacks,
-    "bfcl": bfcl_resource_attacks, "os": lambda: os_resource_attacks() + os_table_attacks()}
+    "bfcl": bfcl_resource_attacks, "os": lambda: os_resource_attacks() + os_table_attacks() + os_channel_attacks()}
 
 
 def resource_attacks(task: str) -> list[Attack]:
