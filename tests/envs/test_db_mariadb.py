@@ -355,6 +355,10 @@ def test_concurrent_sessions_share_no_server_state_and_give_back_their_memory() 
             sql(s, "SELECT REPEAT('x', 16e6) FROM seq_1_to_5")
         assert _rss_mb() - rss < 32, (rss, _rss_mb())  # no 16 MB row was read in this (the worker's) process
         assert len(servers() - before_servers) == 2  # one each
+        for pid in servers() - before_servers:  # each server bounded as its session's process is (RLIMIT_AS)
+            limits = Path(f"/proc/{pid}/limits").read_text()
+            space = next(line.split()[3] for line in limits.splitlines() if line.startswith("Max address space"))
+            assert space != "unlimited", limits
     finally:
         a.close()
         b.close()
