@@ -6,7 +6,7 @@ r"""Run the demo (or another preset) over seeds and trainer thread counts and ch
     python -m jobs.demo_seeds --parallel 2                      # two runs at once (wall times then mean less)
     python -m jobs.demo_seeds --preset smollm2-135m --seeds 0,1 --threads 2 --control all --gate-control \
         --min-gain 0 --root runs/smollm2-seeds --out runs/bench/smollm2_seeds.json      # the real model (README)
-    python -m jobs.demo_seeds ... --reuse     # the same sweep again: finished runs are read, the rest run
+    python -m jobs.demo_seeds ... --reuse     # the same sweep again: finished runs are read, unfinished continued
     python -m jobs.demo_seeds --preset smollm2-135m-agentbench --seeds 0,1 --threads 2 --control all \
         --gate-mean 3 --max-drop-sigmas 2 --root runs/smollm2-agentbench-seeds \
         --out runs/bench/smollm2_agentbench_seeds.json --reuse        # the paper's tasks together (README)
@@ -16,7 +16,8 @@ Each run is `python -m jobs.train --preset P seed=S trainer.threads=T` in its ow
 exceeds the warm start's by at least --min-gain (absolute) and by more than --min-sigmas standard errors.
 Prints a table and writes runs/bench/demo_seeds.json; exits 1 if any run or task misses the gate. A control
 run (`trainer.update=sft`: the same warm start as the RL run, continued for as many updates, no RL, each of
-`trainer.control_batch` demonstrations; --control for the first seed, --control all for each) is reported;
+`trainer.control_batch` demonstrations; --control for the first seed, --control all for each; it starts from the
+RL run's own warm start and evaluation before RL, `trainer.warm_start_from`, unless --own-warm-start) is reported;
 with --gate-control each run's sampled success after RL must also exceed its seed's control's by more than
 --min-sigmas standard errors (binomial, over both evaluations' episodes). With several tasks, --gate-mean K gates
 the mean over tasks of RL - control instead (more than K standard errors, the tasks' pooled) and drops the per-task
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.bench.seeds import drop_gate, gate, mean_gate, mean_versus_control, table, versus_control
+from agentrl.run_files import CKPT_DIR, WARM_FILE
 
 
 def run_name(seed: int, threads: int, control: bool) -> str:
@@ -58,15 +60,25 @@ def read_run(root: Path, seed: int, threads: int, control: bool) -> dict[str, An
 
 
 def run_demo(root: Path, seed: int, threads: int, control: bool, extra: list[str], preset: str = "demo",
-             control_extra: tuple[str, ...] = (), reuse: bool = False) -> dict[str, Any]:
-    """One `jobs.train` run in root/<name> (--fresh), or with `reuse` the summary a finished one left there."""
+             control_extra: tuple[str, ...] = (), reuse: bool = False, share_warm_start: bool = True) -> dict[str, Any]:
+    """One `jobs.train` run in root/<name> (--fresh), or with `reuse` the summary a finished one left there (an
+    unfinished one is continued). A
+    control run starts from its seed's RL run's warm start when that one has finished it (`share_warm_start`)."""
     name = run_name(seed, threads, control)
     if reuse and (done := read_run(root, seed, threads, control)) is not None:
         print(f"{name}: reusing its finished run in {root / name}", flush=True)
         return done | {"reused": True}
-    cmd = [sys.executable, "-m", "jobs.train", "--preset", preset, "--name", name, "--fresh", f"run_root={root}",
+    # --reuse goes on with a run stopped half-way (jobs.train continues it, or refuses a changed config)
+    fresh = [] if reuse and (root / name / "config.yaml").exists() else ["--fresh"]
+    if not fresh:
+        print(f"{name}: continuing the unfinished run in {root / name}", flush=True)
+    cmd = [sys.executable, "-m", "jobs.train", "--preset", preset, "--name", name, *fresh, f"run_root={root}",
            f"seed={seed}", f"trainer.threads={threads}", *extra,
            *(["trainer.update=sft", *control_extra] if control else [])]
+    source = root / run_name(seed, threads, False)
+    if control and share_warm_start and (source / CKPT_DIR / "step-0" / WARM_FILE).is_file():
+        cmd.append(f"trainer.warm_start_from={source}")  # the RL run's warm start and evaluation before RL
+        print(f"{name}: starting from the warm start of {source}", flush=True)
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     wall = time.time() - t0
@@ -98,9 +110,14 @@ def main(argv: list[str] | None = None) -> int:
                          "demonstrations per update as an RL step's episodes); repeatable")
     ap.add_argument("--preset", default="demo", help="the preset every run trains (default: demo)")
     ap.add_argument("--reuse", action="store_true",
-                    help="a run whose run dir already holds a finished summary is read, not run again (a sweep "
-                         "stopped half-way goes on where it stopped)")
+                    help="a run whose run dir already holds a finished summary is read, not run again, and an "
+                         "unfinished one is continued from its checkpoint (a sweep stopped half-way goes on where "
+                         "it stopped)")
     ap.add_argument("--parallel", type=int, default=1, help="runs at once")
+    ap.add_argument("--own-warm-start", action="store_true",
+                    help="each control run makes its own warm start and evaluation before RL, instead of starting "
+                         "from its seed's RL run's (trainer.warm_start_from; the same numbers, an hour less a seed "
+                         "on the multi-task preset)")
     ap.add_argument("--root", type=Path, default=Path("runs/demo-seeds"))
     ap.add_argument("--out", type=Path, default=Path("runs/bench/demo_seeds.json"))
     ap.add_argument("overrides", nargs="*", help="extra section.field=value for every run")
@@ -113,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     root = args.root.resolve()
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
         runs = list(pool.map(lambda c: run_demo(root, *c, args.overrides, args.preset,
-                                                 tuple(args.control_set), args.reuse), combos))
+                                                 tuple(args.control_set), args.reuse, not args.own_warm_start),
+                             combos))
     if args.gate_mean is None:
         misses = [m for run in runs if not run["control"] for m in gate(run, args.min_gain, args.min_sigmas)]
     else:  # the multi-task bar: the mean against the control and the drop gate stand for each task's own gain

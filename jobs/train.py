@@ -31,6 +31,7 @@ from agentrl.config import ConfigError, dump_config, load_config
 from agentrl.fsio import write_json_atomic
 from agentrl.launch import rendezvous
 from agentrl.launch.continuing import resume_check
+from agentrl.launch.fork import fork_warm_start
 from agentrl.launch.local import (
     PIPELINE,
     PIPELINE_KEYS,
@@ -106,6 +107,12 @@ def main() -> int:
         print(f"replacing the earlier run in {run_dir}")
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.trainer.warm_start_from and not resuming:
+        try:
+            print(fork_warm_start(cfg, run_dir))
+        except ValueError as e:  # checked before anything is copied
+            print(f"config error: {e}", file=sys.stderr)
+            return 2
     dump_config(cfg, run_dir / "config.yaml")
     build_model = not cfg.model.path and not (run_dir / "model" / "config.json").exists()
     t0 = time.time()

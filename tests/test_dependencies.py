@@ -28,6 +28,7 @@ ALLOWED: dict[str, set[str]] = {
     "auth": set(),
     "fsio": set(),
     "reaper": set(),
+    "run_files": set(),
     "algorithms": {"types"},
     "envs": {"types", "config", "auth", "fsio", "reaper"},
     # the one staleness rule (algorithms.staleness) is what the queue, the rank's admission and the planner apply
@@ -37,8 +38,8 @@ ALLOWED: dict[str, set[str]] = {
     "models": {"envs", "types", "config", "fsio"},
     "controller": {"envs", "types", "config", "auth", "fsio"},
     "rollout": {"algorithms", "envs", "transport", "monitor", "types", "config", "auth", "fsio"},
-    "trainer": {"algorithms", "transport", "monitor", "types", "config", "fsio"},
-    "launch": {"config", "auth", "fsio", "reaper"},
+    "trainer": {"algorithms", "transport", "monitor", "types", "config", "fsio", "run_files"},
+    "launch": {"config", "auth", "fsio", "reaper", "run_files"},
     # evaluation plays episodes as the rollout does (engines, the model's format, the gateway) and starts env
     # services the way the local launcher does; it never imports the trainer
     "evaluation": {"rollout", "envs", "monitor", "launch", "transport", "types", "config", "auth", "fsio"},
@@ -54,7 +55,7 @@ FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
     "envs": {"torch", "vllm"},
     "controller": {"torch", "vllm", "transformers"},
 }
-STDLIB_ONLY = {"auth", "fsio", "reaper"}
+STDLIB_ONLY = {"auth", "fsio", "reaper", "run_files"}
 """Modules that import nothing outside the standard library (the launcher's login node has little)."""
 
 

@@ -257,7 +257,13 @@ class TrainerConfig:
     checkpoint_every: int = 10
     """Write ckpt/step-<N> every this many RL steps (and after the last); 0: never."""
     keep_checkpoints: int = 2
-    """Newest checkpoints kept; older ones are deleted once a newer one is complete."""
+    """Newest checkpoints kept; older ones are deleted once a newer one is complete (a warm start's step-0
+    checkpoint stays: `warm_start_from` starts other runs from it)."""
+    warm_start_from: str = ""
+    """Another run's directory (same seed, model, tasks and warm-start and evaluation settings: what may differ is
+    `agentrl.launch.fork.MAY_DIFFER`) whose warm start a fresh run starts from instead of repeating it: its step-0
+    checkpoint, expert demonstrations and evaluation before RL are copied in. A seed's control run
+    (`update=sft`) and ablations (`algo.*`) so share its RL run's warm start and before-RL numbers."""
 
     def validate(self, p: str) -> None:
         _check(self.steps >= 0, f"{p}.steps", "must be >= 0")
@@ -278,6 +284,8 @@ class TrainerConfig:
         _check(self.sft_warmup_steps >= 0, f"{p}.sft_warmup_steps", "must be >= 0")
         _check(self.checkpoint_every >= 0, f"{p}.checkpoint_every", "must be >= 0 (0: never)")
         _check(self.keep_checkpoints >= 1, f"{p}.keep_checkpoints", "must be >= 1")
+        _check(not self.warm_start_from or self.sft_steps > 0, f"{p}.warm_start_from",
+               "starts from another run's warm start: that run's trainer.sft_steps (> 0) must be set here too")
 
 
 @dataclass(frozen=True)

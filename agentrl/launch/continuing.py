@@ -8,11 +8,11 @@ from pathlib import Path
 from agentrl.config import RunConfig, load_config, to_dict
 
 
-def _flat(d: dict, prefix: str = "") -> dict[str, object]:
+def flat_config(d: dict, prefix: str = "") -> dict[str, object]:
     out: dict[str, object] = {}
     for k, v in d.items():
         if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
+            out.update(flat_config(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
     return out
@@ -27,8 +27,8 @@ RESUME_MAY_CHANGE = ("trainer.steps", "cluster.role_timeout_s", "cluster.max_res
 
 def resume_check(run_dir: Path, cfg: RunConfig) -> str | None:
     """Why the run in `run_dir` cannot be continued with `cfg` (None: it can)."""
-    old = _flat(to_dict(load_config(str(run_dir / "config.yaml"))))
-    new = _flat(to_dict(cfg))
+    old = flat_config(to_dict(load_config(str(run_dir / "config.yaml"))))
+    new = flat_config(to_dict(cfg))
     diff = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k not in RESUME_MAY_CHANGE)
     if diff:
         return "its config differs in " + ", ".join(f"{k} ({old.get(k)!r} -> {new.get(k)!r})" for k in diff[:8])

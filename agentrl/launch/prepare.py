@@ -13,6 +13,7 @@ from pathlib import Path
 from agentrl.config import RunConfig, config_from_dict, dump_config, load_config, to_dict
 from agentrl.launch import rendezvous
 from agentrl.launch.apptainer import require_apptainer, sandbox_options
+from agentrl.launch.fork import fork_warm_start
 
 
 def run_config(preset: str, overrides: list[str], run_dir: Path) -> RunConfig:
@@ -40,5 +41,7 @@ def prepare_run(preset: str, overrides: list[str], run_dir: str | Path) -> tuple
     if cfg.cluster.env.os_sandbox_image:
         require_apptainer("cluster.env.os_sandbox_image")
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    if cfg.trainer.warm_start_from:  # before config.yaml: a requeue after a failed copy starts over
+        print(fork_warm_start(cfg, run_dir), flush=True)
     dump_config(cfg, path)
     return cfg, False

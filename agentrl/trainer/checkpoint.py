@@ -5,11 +5,15 @@
     ckpt/step-<N>/rng-<rank>.pt     each rank's RNG states (python, numpy, torch CPU, CUDA)
     ckpt/step-<N>/trainer.json      step, policy version, LR scheduler state, running statistics and the
                                     ledger of consumed trajectory ids (written last)
+    ckpt/step-<N>/warm_start.json   the warm start's schedule, draws and rates (its optimizer's tensors are in
+                                    state/ as `warm_optim`): in the step-0 checkpoint a warm start ends with, and
+                                    in every checkpoint of a control run (`trainer.update=sft`)
 
 N counts completed RL steps. Every rank writes into `ckpt/.tmp-step-<N>`; once all have finished, rank 0
 writes trainer.json, fsyncs, and renames the directory to `step-<N>`, so a crash at any moment leaves
 either a whole checkpoint or none under a `step-*` name (`latest` ignores anything else). Older
-checkpoints beyond `keep` go only after the new one is in place. The run dir must be on a filesystem all
+checkpoints beyond `keep` go only after the new one is in place; a warm start's step-0 checkpoint stays (another
+run of the same seed starts from it: `trainer.warm_start_from`). The run dir must be on a filesystem all
 trainer ranks share (it is, for the shards and weights too).
 
 What this module is not: weights for the rollout engines (`agentrl.transport.weights`, safetensors, a
@@ -30,10 +34,11 @@ import numpy as np
 import torch
 
 from agentrl.fsio import fsync_dir
+from agentrl.run_files import CKPT_DIR, REFERENCE_FILE, STATE_FILE, WARM_FILE
 from agentrl.trainer.parallel import Parallel
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
-STATE_FILE = "trainer.json"
+WARM_OPTIM = "warm_optim"
 
 
 @dataclass
@@ -61,7 +66,7 @@ class TrainerState:
 
 
 def ckpt_root(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "ckpt"
+    return Path(run_dir) / CKPT_DIR
 
 
 def latest(run_dir: str | Path) -> Path | None:
@@ -75,13 +80,16 @@ def latest(run_dir: str | Path) -> Path | None:
 
 
 def save(run_dir: str | Path, state: TrainerState, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         scheduler: Any, par: Parallel, keep: int = 2, extra: dict[str, Any] | None = None) -> Path:
+         scheduler: Any, par: Parallel, keep: int = 2, extra: dict[str, Any] | None = None,
+         warm: tuple[torch.optim.Optimizer, dict[str, Any]] | None = None) -> Path:
     """Write ckpt/step-<state.step> atomically. Collective: every trainer rank calls it.
 
     `extra` (rank 0's): more JSON files, by name, written into the checkpoint before it is renamed into
     place, so that they exist exactly when the checkpoint does (the trainer role's queue ledger: a kill
-    between the rename and a later write would leave a checkpoint without it)."""
+    between the rename and a later write would leave a checkpoint without it). `warm`: the warm start's
+    optimizer (its tensors go into state/ beside the model's) and its `state_dict` (`WARM_FILE`)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     root = ckpt_root(run_dir)
     final = root / f"step-{state.step}"
@@ -90,8 +98,11 @@ def save(run_dir: str | Path, state: TrainerState, model: torch.nn.Module, optim
         shutil.rmtree(tmp, ignore_errors=True)  # a half-written attempt of an earlier, killed run
         tmp.mkdir(parents=True)
     par.barrier()
-    dcp.save(_tensor_state(model, optimizer, stepped := bool(optimizer.state)), checkpoint_id=str(tmp / "state"),
-             no_dist=not par.distributed)
+    tensors = _tensor_state(model, optimizer, stepped := bool(optimizer.state))
+    if warm is not None:
+        tensors[WARM_OPTIM] = get_optimizer_state_dict(model, warm[0])
+        extra = {**(extra or {}), WARM_FILE: warm[1]}
+    dcp.save(tensors, checkpoint_id=str(tmp / "state"), no_dist=not par.distributed)
     _write(tmp / f"rng-{par.rank}.pt", lambda f: torch.save(_rng_state(), f))
     par.barrier()
     if par.is_main:
@@ -111,23 +122,31 @@ def save(run_dir: str | Path, state: TrainerState, model: torch.nn.Module, optim
 
 
 def load(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-         par: Parallel) -> TrainerState:
-    """Restore model, optimizer, scheduler and this rank's RNG states from `path`. Collective.
+         par: Parallel, warm_opt: torch.optim.Optimizer | None = None) -> TrainerState:
+    """Restore model, optimizer, scheduler and this rank's RNG states from `path` (and with `warm_opt`, the
+    warm start's optimizer, which the checkpoint must hold: `warm_state`). Collective.
 
     The model and optimizer must be wrapped and built already (FSDP2 shards are loaded in place).
     """
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import (get_optimizer_state_dict, set_model_state_dict,
+                                                         set_optimizer_state_dict, set_state_dict)
 
     path = Path(path)
     body = json.loads((path / STATE_FILE).read_text())
     stepped = bool(body["optimizer_stepped"])
     sd = _tensor_state(model, optimizer, stepped)
+    if warm_opt is not None:
+        if warm_state(path) is None:
+            raise FileNotFoundError(f"{path} holds no warm-start state ({WARM_FILE})")
+        sd[WARM_OPTIM] = get_optimizer_state_dict(model, warm_opt)
     dcp.load(sd, checkpoint_id=str(path / "state"), no_dist=not par.distributed)
     if stepped:
         set_state_dict(model, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
     else:
         set_model_state_dict(model, sd["model"])
+    if warm_opt is not None:
+        set_optimizer_state_dict(model, warm_opt, sd[WARM_OPTIM])
     if scheduler is not None and body.get("scheduler") is not None:
         scheduler.load_state_dict(body["scheduler"])
     rng = path / f"rng-{par.rank}.pt"
@@ -147,6 +166,12 @@ def load_model_weights(path: str | Path, model: torch.nn.Module) -> TrainerState
     dcp.load(sd, checkpoint_id=str(path / "state"), no_dist=True)
     set_model_state_dict(model, sd["model"])
     return TrainerState.from_json(json.loads((path / STATE_FILE).read_text()))
+
+
+def warm_state(path: str | Path) -> dict[str, Any] | None:
+    """The warm start's state in checkpoint `path` (`WARM_FILE`), or None when it holds none."""
+    f = Path(path) / WARM_FILE
+    return json.loads(f.read_text()) if f.is_file() else None
 
 
 def checkpoints(run_dir: str | Path) -> list[Path]:
@@ -197,14 +222,15 @@ def _write(path: Path, fill) -> None:
 
 
 def _prune(root: Path, keep: int) -> None:
+    """Keep the newest `keep` checkpoints, and a warm start's step-0 (what `trainer.warm_start_from` forks)."""
     steps = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)))
-    for _, p in steps[:-keep]:
+    for n, p in steps[:-keep]:
+        if n == 0 and (p / WARM_FILE).is_file():
+            continue
         shutil.rmtree(p, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------------------ reference
-
-REFERENCE_FILE = "reference.safetensors"
 
 
 def save_reference(run_dir: str | Path, model: torch.nn.Module, par: Parallel) -> Path:

@@ -6,7 +6,8 @@
 
 The pipeline's trainer role (`agentrl.trainer.role`) holds one, on the hub and on every other rank alike;
 the schedule (what each step trains on, when) is the role's, the update is the learner's. A learner built
-in a run dir with a checkpoint resumes from the newest one and skips the warm start.
+in a run dir with a checkpoint resumes from the newest one and skips the warm start (a control run continues
+the warm start the checkpoint saved: `checkpoint.WARM_FILE`).
 """
 from __future__ import annotations
 
@@ -103,14 +104,20 @@ class Learner:
         check_control_run(t, self.resume)
         self.warm: WarmStart | None = None
         sft_done = 0
-        if self.resume is None and t.sft_steps > 0:  # every rank: each runs its share of the same batches
+        # a control run resumed, or started from its RL run's warm start: it continues the saved warm start
+        warm_saved = checkpoint.warm_state(self.resume) if self.resume is not None and t.update == "sft" else None
+        if (self.resume is None and t.sft_steps > 0) or warm_saved is not None:
             demos = ShardReader(run_dir / "shards" / "expert-0").wait(0, timeout_s=cfg.cluster.role_timeout_s,
                                                                        poll_s=cfg.transport.poll_s)
+        if self.resume is None and t.sft_steps > 0:  # every rank: each runs its share of the same batches
             log.info("warm start on %d expert trajectories", len(demos))
             self.warm = WarmStart(self.model, demos, t, seed, self.pad_id, par)
             sft_done = int(self.warm.run(monitor)["sft_steps_done"])
             if cfg.algo.kl_coef > 0:
                 checkpoint.save_reference(run_dir, self.model, par)
+        elif warm_saved is not None:  # the rates it measured, not a new range test; its state after `load`
+            self.warm = WarmStart(self.model, demos, t, seed, self.pad_id, par,
+                                  rates=(float(warm_saved["sft_lr"]), float(warm_saved["lr"])))
         self.ref_model = (reference_model(run_dir, model_dir, t.threads, par, t.sft_steps > 0, t.attn_implementation)
                           if cfg.algo.kl_coef > 0 else None)
         lr = rl_lr(self.warm.t if self.warm is not None else t)  # `lr: auto`: from the rate the warm start measured
@@ -120,7 +127,12 @@ class Learner:
         self.state = TrainerState()
         self.state.stats["sft_steps"] = float(sft_done)
         if self.resume is not None:
-            self.state = checkpoint.load(self.resume, self.model, self.opt, self.sched, par)
+            self.state = checkpoint.load(self.resume, self.model, self.opt, self.sched, par,
+                                         self.warm.opt if self.warm is not None else None)
+            if self.warm is not None and warm_saved is not None:
+                self.warm.load_state_dict(warm_saved)
+                log.info("control run: continuing the warm start from %s (%d imitation steps done)", self.resume,
+                         self.warm.done)
         self.dtype = weights_io.model_dtype(model_dir)
         self.checkpoint_extra: Callable[[], dict[str, Any]] | None = None
         """Set by the hub: more JSON files for each checkpoint, written inside it before it is in place."""
@@ -155,8 +167,11 @@ class Learner:
     def save(self) -> Path:
         """ckpt/step-<N> (keeping `trainer.keep_checkpoints`). Collective."""
         extra = self.checkpoint_extra() if self.checkpoint_extra is not None and self.par.is_main else None
+        # the warm start's own state: at step 0 (another run of this seed may start from it) and in a control run
+        keep_warm = self.warm is not None and (self.control or self.state.step == 0)
+        warm = (self.warm.opt, self.warm.state_dict()) if keep_warm and self.warm is not None else None
         return checkpoint.save(self.run_dir, self.state, self.model, self.opt, self.sched, self.par,
-                               self.t.keep_checkpoints, extra)
+                               self.t.keep_checkpoints, extra, warm)
 
     def end_step(self, publish: Callable[[weights_io.Staged], None] | None = None,
                  should_stop: Callable[[], bool] | None = None) -> bool:

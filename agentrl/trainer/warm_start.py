@@ -8,12 +8,15 @@ from __future__ import annotations
 import logging
 import random
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from agentrl.config import TrainerConfig
 from agentrl.monitor.progress import StepProgress
+from agentrl.trainer.checkpoint import WARM_FILE
 from agentrl.trainer.batch import collate
 from agentrl.trainer.imitation import reproduced_share
 from agentrl.trainer.loss_watch import DemoFit, check_end, check_step, demo_fit
@@ -23,15 +26,19 @@ from agentrl.trainer.step import sft_step
 from agentrl.types import Trajectory
 
 log = logging.getLogger("agentrl.trainer")
-__all__ = ["DemoFit", "WarmStart", "check_control_run", "no_demos_message", "split_demos"]
+__all__ = ["WARM_FILE", "DemoFit", "WarmStart", "check_control_run", "no_demos_message", "split_demos"]
 
 
 def check_control_run(t: TrainerConfig, resume: Path | None) -> None:
-    """The control run (`trainer.update=sft`) continues the warm start's own optimizer and sampling, which a
-    checkpoint does not hold: it cannot be resumed (resumed, it would silently train RL)."""
-    if t.update == "sft" and (resume is not None or t.sft_steps == 0):
-        raise ValueError("trainer.update=sft (the control run) continues a warm start: it needs sft_steps > 0 "
-                         f"and a fresh run dir, not a resumed one{f' (found {resume})' if resume else ''}")
+    """The control run (`trainer.update=sft`) continues the warm start's own optimizer, schedule and draws: it
+    needs a warm start, and resumes only from a checkpoint that holds that state (`WARM_FILE`: the warm start's
+    own step-0 checkpoint, or any of a control run's). Resumed from another, it would silently train RL."""
+    if t.update == "sft" and t.sft_steps == 0:
+        raise ValueError("trainer.update=sft (the control run) continues a warm start: it needs sft_steps > 0")
+    if t.update == "sft" and resume is not None and not (resume / WARM_FILE).is_file():
+        raise ValueError(f"trainer.update=sft (the control run) continues a warm start, but the checkpoint {resume} "
+                         f"holds no warm-start state ({WARM_FILE}): it was written by an RL step. Start the control "
+                         "in a fresh run dir (trainer.warm_start_from=<the RL run's dir> shares that run's warm start)")
 
 
 def split_demos(demos: list[Trajectory], t: TrainerConfig, seed: int) -> tuple[list[Trajectory], list[Trajectory]]:
@@ -88,12 +95,15 @@ class WarmStart:
     on this machine. `step` is one more update (the control run's steps, `trainer.update=sft`)."""
 
     def __init__(self, model: torch.nn.Module, demos: list[Trajectory], t: TrainerConfig, seed: int, pad_id: int,
-                 par: Parallel | None = None) -> None:
+                 par: Parallel | None = None, rates: tuple[float, float] | None = None) -> None:
+        """`rates`: (sft_lr, lr) measured before (a warm start restored from a checkpoint): no range test."""
         self.model, self.t, self.pad_id, self.par = model, t, pad_id, par or Parallel()
         self.train, self.held = split_demos(demos, t, seed)
         if not self.train:
             raise RuntimeError(no_demos_message(demos, t))
-        if "auto" in (t.sft_lr, t.lr):  # measured here, on these demonstrations; `self.t` holds the numbers
+        if rates is not None:
+            self.t = t = replace(t, sft_lr=rates[0], lr=rates[1])
+        elif "auto" in (t.sft_lr, t.lr):  # measured here, on these demonstrations; `self.t` holds the numbers
             self.t = t = auto_rates(model, self.train, t, pad_id, self.par, seed)
         self.opt = torch.optim.AdamW(model.parameters(), lr=t.sft_lr, weight_decay=0.0)
         # short linear warm-up (sft_warmup_steps), then constant: a decaying rate slowed the tiny model's late copy
@@ -104,6 +114,22 @@ class WarmStart:
         self.done = 0
         # the loss watch's fixed batch (`loss_watch`), drawn apart so the training draws stay as they were
         self.probe = random.Random(seed + 2).sample(self.train, min(t.sft_batch, len(self.train)))
+
+    def state_dict(self) -> dict[str, Any]:
+        """What continuing this warm start needs besides the model and `self.opt`'s tensors (JSON)."""
+        version, draws, gauss = self.rng.getstate()
+        return {"done": self.done, "rng": [version, list(draws), gauss], "scheduler": self.sched.state_dict(),
+                "sft_lr": self.t.sft_lr, "lr": self.t.lr, "train": len(self.train)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where `state_dict` was taken (`self.opt`'s tensors are restored with the checkpoint's)."""
+        if state["train"] != len(self.train):
+            raise ValueError(f"the checkpoint's warm start drew from {state['train']} demonstrations, this one has "
+                             f"{len(self.train)}: not the same expert demonstrations (shards/expert-0)")
+        version, draws, gauss = state["rng"]
+        self.rng.setstate((version, tuple(draws), gauss))
+        self.sched.load_state_dict(state["scheduler"])
+        self.done = int(state["done"])
 
     def step(self, batch: int = 0) -> dict[str, float]:
         """One update on `batch` demonstrations drawn without replacement (0: `sft_batch`)."""

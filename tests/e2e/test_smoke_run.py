@@ -115,3 +115,23 @@ def test_engine_sampled_with_the_new_weights_after_a_step(run_dir: Path) -> None
         gaps[name] = float(((logp - batch.behaviour_logp).abs() * batch.mask).max())
     assert gaps["v1"] < 1e-3, gaps
     assert gaps["v0"] > 10 * gaps["v1"], gaps
+
+
+def test_a_control_run_starts_from_the_runs_warm_start_instead_of_repeating_it(run_dir: Path) -> None:
+    """`trainer.warm_start_from`: the seed's control continues the RL run's warm start (no warm start, no expert
+    episodes, no evaluation before RL of its own) and reports the same numbers before RL."""
+    proc = subprocess.run([sys.executable, "-m", "jobs.train", "--preset", "smoke", "--name", "smoke-control",
+                           f"run_root={run_dir.parent}", "trainer.update=sft", f"trainer.warm_start_from={run_dir}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert f"starting from the warm start of {run_dir}" in proc.stdout
+    control = run_dir.parent / "smoke-control"
+    log = (control / "logs" / "pipeline.log").read_text()
+    assert "control run: continuing the warm start" in log and "warm start on" not in log
+    assert "expert: demonstrations already written" in log and "before-RL evaluation of v0 read" in log
+    mine, source = (json.loads((d / "report" / "summary.json").read_text()) for d in (control, run_dir))
+    assert mine["success_before_rl"] == source["success_before_rl"]
+    assert mine["sampled_success_before_rl"] == source["sampled_success_before_rl"]
+    trainer = json.loads((control / "report" / "trainer.json").read_text())
+    assert trainer["sft_steps"] == 5 and trainer["steps_done"] == 2 and trainer["dropped_control"] > 0

@@ -1,6 +1,7 @@
-"""The control run (`trainer.update=sft`: the warm start continued instead of RL) is refused on resume, on
-either schedule (one trainer role runs both). The asynchronous trainer used to drop its warm start on resume
-and train RL instead, silently, while `jobs.train` restarts a dead pipeline by itself (issue 18)."""
+"""The control run (`trainer.update=sft`: the warm start continued instead of RL) is refused on resume from a
+checkpoint without the warm start's state, on either schedule (one trainer role runs both). The asynchronous
+trainer used to drop its warm start on resume and train RL instead, silently, while `jobs.train` restarts a dead
+pipeline by itself. (A checkpoint with that state resumes it: tests/trainer/test_warm_start_fork.py.)"""
 from __future__ import annotations
 
 import json
@@ -28,7 +29,7 @@ def resumed_control_run(tmp_path: Path, lookup_tokenizer) -> tuple[Path, Path]:
 def test_a_resumed_control_run_is_refused(resumed_control_run, schedule: str) -> None:
     run_dir, model_dir = resumed_control_run
     cfg = load_config("demo", ["trainer.update=sft", f"cluster.schedule={schedule}", "trainer.threads=1"])
-    with pytest.raises(ValueError, match=r"trainer.update=sft \(the control run\) .* not a resumed one \(found "):
+    with pytest.raises(ValueError, match=r"trainer.update=sft \(the control run\) .* holds no warm-start state"):
         role.run(run_dir, model_dir, cfg, NullMonitor(),
                  channel_factory=lambda version: pytest.fail("a refused run opens no channel"))
 
