@@ -1,5 +1,5 @@
 """Off-policy corrections for asynchronous rollout (docs/architecture.md §6): decoupled PPO and truncated importance
-sampling, with AReaL's version-interpolated proximal log-probs.
+sampling.
 
 Three policies meet in an asynchronous batch: μ, the engine(s) that sampled each token (its log-probs
 travel with the trajectory, one version per token); π_prox, the proximal policy the update is anchored to
@@ -15,16 +15,10 @@ sampled, ρ is exactly the numerical mismatch between engine and trainer), rejec
 [low, high] → weight 0, the token still counts in the denominator), a sequence-level truncated geometric
 mean, or "none" (w ≡ 1: AReaL's default, kept only to measure what the correction buys).
 
-Where π_prox comes from: a forward pass of the pre-update weights (exact), or, to save that pass,
-`PROXIMAL_LOGP` interpolates in version space between μ (at the token's version v_b) and π_θ (at v_θ),
-evaluated at the proximal version v_p (AReaL's "loglinear" and "linear" approximations):
-
-    α = clip((v_p − v_b) / (v_θ − v_b), 0, 1)  if v_b ≥ 0 and v_θ > v_b, else 0
-    log π_prox ≈ log μ + α · (sg(log π_θ) − log μ)          (loglinear)
-    π_prox ≈ (1 − α) · μ + α · sg(π_θ)                       (linear, in probabilities)
-
-A token sampled by v_p itself gets α = 0, π_prox = μ. With one optimizer step per batch π_prox is the
-trainer's current weights, so an exact π_prox is simply `logp.detach()` and costs no extra pass.
+Where π_prox comes from: the pre-update weights. With one optimizer step per batch that is the trainer's
+current weights, so an exact π_prox is simply `logp.detach()` and costs no extra pass. AReaL's approximation
+of π_prox (interpolating between μ and π_θ in version space) is not implemented: it saves a forward pass only
+where several optimizer steps share one batch, and the trainer takes one.
 """
 from __future__ import annotations
 
@@ -35,59 +29,6 @@ import torch
 from torch import Tensor
 
 from agentrl.algorithms.ppo import masked_mean, ppo_loss
-
-
-def version_alpha(
-    behaviour_version: Tensor,  # [B, T] int, version that sampled each token (-1 where mask 0)
-    theta_version: int,
-    prox_version: int,
-) -> Tensor:  # [B, T] float64 in [0, 1]
-    """AReaL's interpolation weight α per token (formula in the module docstring)."""
-    vb = behaviour_version.to(torch.float64)
-    denom = theta_version - vb
-    valid = (vb >= 0) & (denom > 0)
-    alpha = torch.where(valid, (prox_version - vb) / torch.where(valid, denom, torch.ones_like(denom)), 0.0)
-    return alpha.clamp(0.0, 1.0)
-
-
-def prox_logp_loglinear(
-    logp: Tensor,  # [B, T] log π_θ (its gradient is not used)
-    behaviour_logp: Tensor,  # [B, T] log μ
-    behaviour_version: Tensor,  # [B, T] int
-    mask: Tensor,  # [B, T]
-    theta_version: int,
-    prox_version: int,
-) -> Tensor:  # [B, T] detached; 0 where mask is 0
-    """log π_prox ≈ log μ + α (log π_θ − log μ), interpolated linearly in log-probability."""
-    m = mask.bool()
-    zero = torch.zeros_like(logp)
-    lt = torch.where(m, logp.detach(), zero)
-    lb = torch.where(m, behaviour_logp.detach().to(logp.dtype), zero)
-    alpha = version_alpha(behaviour_version, theta_version, prox_version).to(logp.dtype)
-    return torch.where(m, lb + alpha * (lt - lb), zero)
-
-
-def prox_logp_linear(
-    logp: Tensor,  # [B, T]
-    behaviour_logp: Tensor,  # [B, T]
-    behaviour_version: Tensor,  # [B, T] int
-    mask: Tensor,  # [B, T]
-    theta_version: int,
-    prox_version: int,
-) -> Tensor:  # [B, T] detached; 0 where mask is 0
-    """log π_prox ≈ log((1 − α) μ + α π_θ), interpolated linearly in probability (computed in log space)."""
-    m = mask.bool()
-    zero = torch.zeros_like(logp)
-    lt = torch.where(m, logp.detach(), zero)
-    lb = torch.where(m, behaviour_logp.detach().to(logp.dtype), zero)
-    alpha = version_alpha(behaviour_version, theta_version, prox_version).to(logp.dtype)
-    # log(1 − α) and log α are −inf at the ends; logaddexp then returns the other term exactly.
-    out = torch.logaddexp(torch.log1p(-alpha) + lb, torch.log(alpha) + lt)
-    return torch.where(m, out, zero)
-
-
-ProxApprox = Callable[[Tensor, Tensor, Tensor, Tensor, int, int], Tensor]
-PROXIMAL_LOGP: dict[str, ProxApprox] = {"loglinear": prox_logp_loglinear, "linear": prox_logp_linear}
 
 
 def _log_rho(prox_logp: Tensor, behaviour_logp: Tensor, mask: Tensor) -> Tensor:  # [B, T], 0 where mask 0
@@ -131,7 +72,7 @@ BEHAVIOUR_WEIGHTS: dict[str, BehaviourWeight] = {
 
 def decoupled_ppo_loss(
     logp: Tensor,  # [B, T] log π_θ (requires grad)
-    prox_logp: Tensor,  # [B, T] log π_prox (recomputed, or from PROXIMAL_LOGP)
+    prox_logp: Tensor,  # [B, T] log π_prox (the pre-update weights' log-probs)
     behaviour_logp: Tensor,  # [B, T] log μ, from the engines
     adv: Tensor,  # [B, T] token advantages
     mask: Tensor,  # [B, T] loss mask

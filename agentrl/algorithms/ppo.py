@@ -1,4 +1,5 @@
-"""The clipped policy loss with dual clip (docs/architecture.md §5 step 4), its reductions, and token entropy.
+"""The clipped policy loss with dual clip (docs/architecture.md §5 step 4), and its reductions. (Token
+entropy is the trainer's, computed with the log-probs by `trainer.head`.)
 
 Per action token, with ratio = exp(logp − behaviour_logp):
 
@@ -90,7 +91,7 @@ def ppo_loss(
     Args:
         logp: [B, T] current-policy log-probs.
         behaviour_logp: [B, T] behaviour log-probs (or proximal ones, for decoupled PPO; see
-            `staleness.truncated_is_weights`).
+            `offpolicy.decoupled_ppo_loss`).
         adv: [B, T] advantages (after task normalization).
         mask: [B, T] loss mask, nonzero on action tokens.
         eps_low: ratio lower clip is 1 − eps_low.
@@ -134,18 +135,3 @@ def ppo_loss(
         }
     return loss, stats
 
-
-def entropy_from_logits(logits: Tensor) -> Tensor:  # [B, T, V] -> [B, T]
-    """Entropy of softmax(logits) over the last dim, stable for −inf logits (masked vocabulary).
-
-    Args:
-        logits: [B, T, V] (any leading shape).
-
-    Returns:
-        [B, T] entropy in nats. Materializes one [B, T, V] tensor; chunk over T for long sequences.
-    """
-    x = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()  # bf16/fp16 up
-    logp = torch.log_softmax(x, dim=-1)
-    p = logp.exp()
-    # 0·log 0 = 0; zero the log first so that the backward pass through it stays finite too.
-    return -(p * torch.where(p > 0, logp, torch.zeros_like(logp))).sum(dim=-1)

@@ -167,15 +167,3 @@ def head_logprobs(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: 
     tile = tile_elements or TILE_ELEMENTS.get(hidden.device.type, TILE_ELEMENTS["cuda"])
     return _FusedHead.apply(hidden, weight, bias, targets, inv_temp, entropy, (tile, vocab_tile))
 
-
-def reference_head(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,
-                        temperature: float = 1.0) -> tuple[Tensor, Tensor, Tensor]:
-    """What `head_logprobs` must equal: the whole [N, V] float32 log-softmax (tests and benchmarks only)."""
-    logits = torch.nn.functional.linear(hidden, weight, bias)
-    logits = logits.double() if logits.dtype == torch.float64 else logits.float()  # [N, V]
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    log_probs = torch.log_softmax(logits, -1)  # [N, V]
-    logp = log_probs.gather(-1, targets[:, None]).squeeze(-1)
-    entropy = -(log_probs.exp() * log_probs).sum(-1)
-    return logp, entropy, logits.argmax(-1) == targets

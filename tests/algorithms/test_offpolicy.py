@@ -1,5 +1,4 @@
-"""Decoupled PPO, truncated IS and the version-interpolated proximal log-probs: hand-computed cases and
-a naive per-token loop reference."""
+"""Decoupled PPO and truncated IS: hand-computed cases and a naive per-token loop reference."""
 from __future__ import annotations
 
 import math
@@ -7,20 +6,8 @@ import math
 import pytest
 import torch
 
-from agentrl.algorithms.offpolicy import (
-    BEHAVIOUR_WEIGHTS,
-    PROXIMAL_LOGP,
-    decoupled_ppo_loss,
-    tis_ppo_loss,
-    version_alpha,
-)
+from agentrl.algorithms.offpolicy import BEHAVIOUR_WEIGHTS, decoupled_ppo_loss, tis_ppo_loss
 from agentrl.algorithms.ppo import ppo_loss
-
-
-def ref_alpha(vb: int, vt: int, vp: int) -> float:
-    if vb < 0 or vt <= vb:
-        return 0.0
-    return min(max((vp - vb) / (vt - vb), 0.0), 1.0)
 
 
 def ref_weight(mode: str, rhos: list[float], t: int, lo: float, hi: float) -> float:
@@ -121,29 +108,39 @@ def test_tis_is_decoupled_with_truncation() -> None:
         tis_ppo_loss(logp, old, beh, adv, mask, 0.2, 0.2, cap=0.0)
 
 
-def test_version_alpha_hand_computed_and_loop() -> None:
-    vb = torch.tensor([[3, 5, 6, 7, -1, 0]])
-    got = version_alpha(vb, theta_version=6, prox_version=5)
-    torch.testing.assert_close(got, torch.tensor([[2 / 3, 0.0, 0.0, 0.0, 0.0, 5 / 6]], dtype=torch.float64))
-    g = torch.Generator().manual_seed(2)
-    vb = torch.randint(-1, 12, (4, 9), generator=g)
-    for vt, vp in ((10, 9), (10, 7), (3, 2)):
-        a = version_alpha(vb, vt, vp)
-        for i, v in enumerate(vb.flatten().tolist()):
-            assert a.flatten()[i].item() == pytest.approx(ref_alpha(v, vt, vp), rel=1e-12)
+
+@pytest.mark.parametrize("seed", range(4))
+def test_truncated_weights_match_loop(seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    prox = -torch.rand(3, 7, generator=g, dtype=torch.float64) * 3
+    beh = -torch.rand(3, 7, generator=g, dtype=torch.float64) * 3
+    mask = torch.rand(3, 7, generator=g) < 0.6
+    beh[~mask] = -torch.inf
+    w = BEHAVIOUR_WEIGHTS["truncate"](prox, beh, mask, 0.0, 2.0)
+    for b in range(3):
+        for t in range(7):
+            want = min(math.exp(prox[b, t].item() - beh[b, t].item()), 2.0) if mask[b, t] else 0.0
+            assert w[b, t].item() == pytest.approx(want, rel=1e-12)
 
 
-def test_proximal_approximations_hand_computed() -> None:
-    logp = torch.tensor([[math.log(0.9), math.log(0.9), math.log(0.9), 5.0]], requires_grad=True)
-    beh = torch.tensor([[math.log(0.3), math.log(0.3), math.log(0.3), 7.0]])
-    ver = torch.tensor([[3, 5, -1, 4]])
-    mask = torch.tensor([[1, 1, 1, 0]])
-    ll = PROXIMAL_LOGP["loglinear"](logp, beh, ver, mask, 6, 5)
-    lin = PROXIMAL_LOGP["linear"](logp, beh, ver, mask, 6, 5)
-    # token 0: α = 2/3 → log-linear: log 0.3 + 2/3·(log 0.9 − log 0.3) = log(0.3 · 3^(2/3)); linear: 1/3·0.3 + 2/3·0.9 = 0.7
-    assert ll[0, 0].item() == pytest.approx(math.log(0.3 * 3 ** (2 / 3)))
-    assert lin[0, 0].item() == pytest.approx(math.log(0.7))
-    # tokens 1 (sampled by the proximal version) and 2 (no version): α = 0 → π_prox = μ; masked token → 0
-    for out in (ll, lin):
-        assert out[0, 1].item() == pytest.approx(math.log(0.3)) and out[0, 2].item() == pytest.approx(math.log(0.3))
-        assert out[0, 3].item() == 0.0 and not out.requires_grad
+def test_truncated_weights_hand_computed_and_constant() -> None:
+    prox = torch.tensor([[0.0, 0.0, math.log(0.5)]], requires_grad=True)
+    beh = torch.tensor([[math.log(0.25), 0.0, 0.0]])
+    w = BEHAVIOUR_WEIGHTS["truncate"](prox, beh, torch.tensor([[1, 1, 1]]), 0.0, 2.0)
+    torch.testing.assert_close(w, torch.tensor([[2.0, 1.0, 0.5]]))  # 4 truncated to 2
+    assert not w.requires_grad
+    with pytest.raises(ValueError):
+        decoupled_ppo_loss(prox, prox, beh, torch.ones(1, 3), torch.ones(1, 3), 0.2, 0.2, is_high=0.0)
+
+
+def test_weighted_advantage_equals_weighted_token_loss() -> None:
+    """Why `decoupled_ppo_loss` may scale the advantage: scaling A by w scales each token's loss by w."""
+    g = torch.Generator().manual_seed(0)
+    logp, prox = torch.randn(4, 5, generator=g) * 0.3 - 1, torch.full((4, 5), -1.0)
+    adv, w = torch.randn(4, 5, generator=g), torch.rand(4, 5, generator=g) * 2
+    mask = torch.ones(4, 5)
+    scaled, _ = ppo_loss(logp, prox, adv * w, mask, 0.2, 0.2, dual_clip=3.0, reduction="token_sum")
+    per_token = [ppo_loss(logp[b:b + 1, t:t + 1], prox[b:b + 1, t:t + 1], adv[b:b + 1, t:t + 1],
+                          mask[b:b + 1, t:t + 1], 0.2, 0.2, dual_clip=3.0)[0] * w[b, t]
+                 for b in range(4) for t in range(5)]
+    torch.testing.assert_close(scaled, torch.stack(per_token).sum())

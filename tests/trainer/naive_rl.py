@@ -1,6 +1,7 @@
 """The RL and SFT losses the trainer must reproduce, written the naive way: one padded forward of the whole batch,
 the whole float32 (or float64) log-softmax over the vocabulary, the loss over every action token at once. Tests
-compare `rl_step` / `sft_step` (tiled head, micro-batches, packing, ranks) against the gradient of these."""
+compare `rl_step` / `sft_step` (tiled head, micro-batches, packing, ranks) against the gradient of these, the tiled
+head (`trainer.head`) against `reference_head`, and the trainer's entropy against `entropy_from_logits`."""
 from __future__ import annotations
 
 import torch
@@ -59,3 +60,32 @@ def update(model: torch.nn.Module, loss: torch.Tensor, max_norm: float = 0.0) ->
 def _tied_to(model: torch.nn.Module, name: str) -> str:
     target = dict(model.named_parameters(remove_duplicate=False))[name]
     return next(n for n, p in model.named_parameters() if p is target)
+
+
+def reference_head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
+                   temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What `head_logprobs` must equal: the whole [N, V] float32 log-softmax."""
+    logits = torch.nn.functional.linear(hidden, weight, bias)
+    logits = logits.double() if logits.dtype == torch.float64 else logits.float()  # [N, V]
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    log_probs = torch.log_softmax(logits, -1)  # [N, V]
+    logp = log_probs.gather(-1, targets[:, None]).squeeze(-1)
+    entropy = -(log_probs.exp() * log_probs).sum(-1)
+    return logp, entropy, logits.argmax(-1) == targets
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:  # [B, T, V] -> [B, T]
+    """Entropy of softmax(logits) over the last dim, stable for −inf logits (masked vocabulary).
+
+    Args:
+        logits: [B, T, V] (any leading shape).
+
+    Returns:
+        [B, T] entropy in nats.
+    """
+    x = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()  # bf16/fp16 up
+    logp = torch.log_softmax(x, dim=-1)
+    p = logp.exp()
+    # 0·log 0 = 0; zero the log first so that the backward pass through it stays finite too.
+    return -(p * torch.where(p > 0, logp, torch.zeros_like(logp))).sum(dim=-1)

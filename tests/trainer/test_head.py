@@ -12,7 +12,7 @@ import torch
 
 from agentrl.config import AlgoConfig, TrainerConfig
 from agentrl.trainer.batch import collate
-from agentrl.trainer.head import head_logprobs, reference_head
+from agentrl.trainer.head import head_logprobs
 from agentrl.trainer.logprobs import full_vocab_logprobs, token_logprobs
 from agentrl.trainer.step import rl_step, sft_step
 from agentrl.types import Status, TrajectoryBuilder
@@ -34,7 +34,7 @@ def test_head_equals_the_full_log_softmax_values_and_gradients(temperature: floa
     y[:3] = torch.nn.functional.linear(h[:3], w, b).argmax(-1)  # some targets are the argmax
     inputs = [h, w] + ([b] if bias else [])
     logp, ent, top = head_logprobs(h, w, b, y, temperature, "grad", *tile)
-    ref_logp, ref_ent, ref_top = reference_head(h, w, b, y, temperature)
+    ref_logp, ref_ent, ref_top = naive_rl.reference_head(h, w, b, y, temperature)
     torch.testing.assert_close(logp, ref_logp, **TIGHT)
     torch.testing.assert_close(ent, ref_ent, **TIGHT)
     assert torch.equal(top, ref_top) and top[:3].all()
@@ -52,7 +52,7 @@ def test_entropy_modes_and_empty_rows() -> None:
     logp, ent, _ = head_logprobs(h, w, None, y, entropy="none")
     assert torch.equal(ent, torch.zeros(5)) and not ent.requires_grad and logp.requires_grad
     _, ent, _ = head_logprobs(h, w, None, y, entropy="value")
-    assert not ent.requires_grad and torch.allclose(ent, reference_head(h, w, None, y)[1])
+    assert not ent.requires_grad and torch.allclose(ent, naive_rl.reference_head(h, w, None, y)[1])
     logp, _, _ = head_logprobs(h[:0], w, None, y[:0])  # a rank's empty stand-in: zero gradients, still a graph
     gh, gw = torch.autograd.grad(logp.sum(), [h, w])
     assert logp.shape == (0,) and not gh.any() and not gw.any()
@@ -64,7 +64,7 @@ def test_bf16_autocast_is_within_bf16_rounding() -> None:
     y = torch.randint(0, 300, (20,), generator=g)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logp, ent, _ = head_logprobs(h, w, None, y)
-    ref_logp, ref_ent, _ = reference_head(h, w, None, y)
+    ref_logp, ref_ent, _ = naive_rl.reference_head(h, w, None, y)
     assert logp.dtype == torch.float32
     torch.testing.assert_close(logp, ref_logp, rtol=0, atol=0.05)
     torch.testing.assert_close(ent, ref_ent, rtol=0, atol=0.05)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 
 import numpy as np
 import pytest
 import torch
+from naive_rl import entropy_from_logits
 
-from agentrl.algorithms.ppo import entropy_from_logits
 from agentrl.config import AlgoConfig, TrainerConfig
 from agentrl.models import tiny
 from agentrl.trainer import attention
@@ -145,6 +146,28 @@ def test_kl_to_the_frozen_reference_is_in_the_loss(model, lookup_tokenizer) -> N
     with pytest.raises(ValueError, match="reference"):
         rl_step(copy.deepcopy(model), torch.optim.SGD(model.parameters(), lr=0.0), batch, AlgoConfig(kl_coef=0.1),
                 TrainerConfig(), 1.0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_naive_entropy_matches_loop(seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(2, 3, 7, generator=g, dtype=torch.float64) * 2
+    logits[0, 0, :3] = -torch.inf  # masked vocabulary entries
+    got = entropy_from_logits(logits)
+    for b in range(2):
+        for t in range(3):
+            z = [math.exp(v) for v in logits[b, t].tolist()]
+            p = [v / sum(z) for v in z]
+            assert got[b, t].item() == pytest.approx(-sum(q * math.log(q) for q in p if q > 0), rel=1e-10)
+
+
+def test_naive_entropy_hand_computed_and_finite_gradient() -> None:
+    logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [0.0, -torch.inf, 5.0, -torch.inf]]], requires_grad=True)
+    h = entropy_from_logits(logits)
+    assert h[0, 0].item() == pytest.approx(math.log(4))
+    h.sum().backward()
+    assert logits.grad is not None and torch.isfinite(logits.grad).all()
+    assert entropy_from_logits(torch.zeros(1, 1, 3, dtype=torch.bfloat16)).dtype == torch.float32
 
 
 def test_entropy_from_log_probs_matches_the_logits_version() -> None:
