@@ -9,7 +9,7 @@ r"""Run the demo (or another preset) over seeds and trainer thread counts and ch
     python -m jobs.demo_seeds ... --reuse     # the same sweep again: finished runs are read, unfinished continued
     python -m jobs.demo_seeds --preset smollm2-135m-agentbench --seeds 0,1 --threads 2 --control all \
         --gate-mean 3 --max-drop-sigmas 2 --root runs/smollm2-agentbench-seeds \
-        --out runs/bench/smollm2_agentbench_seeds.json --reuse        # the paper's tasks together (README)
+        --ablate algo.task_norm=false --out runs/bench/smollm2_agentbench_seeds.json --reuse  # the paper's tasks
 
 Each run is `python -m jobs.train --preset P seed=S trainer.threads=T` in its own run dir
 (runs/demo-seeds/s<S>-t<T>/). The gate, per run and per task: the sampled held-out success after RL
@@ -19,7 +19,9 @@ run (`trainer.update=sft`: the same warm start as the RL run, continued for as m
 `trainer.control_batch` demonstrations; --control for the first seed, --control all for each; it starts from the
 RL run's own warm start and evaluation before RL, `trainer.warm_start_from`, unless --own-warm-start) is reported;
 with --gate-control each run's sampled success after RL must also exceed its seed's control's by more than
---min-sigmas standard errors (binomial, over both evaluations' episodes). With several tasks, --gate-mean K gates
+--min-sigmas standard errors (binomial, over both evaluations' episodes). --ablate adds, on the first seed, the RL run
+again with other settings (the paper's ablation: algo.task_norm=false), from the same warm start, reported as
+RL - ablation per task and on the mean, not gated. With several tasks, --gate-mean K gates
 the mean over tasks of RL - control instead (more than K standard errors, the tasks' pooled) and drops the per-task
 gain gate; --max-drop-sigmas K fails a task whose sampled success after RL is more than K standard errors below its
 warm start's.
@@ -40,32 +42,36 @@ from agentrl.bench.seeds import drop_gate, gate, mean_gate, mean_versus_control,
 from agentrl.run_files import CKPT_DIR, WARM_FILE
 
 
-def run_name(seed: int, threads: int, control: bool) -> str:
-    return f"s{seed}-t{threads}" + ("-control" if control else "")
+def run_name(seed: int, threads: int, kind: str | bool) -> str:
+    kind = {True: "control", False: "rl"}.get(kind, kind) if isinstance(kind, bool) else kind
+    return f"s{seed}-t{threads}" + ("" if kind == "rl" else f"-{kind}")
 
 
-def read_run(root: Path, seed: int, threads: int, control: bool) -> dict[str, Any] | None:
+def read_run(root: Path, seed: int, threads: int, kind: str | bool) -> dict[str, Any] | None:
     """A finished run's row from its report/summary.json (None: the run has no summary)."""
-    name = run_name(seed, threads, control)
+    name = run_name(seed, threads, kind)
     path = root / name / "report" / "summary.json"
     if not path.exists():
         return None
     summary = json.loads(path.read_text())
     keys = ("success_before_rl", "success_after_rl", "sampled_success_before_rl", "sampled_success_after_rl",
             "sampled_gain", "sampled_gain_stderr", "sampled_episodes")
-    return {"name": name, "seed": seed, "threads": threads, "control": control, "rc": 0,
+    return {"name": name, "seed": seed, "threads": threads, "control": name.endswith("-control"),
+            "ablation": name.endswith("-ablate"), "rc": 0,
             "wall_s": round(float(summary.get("wall_s", 0.0)), 1), "rl_steps": summary.get("rl_steps"),
             "sft_steps": summary.get("trainer", {}).get("sft_steps"),
             "per_task": {task: {k: r.get(k) for k in keys} for task, r in summary["per_task"].items()}}
 
 
-def run_demo(root: Path, seed: int, threads: int, control: bool, extra: list[str], preset: str = "demo",
-             control_extra: tuple[str, ...] = (), reuse: bool = False, share_warm_start: bool = True) -> dict[str, Any]:
+def run_demo(root: Path, seed: int, threads: int, kind: str | bool, extra: list[str], preset: str = "demo",
+             kind_extra: tuple[str, ...] = (), reuse: bool = False, share_warm_start: bool = True) -> dict[str, Any]:
     """One `jobs.train` run in root/<name> (--fresh), or with `reuse` the summary a finished one left there (an
-    unfinished one is continued). A
-    control run starts from its seed's RL run's warm start when that one has finished it (`share_warm_start`)."""
-    name = run_name(seed, threads, control)
-    if reuse and (done := read_run(root, seed, threads, control)) is not None:
+    unfinished one is continued). `kind`: rl, control (`trainer.update=sft` and `kind_extra`) or ablate (the RL
+    run with `kind_extra`). A control or an ablation starts from its seed's RL run's warm start and evaluation
+    before RL when that run has them (`share_warm_start`: `trainer.warm_start_from`)."""
+    kind = {True: "control", False: "rl"}.get(kind, kind) if isinstance(kind, bool) else kind
+    name = run_name(seed, threads, kind)
+    if reuse and (done := read_run(root, seed, threads, kind)) is not None:
         print(f"{name}: reusing its finished run in {root / name}", flush=True)
         return done | {"reused": True}
     # --reuse goes on with a run stopped half-way (jobs.train continues it, or refuses a changed config)
@@ -74,18 +80,19 @@ def run_demo(root: Path, seed: int, threads: int, control: bool, extra: list[str
         print(f"{name}: continuing the unfinished run in {root / name}", flush=True)
     cmd = [sys.executable, "-m", "jobs.train", "--preset", preset, "--name", name, *fresh, f"run_root={root}",
            f"seed={seed}", f"trainer.threads={threads}", *extra,
-           *(["trainer.update=sft", *control_extra] if control else [])]
-    source = root / run_name(seed, threads, False)
-    if control and share_warm_start and (source / CKPT_DIR / "step-0" / WARM_FILE).is_file():
+           *(["trainer.update=sft"] if kind == "control" else []), *(kind_extra if kind != "rl" else ())]
+    source = root / run_name(seed, threads, "rl")
+    if kind != "rl" and share_warm_start and (source / CKPT_DIR / "step-0" / WARM_FILE).is_file():
         cmd.append(f"trainer.warm_start_from={source}")  # the RL run's warm start and evaluation before RL
         print(f"{name}: starting from the warm start of {source}", flush=True)
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     wall = time.time() - t0
-    out = read_run(root, seed, threads, control) if proc.returncode == 0 else None
+    out = read_run(root, seed, threads, kind) if proc.returncode == 0 else None
     if out is None:
-        return {"name": name, "seed": seed, "threads": threads, "control": control, "wall_s": round(wall, 1),
-                "rc": proc.returncode, "error": (proc.stdout[-1500:] + proc.stderr[-1500:]).strip()}
+        return {"name": name, "seed": seed, "threads": threads, "control": kind == "control",
+                "ablation": kind == "ablate", "wall_s": round(wall, 1), "rc": proc.returncode,
+                "error": (proc.stdout[-1500:] + proc.stderr[-1500:]).strip()}
     return out | {"wall_s": round(wall, 1)}
 
 
@@ -105,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-drop-sigmas", type=float, default=None, metavar="K",
                     help="also gate: no task's sampled success after RL below its warm start's by more than K "
                          "standard errors (training the tasks together costs none of them)")
+    ap.add_argument("--ablate", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                    help="on the first seed, one more RL run with these settings (e.g. algo.task_norm=false), from "
+                         "that seed's warm start, reported against its RL run (not gated); repeatable")
     ap.add_argument("--control-set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                     help="a setting for the control runs only (e.g. trainer.control_batch=32: as many "
                          "demonstrations per update as an RL step's episodes); repeatable")
@@ -122,16 +132,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("runs/bench/demo_seeds.json"))
     ap.add_argument("overrides", nargs="*", help="extra section.field=value for every run")
     args = ap.parse_args(argv)
-    combos = [(int(s), int(t), False) for s in args.seeds.split(",") for t in args.threads.split(",")]
+    combos = [(int(s), int(t), "rl") for s in args.seeds.split(",") for t in args.threads.split(",")]
     if args.control == "first":
-        combos.append((combos[0][0], combos[0][1], True))
+        combos.append((combos[0][0], combos[0][1], "control"))
     elif args.control == "all":  # interleaved: each seed's RL run, then its control
-        combos = [c for rl in combos for c in (rl, (rl[0], rl[1], True))]
+        combos = [c for rl in combos for c in (rl, (rl[0], rl[1], "control"))]
+    if args.ablate:  # after the first seed's RL run (and its control), from its warm start
+        at = max(i for i, c in enumerate(combos) if c[:2] == combos[0][:2]) + 1
+        combos.insert(at, (combos[0][0], combos[0][1], "ablate"))
     root = args.root.resolve()
+    extras = {"rl": (), "control": tuple(args.control_set), "ablate": tuple(args.ablate)}
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
-        runs = list(pool.map(lambda c: run_demo(root, *c, args.overrides, args.preset,
-                                                 tuple(args.control_set), args.reuse, not args.own_warm_start),
-                             combos))
+        runs = list(pool.map(lambda c: run_demo(root, *c, args.overrides, args.preset, extras[c[2]], args.reuse,
+                                                 not args.own_warm_start), combos))
+    ablations = [run for run in runs if run.get("ablation")]
+    runs = [run for run in runs if not run.get("ablation")]  # the gates below see RL runs and controls only
     if args.gate_mean is None:
         misses = [m for run in runs if not run["control"] for m in gate(run, args.min_gain, args.min_sigmas)]
     else:  # the multi-task bar: the mean against the control and the drop gate stand for each task's own gain
@@ -153,14 +168,24 @@ def main(argv: list[str] | None = None) -> int:
         if (m := run.get("vs_control_mean")) is not None:
             print(f"{run['name']}: mean over {m['tasks']} tasks, RL - control {m['diff']:+.3f} ± {m['se']:.3f} "
                   f"({m['diff'] / m['se'] if m['se'] else float('inf'):.1f} se)")
+    for ab in ablations:  # reported beside its RL run, not gated
+        rl = next((r for r in runs if not r["control"] and (r["seed"], r["threads"]) == (ab["seed"], ab["threads"])),
+                  None)
+        print(table([ab]))
+        if rl is not None:
+            ab["vs_rl"], _ = versus_control(rl, ab, 0.0)
+            if (m := mean_versus_control(ab["vs_rl"])) is not None:
+                ab["vs_rl_mean"] = m
+                print(f"{ab['name']} ({' '.join(args.ablate)}): mean over {m['tasks']} tasks, RL - ablation "
+                      f"{m['diff']:+.3f} ± {m['se']:.3f} ({m['diff'] / m['se'] if m['se'] else float('inf'):.1f} se)")
     for m in misses:
         print("MISS", m)
-    for run in runs:
+    for run in runs + ablations:
         if "error" in run:
             print(f"--- {run['name']} output:\n{run['error']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"min_gain": args.min_gain, "min_sigmas": args.min_sigmas, "runs": runs,
-                                    "misses": misses}, indent=2))
+                                    "ablations": ablations, "ablate": args.ablate, "misses": misses}, indent=2))
     gated = 0  # one per (run, task) gate, one per run for the mean gate
     for run in runs:
         if run["control"]:
