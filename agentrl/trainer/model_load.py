@@ -140,14 +140,6 @@ def weight_files(model_dir: str | Path) -> list[Path]:
     return [d / "model.safetensors"]
 
 
-def read_safetensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor of a model directory's safetensors files, one tensor at a time."""
-    for path in weight_files(model_dir):
-        with open(path, "rb") as f:
-            for name, entry in read_header(path).items():
-                yield name, read_rows(f, entry)
-
-
 def fill_from_files(model: torch.nn.Module, files: list[Path]) -> None:
     """Every parameter (and persistent buffer) of `model` read from `files` into its storage in place: under
     FSDP2 each rank reads only the rows of its own shard, so no rank holds more of the model than its shards
@@ -258,16 +250,6 @@ def gather_tensors(model: torch.nn.Module, par: Parallel, dtype: torch.dtype | N
                 del buf
         yield name, whole
         del whole
-
-
-def gathered_state_dict(model: torch.nn.Module, par: Parallel, dtype: torch.dtype | None = None
-                        ) -> dict[str, torch.Tensor]:
-    """The whole weights on CPU on rank 0 (an empty dict elsewhere), each tensor in `dtype` (`gather_tensors`).
-    Collective under FSDP2. Holds every tensor at once: to write them, stream `gather_tensors` instead."""
-    if par.distributed and not par.sharded:
-        sd = par.full_state_dict(model)
-        return {k: v.to(dtype) if dtype is not None and v.is_floating_point() else v for k, v in sd.items()}
-    return dict(gather_tensors(model, par, dtype))
 
 
 @contextmanager

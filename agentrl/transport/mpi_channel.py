@@ -37,7 +37,6 @@ TAG_TRAJ = 11  # rollout → trainer: uint8 buffer from codec.encode
 TAG_NOTICE = 12  # trainer → rollout: int64[2] (version, stop)
 TAG_HELLO = 13  # rollout → trainer: int64[1] (rollout rank); answered by a notice
 TAG_BYE = 14  # rollout → trainer: int64[1] (rollout rank); trainer answers with TAG_BYE int64[1]
-PORT_KEY = "mpi_port"  # rendezvous key of the removed port mode: published by nothing now (see launch.rendezvous)
 
 __all__ = ["MpiRolloutChannel", "MpiTrainerChannel", "Notice"]
 

@@ -35,10 +35,3 @@ def test_exit_outside_slurm_exits_zero_without_requeue() -> None:
         preempt.Preemption().exit_for_requeue({"HOME": "/root"})
     assert e.value.code == 0
     assert preempt.requeue({}) is False
-
-
-@pytest.mark.parametrize("text,seconds", [
-    ("1-02:03:04", 93784), ("02:03:04", 7384), ("03:04", 184), ("0:05", 5), ("UNLIMITED", None), ("NOT_SET", None),
-])
-def test_parse_time_left(text: str, seconds: int | None) -> None:
-    assert preempt.parse_time_left(text) == seconds

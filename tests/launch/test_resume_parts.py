@@ -14,7 +14,6 @@ from agentrl.launch.local import PIPELINE_KEYS
 from agentrl.rollout.role import next_incarnation
 from agentrl.rollout.weight_sources import STORE_KEY
 from agentrl.transport.file_channel import CHANNEL_KEY
-from agentrl.transport.mpi_channel import PORT_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,7 +46,7 @@ def test_a_synchronous_run_continues_like_any_other(tmp_path: Path) -> None:
 
 
 def test_pipeline_keys_are_the_ones_the_pipeline_publishes(tmp_path: Path) -> None:
-    assert set(PIPELINE_KEYS) == {PORT_KEY, STORE_KEY, CHANNEL_KEY}
+    assert set(PIPELINE_KEYS) == {"mpi_port", STORE_KEY, CHANNEL_KEY}  # "mpi_port": earlier versions' run dirs
     rendezvous.publish(tmp_path, controller_url="http://x", **{k: {"port": 1} for k in PIPELINE_KEYS})
     rendezvous.remove(tmp_path, *PIPELINE_KEYS)
     assert rendezvous.read(tmp_path) == {"controller_url": "http://x"}

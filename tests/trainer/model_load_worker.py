@@ -5,14 +5,30 @@ to OUT_DIR/rank<r>.pt."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from agentrl.trainer.parallel import Parallel
+
+
+def gathered_state_dict(model: torch.nn.Module, par: Parallel, dtype: torch.dtype | None = None
+                        ) -> dict[str, torch.Tensor]:
+    """The whole weights on CPU on rank 0 (an empty dict elsewhere), each tensor in `dtype`, all at once (the
+    trainer streams them with `gather_tensors` instead; a test wants them whole). Collective under FSDP2."""
+    from agentrl.trainer.model_load import gather_tensors
+
+    if par.distributed and not par.sharded:
+        sd = par.full_state_dict(model)
+        return {k: v.to(dtype) if dtype is not None and v.is_floating_point() else v for k, v in sd.items()}
+    return dict(gather_tensors(model, par, dtype))
 
 
 def main(model_dir: Path, out: Path, tied_dir: Path | None = None) -> None:
     from agentrl.trainer import checkpoint
     from agentrl.trainer.learner import publish_weights
-    from agentrl.trainer.model_load import gathered_state_dict, load_policy, load_reference
+    from agentrl.trainer.model_load import load_policy, load_reference
     from agentrl.trainer.parallel import Parallel, close_distributed, dist_env, init_distributed
 
     env = dist_env()

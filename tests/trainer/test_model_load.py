@@ -5,6 +5,7 @@ model `from_pretrained` loads: same tensors, same buffers, same logits."""
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import model_load_worker as w
@@ -13,7 +14,16 @@ import torch
 import trainer_procs as procs_
 
 from agentrl.models import standins, tiny
-from agentrl.trainer.model_load import load_model, read_safetensors
+from agentrl.trainer.model_load import load_model, weight_files
+from agentrl.transport.tensor_file import read_header, read_rows
+
+
+def read_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of a model directory's safetensors files, one at a time, by our own reader."""
+    for path in weight_files(model_dir):
+        with open(path, "rb") as f:
+            for name, entry in read_header(path).items():
+                yield name, read_rows(f, entry)
 
 
 def _free_port() -> int:
