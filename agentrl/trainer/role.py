@@ -26,7 +26,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentrl.algorithms.staleness import trajectory_staleness
 from agentrl.config import PipelineShape, RunConfig
 from agentrl.fsio import write_json_atomic
 from agentrl.trainer import checkpoint
@@ -35,6 +34,7 @@ from agentrl.trainer.learner import Learner
 from agentrl.trainer.parallel import Parallel
 from agentrl.trainer.publisher import Publisher
 from agentrl.trainer.select import select_training_data
+from agentrl.trainer.step_report import StepReport
 from agentrl.transport import weights as weights_io
 from agentrl.transport.channel import TrainerChannel
 from agentrl.transport.queue import TrajectoryQueue
@@ -162,24 +162,15 @@ def _loop(run_dir: Path, learner: Learner, q: TrajectoryQueue, ch: TrainerChanne
           shape: PipelineShape, monitor, should_stop: Callable[[], bool] | None = None) -> None:
     """The hub's steps: receive, select, send the batch to the other ranks, train, publish, report."""
     state, par, a = learner.state, learner.par, cfg.algo
-    # Idle time counts from the first batch on: the wait for it (engines starting, the first episodes) is the
-    # pipeline's fill, logged apart as pipeline/fill_s.
-    t_start: float | None = None
-    idle_total = 0.0
+    report = StepReport(state, q, publisher, monitor, shape.steps)
     keepalive = (lambda: par.broadcast_object(KEEPALIVE)) if par.distributed else None
     keepalive_s = cfg.cluster.trainer.collective_timeout / 4
     while state.step < shape.steps:
-        t_wait = time.perf_counter()
+        report.waiting()
         groups = _next_groups(q, ch, shape, cfg.cluster.role_timeout_s, cfg.transport.poll_s, publisher, keepalive,
                               keepalive_s)
-        t0 = time.perf_counter()
-        if t_start is None:
-            t_start = t0
-            state.stats["fill_s"] = t0 - t_wait
-        else:
-            idle_total += t0 - t_wait
+        report.got(groups, state.policy_version)
         trajs = [t for g in groups for t in g]
-        stale = [trajectory_staleness(t, state.policy_version) for t in trajs]
         usable, rewards, counts = select_training_data(trajs, state.policy_version, shape.max_staleness,
                                                        shape.lagging_max_staleness, a.fail_penalty,
                                                        a.drop_uniform_groups)
@@ -190,11 +181,7 @@ def _loop(run_dir: Path, learner: Learner, q: TrajectoryQueue, ch: TrainerChanne
         lr = learner.lr  # the rate this step uses
         stats = learner.update(usable, rewards)
         state.consumed.update(t.traj_id for t in trajs)
-        n_tok = sum(t.num_tokens for t in usable)
-        for k, v in {"trajectories_trained": len(usable), "tokens_trained": n_tok, "rl_steps": float(bool(stats)),
-                     **counts}.items():
-            if k != "staleness_max":
-                state.stats[k] = state.stats.get(k, 0.0) + float(v)
+        report.trained(usable, counts, stats, lr)
 
         def publish(weights: dict[str, Any]) -> None:
             # the report before the weights: a rollout that sees v<N> finds the report of step N
@@ -203,31 +190,7 @@ def _loop(run_dir: Path, learner: Learner, q: TrajectoryQueue, ch: TrainerChanne
             q.set_version(state.policy_version)
 
         stop = learner.end_step(publish, should_stop)  # a checkpoint carries the queue's ledger
-        dt = time.perf_counter() - t0
-        wall = time.perf_counter() - t_start
-        metrics = {f"train/{k}": v for k, v in stats.items()}
-        metrics.update(q.metrics())
-        metrics.update({"train/lr": lr, "pipeline/batch_size": float(len(usable)),
-                        "pipeline/groups": float(len(groups)), "pipeline/trainer_wait_s": t0 - t_wait,
-                        "pipeline/trainer_idle_frac": idle_total / max(wall, 1e-9),
-                        "pipeline/staleness_mean": sum(stale) / max(len(stale), 1),
-                        "pipeline/staleness_max": float(max(stale, default=0)),
-                        "pipeline/train_tokens_per_s": n_tok / max(dt, 1e-9),
-                        "pipeline/publish_wait_s": publisher.wait_s})
-        metrics.update({f"pipeline/{k}": float(v) for k, v in counts.items() if k != "staleness_max"})
-        for k, v in Counter(stale).items():
-            metrics[f"pipeline/staleness_hist/{k}"] = float(v)
-        state.stats["idle_s"] = idle_total
-        state.stats["rl_wall_s"] = wall
-        state.stats["staleness_sum"] = state.stats.get("staleness_sum", 0.0) + sum(stale)
-        state.stats["staleness_max"] = max(state.stats.get("staleness_max", 0.0), float(max(stale, default=0)))
-        monitor.scalars(metrics, state.step - 1)
-        did = (f"imitated (the control run: sft loss {stats.get('sft_loss', 0.0):.4f}); its rollout batch of "
-               f"{len(trajs)} only measured" if learner.control else f"trained on {len(usable)} of {len(trajs)}")
-        log.info("step %d/%d %s (%d groups, %d in uniform groups; staleness mean %.2f max %d; queue %d) loss %.6f "
-                 "(%.2fs, waited %.2fs)", state.step, shape.steps, did, len(groups), counts["dropped_uniform"],
-                 metrics["pipeline/staleness_mean"], int(metrics["pipeline/staleness_max"]), q.depth,
-                 stats.get("loss", 0.0), dt, t0 - t_wait)
+        report.done(learner.control)
         if stop:
             log.info("preempted: checkpointed step %d (policy v%d, %d trajectories consumed); stopping the rollout "
                      "ranks", state.step, state.policy_version, len(state.consumed))
