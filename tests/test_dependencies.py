@@ -24,7 +24,8 @@ JOBS = ROOT / "jobs"
 # module (subpackage or top-level file) -> agentrl modules it may import; "*" = anything third-party
 ALLOWED: dict[str, set[str]] = {
     "types": set(),
-    "config": set(),
+    # the loader checks each task's options against the dataclass it declares (agentrl.envs.tasks.options_type)
+    "config": {"envs"},
     "auth": set(),
     "fsio": set(),
     "reaper": set(),

@@ -3,91 +3,17 @@ annotation; and writing one back (`dump_config`), which `load_config` reads to a
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
 from agentrl.config.errors import ConfigError, _check
 from agentrl.config.run import RunConfig
+from agentrl.config.task_options import checked_task_options
+from agentrl.config.typed import Scalar, _build, _looks_numeric
 
 PRESETS_DIR = Path(__file__).parent.parent / "presets"
-
-
-def _coerce(value: Any, tp: Any, path: str) -> Any:
-    """Check `value` against annotation `tp` (int, float, str, bool, Literal[...], tuple[X, ...], dict[K, V], Any,
-    dataclass)."""
-    origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        if isinstance(value, tp):
-            return value
-        _check(isinstance(value, dict), path, f"expected a mapping, got {type(value).__name__}")
-        return _build(tp, value, path)
-    if tp is Any:
-        return value.parsed if isinstance(value, Scalar) else value
-    if origin is dict:
-        _check(isinstance(value, dict), path, f"expected a mapping, got {value!r}")
-        key_tp, value_tp = typing.get_args(tp)
-        return {_coerce(k, key_tp, path): _coerce(v, value_tp, f"{path}.{k}") for k, v in value.items()}
-    if origin is tuple:
-        _check(isinstance(value, (list, tuple)), path, f"expected a list, got {value!r}")
-        (item,) = {a for a in typing.get_args(tp) if a is not Ellipsis}
-        return tuple(_coerce(v, item, f"{path}[{i}]") for i, v in enumerate(value))
-    if origin is Literal:  # a choice: one of the listed values, as YAML or the command line gave it
-        choices = typing.get_args(tp)
-        if isinstance(value, Scalar):
-            value = str(value) if str(value) in choices else value.parsed
-        _check(value in choices and type(value) in {type(c) for c in choices}, path,
-               f"unknown value {value!r} ({' | '.join(str(c) for c in choices)})")
-        return value
-    if isinstance(tp, types.UnionType) or origin is typing.Union:  # `float | Literal["auto"]`: the first arm that fits
-        wanted = []
-        for arm in typing.get_args(tp):
-            try:
-                return _coerce(value, arm, path)
-            except ConfigError:
-                wanted.append(" | ".join(map(str, typing.get_args(arm))) if typing.get_origin(arm) is Literal
-                              else "a number" if arm is float else getattr(arm, "__name__", str(arm)))
-        got = str(value) if isinstance(value, Scalar) else repr(value)
-        raise ConfigError(f"{path}: expected {' or '.join(wanted)}, got {got}")
-    if isinstance(value, Scalar):  # a command-line value: the text for strings, the number for numbers
-        value = str(value) if tp is str else value.parsed
-    if tp is bool:
-        _check(isinstance(value, bool), path, f"expected true/false, got {value!r}")
-        return value
-    if tp is int:
-        _check(isinstance(value, int) and not isinstance(value, bool), path, f"expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, str) and _looks_numeric(value) and value.strip() == value:
-            value = float(value)  # YAML 1.1 reads 1e-5 (no dot) as a string
-        _check(isinstance(value, (int, float)) and not isinstance(value, bool), path,
-               f"expected a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        _check(isinstance(value, str), path, f"expected a string, got {value!r}")
-        return str(value)
-    raise ConfigError(f"{path}: unsupported type {tp}")
-
-
-MOVED = {"cluster.rollout.lagging_prob": "rollout.lagging_prob", "cluster.rollout.linger_ms": "rollout.linger_ms",
-         "rollout.kv_cache_gib": "cluster.rollout.kv_cache_gib",
-         "cluster.rollout.kv_cache_memory_gib": "cluster.rollout.kv_cache_gib"}
-"""Fields that moved, old place → new: a config that still sets the old one fails at load naming both (sampling
-settings live in `rollout`; the topology and the engines' memory in `cluster`, with one KV-cache size)."""
-
-
-def _build(cls: type, data: dict[str, Any], path: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    for key in data:
-        where = f"{path}.{key}" if path else key
-        _check(where not in MOVED, where, f"moved to {MOVED.get(where)}: set that instead")
-        _check(key in names, where, f"unknown field (known: {', '.join(sorted(names))})")
-    kwargs = {k: _coerce(v, hints[k], f"{path}.{k}" if path else k) for k, v in data.items()}
-    return cls(**kwargs)
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -97,18 +23,6 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
         node = node.setdefault(k, {})
         _check(isinstance(node, dict), dotted, "is not a section")
     node[keys[-1]] = value
-
-
-class Scalar(str):
-    """A command-line value as typed, with what YAML reads it as (`parsed`): a string field gets the text
-    ("3.10" stays "3.10"), a number field gets the number ("1e-5", which YAML 1.1 leaves a string, too)."""
-
-    parsed: Any
-
-    def __new__(cls, text: str, parsed: Any) -> Scalar:
-        obj = super().__new__(cls, text)
-        obj.parsed = parsed
-        return obj
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -123,14 +37,6 @@ def parse_override(text: str) -> tuple[str, Any]:
     if number or isinstance(value, str) and _looks_numeric(value):
         value = Scalar(raw.strip(), value)
     return key, value
-
-
-def _looks_numeric(s: str) -> bool:
-    try:
-        float(s)
-    except ValueError:
-        return False
-    return True
 
 
 # Where the model comes from decides the scale of its learning rates. The dataclass defaults train our tiny
@@ -160,7 +66,9 @@ def config_from_dict(data: dict[str, Any]) -> RunConfig:
                 _set_dotted(data, key, value)
     cfg = _build(RunConfig, data, "")
     cfg.validate()
-    return cfg
+    # the task options as their dataclasses read them (a command line's `5` a number, not the text "5")
+    options = checked_task_options(cfg.envs, cfg.controller)
+    return dataclasses.replace(cfg, envs=dataclasses.replace(cfg.envs, task_options=options))
 
 
 def _check_source(preset: str, preset_data: dict[str, Any], overrides: dict[str, Any]) -> None:

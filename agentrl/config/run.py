@@ -18,6 +18,7 @@ from agentrl.config.sections import (
     TrainerConfig,
     TransportConfig,
 )
+from agentrl.config.task_options import checked_task_options
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,8 @@ class RunConfig:
             v = getattr(self, f.name)
             if dataclasses.is_dataclass(v):
                 v.validate(f.name)
+        # each task's options against the dataclass it declares, its time limits within the message budget
+        checked_task_options(self.envs, self.controller)
         # fields that only make sense together
         _check(self.trainer.sft_steps == 0 or self.rollout.expert_samples > 0, "rollout.expert_samples",
                "must be > 0 when trainer.sft_steps > 0 (the warm start trains on the expert's episodes)")

@@ -4,7 +4,7 @@ fields (checks across sections are `RunConfig.validate`'s)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from agentrl.config.errors import ConfigError, _check
 
@@ -71,9 +71,10 @@ class EnvsConfig:
     workers: int = 1
     slots: int = 256
     """Concurrent sessions one worker accepts."""
-    task_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    task_options: dict[str, dict[str, object]] = field(default_factory=dict)
     """Constructor options per task, e.g. `{os: {agentbench_dir: /path/AgentBench, sandbox: {backend: bwrap}},
-    db: {backend: mariadb, mariadb_address: "db1:3306"}}`; each task's docstring lists its options."""
+    db: {backend: mariadb, mariadb_address: "db1:3306"}}`: each task declares them as a frozen dataclass (its
+    `Options`; the built-in tasks' in `agentrl.envs.tasks.options`), which they are checked against at load."""
     max_argument_bytes: int = 8 * 1024
     """Tool-call arguments longer than this are refused with an error observation, never parsed."""
     max_output_chars: int = 16 * 1024

@@ -24,6 +24,7 @@ from typing import Any
 
 import jsonschema
 
+from agentrl.config import EnvsConfig
 from agentrl.envs.json_args import ArgumentsError, loads_arguments
 from agentrl.envs.protocol import STRICT, CallPolicy, parse_lenient, policy_of, select_calls
 from agentrl.envs.task import (
@@ -51,11 +52,12 @@ MAX_OUTPUT_CHARS = 16 * 1024
 MAX_TOOL_CALLS = 16
 """Tool calls in one assistant message beyond this are refused as a whole (none is run): a runaway
 generation of 38,000 calls must cost one cheap error observation, not seconds of validation."""
-MESSAGE_BUDGET_S = 18.0
-"""Wall time for the work one assistant message asks for: all its calls and the grading of an answer it
-gives. It is the agent's budget: work that stops at it (a statement cut short, a command stopped) is an
-observation, and a message whose work cannot be stopped in time ends the episode as the agent's failure
-(docs/tasks.md, "Whose failure is it"). The worker's own deadline for a call lies beyond it."""
+MESSAGE_BUDGET_S = EnvsConfig.message_budget_s
+"""`envs.message_budget_s`'s default, for sessions made outside a run (tests, in-process tools): wall time for
+the work one assistant message asks for, all its calls and the grading of an answer it gives. It is the agent's
+budget: work that stops at it (a statement cut short, a command stopped) is an observation, and a message whose
+work cannot be stopped in time ends the episode as the agent's failure (docs/tasks.md, "Whose failure is it").
+The worker's own deadline for a call lies beyond it."""
 
 AGENT_FAULTS: tuple[type[BaseException], ...] = (BudgetExceeded, MemoryError, RecursionError, OverflowError)
 """Exceptions that say the agent's input asked for more than the environment's bounds: memory, depth, the

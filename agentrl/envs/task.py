@@ -206,6 +206,14 @@ class Task(Protocol):
 
     `indices` and `start` raise `EnvError("bad_request", ...)` for an unknown split or index.
 
+    Options: the task's constructor options (`envs.task_options.<task>` in the run config) are declared by a
+    class attribute `Options`, a frozen dataclass whose fields are the constructor's keyword arguments (types
+    and defaults); the config loader checks them at load, naming the field (`agentrl.config.task_options`), and
+    the worker builds the task with them. Its `__post_init__` raises `OptionError(field, why)` for a value
+    no type can rule out (a range, a checkout that must exist); `per_call_limits()` names the options that
+    bound one unit of work in seconds (each must fit the agent's per-message budget). A task without options
+    leaves `Options` out (`NoOptions`).
+
     Optional attributes: `isolation = "thread"` runs the task's sessions in the worker's own process
     instead of a process per session (`agentrl.envs.isolation`); `blocking = True` says its methods are
     slow or block (subprocesses, a database), so in-process tools that play many episodes (the expert
@@ -223,6 +231,23 @@ class Task(Protocol):
 
     def start(self, index: str) -> Episode:
         ...
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a task that takes none."""
+
+    def per_call_limits(self) -> dict[str, float]:
+        return {}
+
+
+class OptionError(ValueError):
+    """A task option that fails its own check: `str(e)` is "field: why" (the loader puts the task's path before
+    it: `envs.task_options.os.sandbox.command_timeout_s: must be > 0`)."""
+
+    def __init__(self, field: str, why: str) -> None:
+        super().__init__(f"{field}: {why}")
+        self.field = field
 
 
 def tool_message(call_id: str, name: str, content: str) -> dict[str, Any]:

@@ -47,6 +47,7 @@ from aiohttp import web
 
 from agentrl.auth import auth_header
 from agentrl.config import ControllerConfig, EnvsConfig
+from agentrl.config.task_options import capped_budget_s, worker_call_timeout_s
 from agentrl.envs.isolation import DEFAULT_MEMORY_MB, ProcessSession, SessionHost, isolation_of
 from agentrl.envs.json_args import clean_message
 from agentrl.envs.listener import GUARD_KEY, ConnectionGuard, ConnectionLimits, GuardedSite, runner_args
@@ -71,13 +72,9 @@ unhealthy: a worker whose sessions all fail to start (a poisoned process) must n
 NOT_A_FAULT = ("bad_request", "unknown_task", "no_capacity", "unauthorized")
 """Refusals of a start that say nothing about the worker's health."""
 MAX_ENDED = 10_000
+CALL_TIMEOUT_S = worker_call_timeout_s(ControllerConfig())
+"""The deadline for one task call of a worker made outside a run (tests, the attack check): a run's default."""
 """Sessions this worker ended itself (a call timed out), remembered so later calls get the reason."""
-
-
-def call_timeout_s(request_timeout_s: float) -> float:
-    """The worker's deadline for one task call: enough below the controller's request timeout that the
-    worker answers "this session timed out" before the controller counts the worker as hung."""
-    return max(0.8 * request_timeout_s, request_timeout_s - 5.0)
 
 
 class CallTimedOut(Exception):
@@ -104,7 +101,8 @@ class EnvWorker:
 
     def __init__(self, tasks: Mapping[str, Task], slots: int, worker_id: str, session_idle_s: float = 600.0,
                  max_argument_bytes: int = MAX_ARGUMENT_BYTES, max_output_chars: int = MAX_OUTPUT_CHARS,
-                 max_tool_calls: int = MAX_TOOL_CALLS, call_timeout_s: float = 24.0, expert_route: bool = False,
+                 max_tool_calls: int = MAX_TOOL_CALLS, call_timeout_s: float = CALL_TIMEOUT_S,
+                 expert_route: bool = False,
                  max_body_bytes: int = 4 * 1024 * 1024, body_timeout_s: float = 10.0,
                  message_budget_s: float = MESSAGE_BUDGET_S, process_memory_mb: int = DEFAULT_MEMORY_MB) -> None:
         self.tasks = dict(tasks)
@@ -113,7 +111,7 @@ class EnvWorker:
         # The agent's budget per message lies well inside this worker's deadline for a call: a session
         # process that has not answered by `kill_after_s` is killed (the agent's failure) before the call
         # could time out here (the environment's).
-        self.message_budget_s = min(message_budget_s, 0.75 * call_timeout_s)
+        self.message_budget_s = capped_budget_s(message_budget_s, call_timeout_s)
         self.kill_after_s = min(self.message_budget_s + 2.0, 0.9 * call_timeout_s)
         isolated = {name: (t, self.toolboxes[name]) for name, t in self.tasks.items()
                     if isolation_of(t) == "process"}
@@ -583,7 +581,7 @@ async def start_worker(envs: EnvsConfig, controller: ControllerConfig, controlle
     worker = EnvWorker(tasks, envs.slots, worker_id,
                        session_idle_s=controller.session_idle_s + controller.dead_after_s,
                        max_argument_bytes=envs.max_argument_bytes, max_output_chars=envs.max_output_chars,
-                       max_tool_calls=envs.max_tool_calls, call_timeout_s=call_timeout_s(controller.request_timeout_s),
+                       max_tool_calls=envs.max_tool_calls, call_timeout_s=worker_call_timeout_s(controller),
                        expert_route=envs.expert_route == "enabled" if expert_route is None else expert_route,
                        max_body_bytes=controller.max_body_bytes, body_timeout_s=controller.body_timeout_s,
                        message_budget_s=envs.message_budget_s, process_memory_mb=envs.process_memory_mb)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agentrl.config import RunConfig
-from agentrl.envs.tasks import task_name
+from agentrl.config.task_options import task_names
 from agentrl.rollout.agent_loop import EpisodeLimits
 from agentrl.rollout.collect import Retry
 
@@ -36,7 +36,7 @@ class RolloutSpec:
         """The rollout's slice of the run config."""
         r = cfg.rollout
         return cls(
-            tasks=tuple(task_name(t) for t in cfg.envs.tasks), steps=cfg.trainer.steps,
+            tasks=task_names(cfg.envs), steps=cfg.trainer.steps,
             prompts_per_step=r.prompts_per_step, samples_per_prompt=r.samples_per_prompt,
             expert_samples=r.expert_samples if cfg.trainer.sft_steps else 0, eval_split=r.eval_split,
             eval_samples=r.eval_samples, eval_sampled=r.eval_sampled, concurrency=r.concurrency,

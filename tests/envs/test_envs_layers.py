@@ -2,7 +2,8 @@
 
   * the task author's API (`task`) needs nothing of ours but `agentrl.types`, and the gateway's JSON types
     (`wire_types`) nothing but that API: a task author, the controller and the client read them alone;
-  * the os runtime (`sandbox/`) serves the os task and the checks that attack it, nothing else;
+  * the os runtime (`sandbox/`) serves the os task (its options: `tasks/options.py`) and the checks that attack
+    it, nothing else;
   * the checks (`checks/`) are run from `jobs/`; in the package only the rollout's hostile-text check uses
     one of their types.
 """
@@ -51,7 +52,7 @@ def test_the_sandbox_serves_the_os_task_and_the_checks() -> None:
     users = {rel(p) for p in code_files() if p.parent != ENVS / "sandbox"
              and any(within(m, "agentrl.envs.sandbox") for m in agentrl_imports(p))}
     outside = {u for u in users if not (u.startswith(("agentrl/envs/tasks/os_task/", "agentrl/envs/checks/",
-                                                      "jobs/", "tests/")))}
+                                                      "jobs/", "tests/")) or u == "agentrl/envs/tasks/options.py")}
     assert outside == set(), f"the os runtime is imported by {sorted(outside)}"
 
 

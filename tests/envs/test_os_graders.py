@@ -8,7 +8,7 @@ import pytest
 from env_helpers import call
 from sandbox_helpers import require_sandbox
 
-from agentrl.envs.session import Session
+from agentrl.envs.session import MESSAGE_BUDGET_S, Session
 from agentrl.envs.tasks.os_task import OsEpisode, OsTask, parse_problem
 from agentrl.types import Status
 
@@ -41,8 +41,8 @@ def task() -> OsTask:
 
 
 def attack_then_answer(task: OsTask, index: str, attack: str, answer: str,
-                       problem: dict[str, Any] | None = None) -> tuple[float, Status]:
-    session = Session(task, index)
+                       problem: dict[str, Any] | None = None, budget_s: float = MESSAGE_BUDGET_S) -> tuple[float, Status]:
+    session = Session(task, index, message_budget_s=budget_s)
     if problem is not None:
         session.episode = OsEpisode(parse_problem(problem, None), task.sandbox, task.budget, task.example_state)
     r = session.interact(call("bash_action", {"script": attack}))
@@ -108,7 +108,7 @@ def test_destroying_what_the_example_counts_earns_nothing(task: OsTask) -> None:
         (1.0, Status.COMPLETED)  # the hole AgentBench's own protocol has (documented in docs/tasks.md)
 
 
-def test_a_grader_the_session_hangs_is_the_agents_failure(task: OsTask, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_grader_the_session_hangs_is_the_agents_failure(task: OsTask) -> None:
     """issue 20, 7: a FIFO where the example reads: on c07c523 the grader outlived the worker's call deadline
     and the episode ended env_error (neither trained on nor counted). Now the message's time budget ends it
     as the agent's `grader_failed`, reward 0; a right answer on an untouched sample still passes."""
@@ -119,11 +119,10 @@ def test_a_grader_the_session_hangs_is_the_agents_failure(task: OsTask, monkeypa
         "create": {"init": {"code": "echo 7 > /root/n"}}}
     fifo = "rm /root/n && mkfifo /root/n && echo ok"
     hung = OsTask(sandbox={"backend": "bwrap", "command_timeout_s": 5.0}, example_state="end")
-    monkeypatch.setattr(OsEpisode, "step_budget_s", 3.0)  # 18 s by default, below the worker's 24 s
-    t = time.monotonic()
-    assert attack_then_answer(hung, "train-0", fifo, "7", problem) == (0.0, Status.GRADER_FAILED)
+    t = time.monotonic()  # a message's budget (envs.message_budget_s) of 3 s, not the default 18
+    assert attack_then_answer(hung, "train-0", fifo, "7", problem, budget_s=3.0) == (0.0, Status.GRADER_FAILED)
     assert time.monotonic() - t < 3.0 + 3.0
-    assert attack_then_answer(hung, "train-0", "echo hi", "7", problem) == (1.0, Status.COMPLETED)
+    assert attack_then_answer(hung, "train-0", "echo hi", "7", problem, budget_s=3.0) == (1.0, Status.COMPLETED)
     # the strict protocol's reference comes from before the agent acted: the FIFO changes nothing
     assert attack_then_answer(task, "train-0", fifo, "7", problem) == (1.0, Status.COMPLETED)
     assert Status.GRADER_FAILED.is_agent_failure and not Status.GRADER_FAILED.is_infra

@@ -104,8 +104,26 @@ class SandboxConfig:
     """backend "none" only: where session directories are made ("" = the temp dir)."""
 
     def __post_init__(self) -> None:
+        """Values no type rules out, each a ValueError "field: why" (the config loader names the full path:
+        `envs.task_options.os.sandbox.command_timeout_s: must be > 0, got 0.0`)."""
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend: unknown sandbox backend {self.backend!r} ({' | '.join(BACKENDS)})")
+        for name in ("command_timeout_s", "host_share", "pid_fraction"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
+        for name in ("host_share", "pid_fraction"):
+            if getattr(self, name) > 1:
+                raise ValueError(f"{name}: must be at most 1, got {getattr(self, name)}")
+        for name in ("max_output_bytes", "nproc", "memory_mb", "file_size_mb", "ptys", "cpu_s", "disk_mb", "shm_mb",
+                     "uid_count"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        for name in ("open_files", "session_memory_mb"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0 (0: {'Docker' if name == 'open_files' else 'none'}), "
+                                 f"got {getattr(self, name)}")
         if not 0 <= self.user_uids <= 1024:
-            raise ValueError(f"sandbox.user_uids must be within 0..1024, not {self.user_uids}")
+            raise ValueError(f"user_uids: must be within 0..1024, not {self.user_uids}")
 
     def many_uids(self, backend: str) -> bool:
         """Whether sessions get a range of user ids (`userns.py`): bwrap under a root worker."""

@@ -2,7 +2,8 @@
 
 Built-in tasks are listed by import path and imported only when asked for, so that a worker serving
 one task never imports another task's dependencies. A user's task is a class plus one
-`register_task("mytask", MyTask)` call, or a `"package.module:Class"` name in `envs.tasks`.
+`register_task("mytask", MyTask)` call, or a `"package.module:Class"` name in `envs.tasks`. Each task's
+options are a frozen dataclass (`options_type`), which the config loader checks at load.
 This module has no side effects on import.
 """
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from agentrl.envs.task import Task
+from agentrl.envs.task import NoOptions, Task
 
 _BUILTIN: dict[str, str] = {
     "lookup": "agentrl.envs.tasks.lookup:LookupTask",
@@ -23,6 +24,13 @@ _BUILTIN: dict[str, str] = {
     "alfworld": "agentrl.envs.tasks.alfworld:AlfworldTask",
     "bfcl": "agentrl.envs.tasks.bfcl:BfclTask",
 }
+_OPTIONS = "agentrl.envs.tasks.options"
+_BUILTIN_OPTIONS: dict[str, str] = {
+    "lookup": f"{_OPTIONS}:SkillOptions", "unlock": f"{_OPTIONS}:SkillOptions", "os": f"{_OPTIONS}:OsOptions",
+    "db": f"{_OPTIONS}:DbOptions", "kg": f"{_OPTIONS}:KgOptions", "webshop": f"{_OPTIONS}:WebShopOptions",
+    "alfworld": f"{_OPTIONS}:AlfworldOptions", "bfcl": f"{_OPTIONS}:BfclOptions",
+}
+"""The built-in tasks' `Options`, by import path: a config is checked without importing the tasks themselves."""
 _REGISTRY: dict[str, type] = {}
 
 
@@ -56,12 +64,26 @@ def get_task_class(name: str) -> type:
 def task_name(spec: str) -> str:
     """The name a worker serves the task of `spec` under (its class's `name`): `"lookup"` → "lookup",
     `"agentrl.envs.tasks.example:GuessTask"` → "guess". Everything that talks to the controller, and every
-    report and metric, uses this name; `envs.tasks` and `envs.task_options` keep the spec as written."""
+    report and metric, uses this name; `envs.tasks` and `envs.task_options` keep the spec as written.
+    A built-in task's name is its registry name (tests/envs/test_task_options.py checks it), known without
+    importing the task."""
+    if spec in _BUILTIN and spec not in _REGISTRY:
+        return spec
     cls = get_task_class(spec)
     name = getattr(cls, "name", None)
     if not isinstance(name, str) or not name:
         raise ValueError(f"task {spec!r}: {cls.__name__} has no string `name` attribute")
     return name
+
+
+def options_type(spec: str) -> type | None:
+    """The frozen dataclass of the options the task of `spec` takes: its class's `Options` (a built-in task's is
+    imported without the task, from `agentrl.envs.tasks.options`; `NoOptions` for one that takes none); None for
+    a user's task that declares none (its options are passed on unchecked). KeyError for an unknown name."""
+    if spec in _BUILTIN and spec not in _REGISTRY:
+        return _import(_BUILTIN_OPTIONS[spec]) if spec in _BUILTIN_OPTIONS else NoOptions
+    options: type | None = getattr(get_task_class(spec), "Options", None)
+    return options
 
 
 def get_task(name: str, **options: Any) -> Task:

@@ -41,6 +41,7 @@ from typing import Any
 import jsonschema
 
 from agentrl.envs.task import Action, EnvError, StepResult, tool_message
+from agentrl.envs.tasks.options import BfclOptions
 from agentrl.envs.tasks.shared import import_optional, text_message
 from agentrl.types import Status
 
@@ -225,6 +226,7 @@ class BfclTask:
     """
 
     name = "bfcl"
+    Options = BfclOptions  # what `envs.task_options.bfcl` may hold, checked at load
     max_turns = 7 * (MAX_STEPS_PER_TURN + 1)  # the longest case has 7 user turns
     splits = ("test",)
     blocking = True  # loading a case's backends and grading it re-execute every call: tens of milliseconds

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrl.envs.task import Action, EnvError, StepResult, tool_message
+from agentrl.envs.tasks.options import SkillOptions
 from agentrl.types import Status
 
 # 48 pseudo-words of two consonant+vowel syllables: short, distinct, and few BPE merges apart.
@@ -125,6 +126,7 @@ class LookupEpisode:
 
 class LookupTask:
     name = "lookup"
+    Options = SkillOptions  # what `envs.task_options.lookup` may hold, checked at load
     max_turns = 4
     isolation = "thread"  # bounded dictionary look-ups: no process per session (agentrl.envs.isolation)
 

@@ -22,6 +22,7 @@ import random
 from typing import Any
 
 from agentrl.envs.task import Action, EnvError, StepResult, tool_message
+from agentrl.envs.tasks.options import SkillOptions
 from agentrl.types import Status
 
 WORDS: tuple[str, ...] = ("red", "blue", "green", "black", "white", "pink", "gold", "gray",
@@ -86,6 +87,7 @@ class UnlockEpisode:
 
 class UnlockTask:
     name = "unlock"
+    Options = SkillOptions  # what `envs.task_options.unlock` may hold, checked at load
     max_turns = 4
     isolation = "thread"  # bounded look-ups: no process per session (agentrl.envs.isolation)
 

@@ -21,7 +21,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from agentrl.envs.checks.attacks import disk
 from agentrl.envs.checks.attacks.library import Attack
 from agentrl.envs.task import Task
-from agentrl.envs.worker import EnvWorker, create_worker_app
+from agentrl.envs.worker import CALL_TIMEOUT_S, EnvWorker, create_worker_app
 
 MAX_LAG_S = 1.0
 """The most the worker's event loop may stall during an attack (heartbeats every 5 s by default, a worker
@@ -226,6 +226,6 @@ async def _play(task: Task, attacks: list[Attack], call_timeout_s: float) -> lis
     return results
 
 
-def play_attacks(task: Task, attacks: list[Attack], call_timeout_s: float = 24.0) -> list[AttackResult]:
+def play_attacks(task: Task, attacks: list[Attack], call_timeout_s: float = CALL_TIMEOUT_S) -> list[AttackResult]:
     """Play `attacks` on `task` (one worker for them all, as on a node) and return one result each."""
     return asyncio.run(_play(task, attacks, call_timeout_s))

@@ -38,6 +38,7 @@ from agentrl.envs.tasks.agentbench import AgentBenchPrompts, Checkout
 from agentrl.envs.tasks.alfworld.episode import MAX_ROUNDS, TOOLS, AlfworldEpisode
 from agentrl.envs.tasks.alfworld.faithful import PROMPTS, FaithfulAlfworldEpisode
 from agentrl.envs.tasks.alfworld.games import load_split, textworld, unpack_games
+from agentrl.envs.tasks.options import AlfworldOptions
 from agentrl.envs.tasks.shared import data_root, env_path, split_index, split_indices
 
 # AgentBench's split files (data/alfworld/ of a checkout); configs/tasks/alfworld.yaml: alfworld-std reads
@@ -60,6 +61,7 @@ class AlfworldTask:
     """
 
     name = "alfworld"
+    Options = AlfworldOptions  # what `envs.task_options.alfworld` may hold, checked at load
     max_turns = MAX_ROUNDS
     blocking = True  # loading a game takes a few tenths of a second
 

@@ -60,6 +60,7 @@ from agentrl.envs.tasks.db.backends.server import find_mariadbd, template_dir
 from agentrl.envs.tasks.db.episode import MAX_ROUNDS, TOOLS, DbEpisode
 from agentrl.envs.tasks.db.faithful import PROMPTS, FaithfulDbEpisode
 from agentrl.envs.tasks.db.samples import DbSample, load_samples
+from agentrl.envs.tasks.options import DbOptions
 from agentrl.envs.tasks.shared import data_root, split_index, split_indices
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,7 @@ class DbTask:
     """
 
     name = "db"
+    Options = DbOptions  # what `envs.task_options.db` may hold, checked at load
     max_turns = MAX_ROUNDS
     blocking = True
 

@@ -49,6 +49,7 @@ from agentrl.envs.tasks.kg.graph import LocalGraph
 from agentrl.envs.tasks.kg.program import KGBackend
 from agentrl.envs.tasks.kg.samples import KGSample, load_samples
 from agentrl.envs.tasks.kg.sparql import SparqlBackend
+from agentrl.envs.tasks.options import KgOptions
 from agentrl.envs.tasks.shared import data_root, split_index, split_indices
 
 DEFAULT_FILES = {"train": "kg/train.json", "test": "kg/test.json"}
@@ -76,6 +77,7 @@ class KGTask:
     """
 
     name = "kg"
+    Options = KgOptions  # what `envs.task_options.kg` may hold, checked at load
     max_turns = MAX_ROUNDS
 
     def __init__(self, source: str = "ours", sparql_url: str | None = None,

@@ -65,6 +65,7 @@ from agentrl.envs.sandbox import (
     session_budget,
 )
 from agentrl.envs.task import Action, StepResult, message_deadline, tool_message
+from agentrl.envs.tasks.options import OsOptions
 from agentrl.envs.tasks.os_task import faithful as ab
 from agentrl.envs.tasks.os_task.problems import OsProblem, load_problems, parse_problem, script_argv, shell_command
 from agentrl.envs.tasks.shared import call_message, data_root, env_path, split_index, split_indices
@@ -77,11 +78,6 @@ log = logging.getLogger(__name__)
 MAX_ROUNDS = 8
 OUTPUT_LIMIT, OUTPUT_KEEP = 800, 780  # AgentBench's truncation of one command's output
 SCRIPT_TIMEOUT_S = 60.0  # init-time example scripts (the reference answer)
-STEP_BUDGET_S = 18.0
-"""One message's time: its bash calls and the grading of its answer together, below the worker's default
-deadline for a call (24 s), so that a session that makes its commands or its graders slow (a FIFO where a
-check reads a file) ends by this task's rule, never as the worker's env_error. A bash call gets what is
-left of it (at most `command_timeout_s`), the check scripts share the rest."""
 ONE_CALL = "Error: only the first tool call of a message is executed; this one was not."
 INIT_TIMEOUT_S = 300.0  # init scripts: AgentBench sets none, and some of its train samples `sleep 60`
 
@@ -162,7 +158,6 @@ class SessionBudget:
 class OsEpisode:
     """One sample in its own sandbox (strict protocol). `close()` ends the sandbox; the Session calls it."""
 
-    step_budget_s = STEP_BUDGET_S
 
     def __init__(self, problem: OsProblem, sandbox: SandboxConfig, budget: SessionBudget | None = None,
                  example_state: str = "start") -> None:
@@ -174,7 +169,7 @@ class OsEpisode:
         self.example_state = example_state
         self.reference: CommandResult | None = None
         """The example's run on the state before the agent acted (example_state "start")."""
-        self.deadline = float("inf")  # of the message being handled (`STEP_BUDGET_S`)
+        self.deadline = float("inf")  # of the message being handled (`message_deadline`)
         self.grader_failure: str | None = None
         self._shell: Shell | None = None
         self.slot = 0  # this session's uid range, from the task's budget
@@ -262,9 +257,14 @@ class OsEpisode:
         return self.verdict([tool_message(first.id, first.name, text), *messages], reward)
 
     def _message_deadline(self) -> float:
-        """When this message's work must be done: `step_budget_s` from now, or the worker's message budget
-        (`agentrl.envs.task.message_deadline`) when that ends first."""
-        return min(time.monotonic() + self.step_budget_s, message_deadline())
+        """When this message's work must be done: the agent's budget for it (`envs.message_budget_s`, which
+        the worker sets around each message: `agentrl.envs.task.message_deadline`). One message's time holds
+        its bash call (at most `sandbox.command_timeout_s` of what is left) and the grading of its answer
+        (the check scripts share the rest), so that a session that makes its commands or its graders slow (a
+        FIFO where a check reads a file) ends by this task's rule, never as the worker's env_error. Outside a
+        session (a test calling `step`) there is none: a command gets `command_timeout_s`, a check script
+        `SCRIPT_TIMEOUT_S`."""
+        return message_deadline()
 
     def verdict(self, messages: list[dict[str, Any]], reward: float) -> StepResult:
         """The episode's end after a judged answer: `grader_failed` when a grader could not finish."""
@@ -436,6 +436,7 @@ class OsTask:
     """
 
     name = "os"
+    Options = OsOptions  # what `envs.task_options.os` may hold, checked at load
     max_turns = MAX_ROUNDS
     blocking = True
     isolation = "thread"

@@ -44,6 +44,7 @@ from typing import Any
 from agentrl.envs.protocol import resolve_protocol
 from agentrl.envs.task import EnvError
 from agentrl.envs.tasks.agentbench import AgentBenchPrompts, Checkout
+from agentrl.envs.tasks.options import WebShopOptions
 from agentrl.envs.tasks.shared import data_root
 from agentrl.envs.tasks.webshop.catalog import load_catalog
 from agentrl.envs.tasks.webshop.episode import MAX_ROUNDS, TOOLS, WebShopEpisode
@@ -65,6 +66,7 @@ class WebShopTask:
     """
 
     name = "webshop"
+    Options = WebShopOptions  # what `envs.task_options.webshop` may hold, checked at load
     max_turns = MAX_ROUNDS
     blocking = False
 

@@ -36,6 +36,7 @@ from agentrl.envs.tasks.db.backends.tables import (
     result_text,
     truncate,
 )
+from agentrl.envs.tasks.options import MYSQL8_SQL_MODE
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +57,6 @@ SESSION_PRIVILEGES = ("SELECT, INSERT, UPDATE, DELETE, CREATE, DROP, ALTER, INDE
                       "LOCK TABLES, REFERENCES, TRIGGER")
 """What a session's user may do in its own database: everything AgentBench's tasks do, but no temporary
 tables (whose space the server cannot tell apart per session), stored routines or events."""
-# MySQL 8's default sql_mode: AgentBench-FC's mysql:8 container sets none (environment.py, see above)
-MYSQL8_SQL_MODE = ("ONLY_FULL_GROUP_BY,STRICT_TRANS_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,"
-                   "ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION")
 
 
 def _bquote(name: str) -> str:
