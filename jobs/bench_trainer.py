@@ -7,7 +7,7 @@ forward/backward/step on the same packed micro-batches of the same model, in the
 
 The bare step (`agentrl/trainer/bare.py`) is the least any policy-gradient trainer does: for each micro-batch,
 the sampled tokens' log-probs through the same decoder, attention and tiled head as ours (`--bare-head full`: the
-whole float32 log-softmax at every position instead, the trainer before issue 32), a token sum of −logp·A divided
+whole float32 log-softmax at every position instead, the trainer's old head), a token sum of −logp·A divided
 by the batch's action-token count, backward; then gradient clipping and one AdamW step. It gets the micro-batches
 already laid out. Our step adds everything else it does each step: group advantages and task
 normalization, planning and laying out the packed micro-batches, the PPO ratio with clip and dual clip,
@@ -58,7 +58,7 @@ def main() -> None:
                     help="trainer.attn_implementation of both sides")
     ap.add_argument("--bare-head", default="lean", choices=["lean", "full"],
                     help="the bare step's head: lean (ours: the tiled head on action tokens) | full (every position's "
-                         "float32 log-softmax, the trainer before issue 32)")
+                         "float32 log-softmax, the trainer's old head)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("runs/bench/trainer.json"))
     repeat.add_args(ap)

@@ -1,4 +1,4 @@
-"""Benchmark: peak RSS and seconds of one RL step, the whole-vocabulary head (the trainer before issue 32) against
+"""Benchmark: peak RSS and seconds of one RL step, the whole-vocabulary head (the trainer's old head) against
 the tiled head on the trained positions only, each side in a fresh process, interleaved (full, lean, full, ...).
 
     python -m jobs.bench_trainer_head                           # the issue's shape: hidden 64, 2 layers, vocab

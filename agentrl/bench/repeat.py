@@ -1,7 +1,7 @@
 """Repeated, interleaved A/B measurement, the shared harness of `jobs/bench_*.py`.
 
 One run per side and one ratio is not a result: on a shared or different machine the same side moved 2x between
-two runs (issue 22). So each benchmark runs its sides interleaved (A B A B A B, at least `MIN_REPEATS` times),
+two runs. So each benchmark runs its sides interleaved (A B A B A B, at least `MIN_REPEATS` times),
 collects each side's figures per repeat, and reports the median and min-max of each figure and of the per-pair
 ratio (repeat i's A over repeat i's B: the two ran next to each other, so slow drift in the machine's load
 divides out), beside a `machine` record that says where and how it ran.

@@ -1,4 +1,4 @@
-"""One RL step with the whole-vocabulary head (the trainer before issue 32) against the tiled head (`trainer.head`),
+"""One RL step with the whole-vocabulary head (the trainer's old head) against the tiled head (`trainer.head`),
 measured in a fresh process each: peak RSS and seconds (`jobs.bench_trainer_head` runs the sides interleaved).
 
 The baseline side, `full_vocab_rl_step`, is the old step kept whole: every position's logits in the compute dtype,

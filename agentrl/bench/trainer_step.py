@@ -55,7 +55,7 @@ class StepBench:
     attn_implementation: str = "auto"
     bare_head: str = "lean"
     """The bare step's head: lean (the tiled head on action tokens, as ours) | full (every position's float32
-    log-softmax: the trainer before issue 32)."""
+    log-softmax: the trainer's old head)."""
     seed: int = 0
 
 

@@ -73,7 +73,7 @@ def parse_lenient(raw: Any, i: int, max_bytes: int) -> tuple[str, str, Any, str 
         return call_id, name, None, "arguments are not JSON (not a string)"
     if len(arguments.encode(errors="surrogatepass")) > max_bytes:
         return call_id, name, None, f"arguments are too long (limit {max_bytes} bytes)"
-    try:  # AgentBench's json.loads, but nothing a policy writes raises past this (issue 34)
+    try:  # AgentBench's json.loads, but nothing a policy writes raises past this
         return call_id, name, loads_arguments(arguments, finite=False), None
     except ArgumentsError as e:  # not JSON: in this protocol's own words, as before
         return call_id, name, None, f"arguments are not JSON ({e.decode})" if e.decode else f"arguments are {e}"

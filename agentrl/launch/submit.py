@@ -1,10 +1,10 @@
 """The submitit front end: one heterogeneous Slurm job (or one job per role) submitted from Python.
 
-submitit has no hetjob API (its issue #1741). `HetSlurmExecutor` extends its Slurm executor where the
-sbatch file is made: submitit renders its own script (group 0: the pickled function, its logs, its
-`--signal` and requeue handling), and we append one `#SBATCH hetjob` block per further group after its
-last `#SBATCH` line. Everything else stays submitit's: the job handle, `job.result()`, the logs in
-its folder, and checkpoint/requeue on its preemption signal (USR2 by default).
+submitit has no hetjob API (https://github.com/facebookincubator/submitit/issues/1741). `HetSlurmExecutor`
+extends its Slurm executor where the sbatch file is made: submitit renders its own script (group 0: the
+pickled function, its logs, its `--signal` and requeue handling), and we append one `#SBATCH hetjob` block per
+further group after its last `#SBATCH` line. Everything else stays submitit's: the job handle, `job.result()`,
+the logs in its folder, and checkpoint/requeue on its preemption signal (USR2 by default).
 
 The function is `HetRun`: in group 0's batch shell (`use_srun=False`) it prepares the run dir and starts
 every role as an `srun --het-group=N` step (the steps of `agentrl.launch.topology`, the same as the

@@ -5,7 +5,7 @@ Per micro-batch: the sampled tokens' log-probs, a token sum of −logp·A over t
 then gradient clipping and one optimizer step. It gets its micro-batches already laid out (`bare_batches`, outside
 any timing) and computes nothing else: no advantages, no PPO ratio or clipping, no statistics. Its head is ours
 (`head="lean"`: the tiled head on the action tokens, through the model's own forward so FSDP2 and DDP work) or the
-old whole-vocabulary log-softmax at every position (`head="full"`), the trainer before issue 32.
+old whole-vocabulary log-softmax at every position (`head="full"`), which the trainer used before the tiled head.
 """
 from __future__ import annotations
 

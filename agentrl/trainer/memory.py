@@ -23,9 +23,9 @@ b the compute dtype's bytes: 2 for bf16, 4 for float32):
 
 `peak` is the sum (the components coexist at the end of the last micro-batch's backward); `fits` leaves a margin
 for what `torch.cuda.max_memory_allocated` does not see (CUDA context, NCCL buffers, fragmentation).
-`old_head` is what the whole-vocabulary head of the trainer before issue 32 needed (16·T·V bytes at its backward:
+`old_head` is what the trainer's old whole-vocabulary head needed (16·T·V bytes at its backward:
 the float32 log-softmax, its gradient, a temporary and the logits' gradient); `peak_old_head` swaps it in. With it
-the model predicts the three peaks measured on an H200 with that head (issue 32's table) within +1% to +5%.
+the model predicts the three peaks measured on an H200 with that head (docs/trainer.md) within +1% to +5%.
 """
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ class Estimate:
 
     @property
     def peak_old_head(self) -> float:
-        """The peak with the whole-vocabulary head of the trainer before issue 32 instead of the tiled one."""
+        """The peak with the trainer's old whole-vocabulary head instead of the tiled one."""
         return self.peak - self.components.get("head", 0.0) + self.old_head
 
     def fits(self, gpu_bytes: float, margin: float = MARGIN) -> bool:

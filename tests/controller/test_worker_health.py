@@ -1,4 +1,4 @@
-"""A worker whose task fails every start says so (issue 20, 4): its heartbeats carry the task as unhealthy,
+"""A worker whose task fails every start says so: its heartbeats carry the task as unhealthy,
 and the controller routes that task's sessions to other workers first."""
 from __future__ import annotations
 

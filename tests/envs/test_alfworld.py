@@ -131,7 +131,7 @@ def test_missing_dependency_names_the_install() -> None:
 
 
 def test_one_move_per_message(task: AlfworldTask) -> None:
-    """issue 34, 9: strict alfworld played every call of a message, so a message holding the whole
+    """Strict alfworld played every call of a message, so a message holding the whole
     walkthrough won the game in one round (a blind policy sending 16 moves a message won 0.30 of the games,
     0.07-0.09 with one). The first call is the move, as in AgentBench-FC; the others are answered, not played."""
     s = Session(task, "test-0")

@@ -135,7 +135,7 @@ def test_gold_pass_rate_over_all_base_cases(task: BfclTask) -> None:
 
 
 def test_a_number_too_long_to_print_is_an_observation(task: BfclTask) -> None:
-    """issue 34, 5: `power(10, 5000)` returned an integer Python refuses to print (over 4,300 digits), which
+    """`power(10, 5000)` returned an integer Python refuses to print (over 4,300 digits), which
     raised out of the step and ended the episode as env_error. It is the backend's error, shown as BFCL shows
     one. (`power(10, 14758103)` holds the interpreter lock for seconds: the session's own process and the
     message budget take care of it, `python -m jobs.attack_check --tasks bfcl`.)"""

@@ -96,7 +96,7 @@ ENDLESS = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
 
 
 def test_a_session_cannot_lift_its_limits_and_its_queries_end_with_it(task: DbTask, server: MariaDBServer) -> None:
-    """issue 20, 5: on c07c523 a session raised its own max_statement_time and max_recursive_iterations and
+    """On c07c523 a session raised its own max_statement_time and max_recursive_iterations and
     an endless recursive CTE ran on past the call's deadline and after the session was closed."""
     import threading
     import time
@@ -215,7 +215,7 @@ def test_agentbench_check_on_mariadb_names_a_data_defect(tmp_path: Path) -> None
 
 
 def test_results_temporary_storage_and_disk_are_bounded(server: MariaDBServer) -> None:
-    """issue 34, 1 and 5: on 5d8debb the client library read a whole result set first (+1.39 GB for one
+    """On 5d8debb the client library read a whole result set first (+1.39 GB for one
     statement), a session's temporary tables and files grew 750 MB in 10 s with no quota, and a result the
     decoder rejected ended the episode as env_error."""
     import resource
@@ -310,7 +310,7 @@ def _rss_mb() -> int:
 
 
 def test_concurrent_sessions_share_no_server_state_and_give_back_their_memory() -> None:
-    """issue 41, 2 and 3: on 8fd2eaf every session of a worker was a database on one server and a thread of
+    """On 8fd2eaf every session of a worker was a database on one server and a thread of
     the worker: session A modulated Com_select and B read it from SHOW GLOBAL STATUS (8 of 8 bits), GET_LOCK
     and UUID_SHORT() carried bits too, and 16 sessions reading 16 MB rows raised the worker's memory by
     695 MB, 410 MB of it held afterwards. Now each session is a process of its own (as the worker runs it:

@@ -58,7 +58,7 @@ def test_answer_grading(answer: Any, truth: Any, kind: str, ok: bool) -> None:
 
 
 @pytest.mark.parametrize("answer, truth, ok", [
-    (["Fantasy", "Fantasy"], ["Fantasy"], False),  # issue 20, 10: 1.0 on c07c523
+    (["Fantasy", "Fantasy"], ["Fantasy"], False),  # 1.0 on c07c523
     (["a", "a", "b"], ["a", "b"], False),
     (["b", "a"], ["a", "b"], True),
     (["John"], ["John", "John"], True),  # fewer copies than a label with duplicates: still its set
@@ -150,7 +150,7 @@ ROWS = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 100
 
 
 def test_results_and_temporary_storage_are_bounded() -> None:
-    """issue 34, 1: on 5d8debb `SELECT zeroblob(16000000)` over 10,000 rows cost 86 MB of the worker per row
+    """On 5d8debb `SELECT zeroblob(16000000)` over 10,000 rows cost 86 MB of the worker per row
     before anything was cut, and a TEMP table wrote 1,175 MB to the host's disk in 11 s. Rows are now streamed
     only until the observation's 800 characters are full, a value is at most 1 MB, and TEMP lives in memory
     within 64 MB."""
@@ -172,7 +172,7 @@ def test_results_and_temporary_storage_are_bounded() -> None:
 
 
 def test_a_message_of_endless_statements_stops_at_its_budget() -> None:
-    """issue 34, 5: three endless CTEs in one message ran 3 x 10 s into the worker's deadline (env_error).
+    """Three endless CTEs in one message ran 3 x 10 s into the worker's deadline (env_error).
     Each statement now gets what is left of the message's budget."""
     import time
 
@@ -187,7 +187,7 @@ def test_a_message_of_endless_statements_stops_at_its_budget() -> None:
     assert outs[0].startswith("Error: the statement ran past 1.") and outs[2].startswith("Error: this message's time")
 
 
-# issue 20, 4: statements of process-wide effect, each played in a fresh interpreter (on c07c523 the third
+# Statements of process-wide effect, each played in a fresh interpreter (on c07c523 the third
 # crashed it, and the fifth made every later SqliteDatabase of the process fail with MemoryError).
 PROCESS_WIDE = ("SELECT hex(fts3_tokenizer('simple'))", "SELECT fts3_tokenizer('simple', x'4141414141414141')",
                 "CREATE VIRTUAL TABLE v USING fts3(x, tokenize=simple)", "PRAGMA soft_heap_limit = 1",

@@ -1,6 +1,6 @@
 """Sessions in processes of their own (`agentrl.envs.isolation`), through a real `EnvWorker` over HTTP:
 work that holds the interpreter lock or takes memory stays in its session, ends it as the agent's failure,
-and never stalls the worker's event loop or another session (issue 34, 3 and 5).
+and never stalls the worker's event loop or another session.
 
 Checked to fail without the fix: with `isolation = "thread"` the regex below holds the lock in the worker
 and the event loop stalls for the whole call (the worker then answers env_error at its own deadline)."""

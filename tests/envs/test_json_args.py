@@ -1,4 +1,4 @@
-"""A call's JSON arguments and a message's text, whatever a policy writes (issue 34, 5): one reader
+"""A call's JSON arguments and a message's text, whatever a policy writes: one reader
 (`json_args.loads_arguments`) for the env's ToolBox, the faithful protocol and the rollout's parser, whose
 every refusal is the call's own error observation. On 5d8debb a 4,301-digit integer and an unpaired
 surrogate in the arguments answered HTTP 502 (env_error: dropped from training, so a policy could prefer

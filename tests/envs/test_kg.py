@@ -244,7 +244,7 @@ def calls(*named: tuple[str, dict[str, str]]) -> dict[str, Any]:
 
 
 def test_self_intersection_chains_are_bounded_and_linear(task: KGTask) -> None:
-    """issue 20, 3: `intersection(#k, #k)` doubles a program's tree per level; on c07c523 a chain of them
+    """`intersection(#k, #k)` doubles a program's tree per level; on c07c523 a chain of them
     (16 calls a message) made the next query exponential and froze the worker. Now a program past
     MAX_PROGRAM_NODES is refused with an observation, and shared sub-programs are evaluated once."""
     s = Session(task, "test-0")
@@ -264,7 +264,7 @@ def test_self_intersection_chains_are_bounded_and_linear(task: KGTask) -> None:
     worker.start()
     worker.join(timeout=10.0)
     assert not worker.is_alive(), "a chain of self-intersections did not finish in 10 s"
-    from agentrl.envs.tasks.kg import MAX_PROGRAM_NODES, LocalGraph, program_size  # new in issue 20
+    from agentrl.envs.tasks.kg import MAX_PROGRAM_NODES, LocalGraph, program_size
 
     refused = [m["content"] for r in done[:3] for m in r.messages if "operations; at most" in m["content"]]
     assert refused and all(program_size(v.program) <= MAX_PROGRAM_NODES for v in s.episode.variables)
@@ -279,7 +279,7 @@ def test_self_intersection_chains_are_bounded_and_linear(task: KGTask) -> None:
 
 
 def test_a_variable_of_thousands_of_digits_names_none(task: KGTask) -> None:
-    """issue 34, 5: `Final Answer: #<4,301 digits>` raised Python's bound on converting integers out of the
+    """`Final Answer: #<4,301 digits>` raised Python's bound on converting integers out of the
     step (env_error); it names no variable, as `#999` does."""
     huge = "#" + "9" * 4301
     s = Session(task, task.indices("test")[0])

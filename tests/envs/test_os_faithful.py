@@ -1,4 +1,4 @@
-"""The `os` task's faithful protocol (issue 12): AgentBench-FC's reading of each message, its finish
+"""The `os` task's faithful protocol: AgentBench-FC's reading of each message, its finish
 semantics and observations, with the tools and prompts read from the checkout at run time."""
 from __future__ import annotations
 

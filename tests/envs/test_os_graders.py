@@ -1,4 +1,4 @@
-"""Graders the policy cannot touch (issue 9): the two attacks that once earned reward 1.0 for a wrong
+"""Graders the policy cannot touch: the two attacks that once earned reward 1.0 for a wrong
 answer on `os` check samples now earn 0, and the right answers still pass."""
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def test_shadowed_interpreters_earn_nothing(task: OsTask) -> None:
     assert attack_then_answer(task, "train-0", SHADOW, "right", bash_check) == (1.0, Status.COMPLETED)
 
 
-# issue 20, 1: a pyvenv.cfg under /usr whose `home` has the agent's `encodings`: on c07c523 every python-checked
+# A pyvenv.cfg under /usr whose `home` has the agent's `encodings`: on c07c523 every python-checked
 # sample passed with any answer. A grader's /usr is now a read-only view of the image.
 PYVENV = ("mkdir -p /tmp/e/bin /tmp/e/lib/python3.11/encodings && touch /tmp/e/lib/python3.11/os.py && "
           "echo 'import posix; posix._exit(0)' > /tmp/e/lib/python3.11/encodings/__init__.py && "
@@ -96,7 +96,7 @@ def test_start_up_files_under_usr_earn_nothing(task: OsTask) -> None:
 
 
 def test_destroying_what_the_example_counts_earns_nothing(task: OsTask) -> None:
-    """issue 20, 6: on c07c523 the example ran on the state the agent left: `rm -rf` what it counts and
+    """On c07c523 the example ran on the state the agent left: `rm -rf` what it counts and
     answer "0" scored 1.0. The strict protocol's example runs before the agent acts (example_state
     "start"); "end" keeps AgentBench's semantics, and with it the hole."""
     right = expected_count(task, "train-0")
@@ -109,7 +109,7 @@ def test_destroying_what_the_example_counts_earns_nothing(task: OsTask) -> None:
 
 
 def test_a_grader_the_session_hangs_is_the_agents_failure(task: OsTask) -> None:
-    """issue 20, 7: a FIFO where the example reads: on c07c523 the grader outlived the worker's call deadline
+    """A FIFO where the example reads: on c07c523 the grader outlived the worker's call deadline
     and the episode ended env_error (neither trained on nor counted). Now the message's time budget ends it
     as the agent's `grader_failed`, reward 0; a right answer on an untouched sample still passes."""
     import time

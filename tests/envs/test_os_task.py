@@ -194,7 +194,7 @@ def test_committed_data_is_what_the_generator_makes() -> None:
 
 
 def test_one_action_per_message(task: OsTask) -> None:
-    """issue 34, 9: the strict protocol ran every call of a message, multiplying the round limit (8) by the
+    """The strict protocol ran every call of a message, multiplying the round limit (8) by the
     calls a message holds (16). The first call runs, as the prompt says and AgentBench-FC does; the others
     are answered and not run."""
     session = Session(task, "train-3")

@@ -1,4 +1,4 @@
-"""Faults that must cost only the session that causes them (issue 9), against real processes on 127.0.0.1:
+"""Faults that must cost only the session that causes them, against real processes on 127.0.0.1:
 a controller (`jobs.controller`) and a worker serving test tasks (`fault_worker.py`), with the run's secret.
 
 Timing margins are generous (a 2-core machine under load): the tests bound how long they wait, never
@@ -157,7 +157,7 @@ def test_hung_call_ends_only_its_session(stack: Stack) -> None:
 
 
 def test_a_cpu_bound_call_of_a_non_blocking_task_keeps_the_worker_alive(stack: Stack) -> None:
-    """issue 20, 3: on c07c523 a task without `blocking` ran on the worker's event loop, so one CPU-bound
+    """On c07c523 a task without `blocking` ran on the worker's event loop, so one CPU-bound
     call (kg's exponential programs) stopped the heartbeats and the controller declared the worker dead.
     Every task call now runs on the pool: heartbeats go on, and a call past its deadline ends its session."""
     async def main() -> None:
@@ -227,7 +227,7 @@ def test_a_message_of_38000_tool_calls_is_one_cheap_error(stack: Stack) -> None:
 
 
 def test_arguments_nested_4000_deep_are_an_observation(stack: Stack) -> None:
-    """issue 20, 9: 8 KB of arguments nested 4,000 deep answered 502 RecursionError on c07c523."""
+    """8 KB of arguments nested 4,000 deep answered 502 RecursionError on c07c523."""
     async def main() -> None:
         deep = '{"name": ' + "[" * 4000 + "]" * 4000 + ', "field": "x"}'
         message = {"role": "assistant", "content": "", "tool_calls": [

@@ -1,4 +1,4 @@
-"""Hostile texts against the agent loop (issue 34, 4 and 7): the policy's own calls and env texts it chose
+"""Hostile texts against the agent loop: the policy's own calls and env texts it chose
 never end a rank, and env text never becomes the model's special tokens. On 5d8debb an echoed marker
 raised TemplateMismatch out of `collect` (strict) and hid text (warn); a 4,301-digit integer, a call nested
 5,000 deep and an echoed unpaired surrogate raised out of `collect` in every mode; `<|im_start|>` in a tool

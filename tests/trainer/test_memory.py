@@ -87,7 +87,7 @@ def test_the_presets_fit_80_gb_gpus_with_the_margin(preset: str) -> None:
 @pytest.mark.parametrize("shape, tokens, measured_gib", [("0.5b", 16384, 63.4), ("0.5b", 4096, 21.7),
                                                          ("3b", 4096, 74.1)])
 def test_the_model_predicts_the_peaks_measured_with_the_old_head(shape: str, tokens: int, measured_gib: float) -> None:
-    """Issue 32's H200 runs (`gpu_check`: one rank, FSDP2 bf16, no activation checkpointing, no KL reference, SDPA,
+    """The H200 runs of docs/trainer.md (`gpu_check`: one rank, FSDP2 bf16, no activation checkpointing, no KL reference, SDPA,
     the whole-vocabulary head): torch.cuda.max_memory_allocated against the model's peak with the old head."""
     u = Setup(ranks=1, sharded=True, compute_bytes=2, micro_batch_tokens=tokens, head_rows=tokens // 2, row_len=2048,
               attention="sdpa", checkpointing=False, reference=False)
