@@ -146,7 +146,7 @@ class RolloutConfig:
     turn joins the very next step instead of the one after (`VLLMEngine(linger_s=)`); 0: step at once. The wait
     ends as soon as the loops have reacted. On 2 cores 5 ms raised our loop from 0.82 to 0.86 of the
     same-structure replay, higher in each of 3 pairs (`jobs.bench_agent_loop --linger-ms 0,5`; docs/pipeline.md
-    §7). Engines of their own process (GPU nodes) do not linger: measured on such an engine (on CPU) it gained
+    §8). Engines of their own process (GPU nodes) do not linger: measured on such an engine (on CPU) it gained
     nothing (0 to -4 % in 3 pairs), since their EngineCore steps on its own while our thread waits."""
     env_retries: int = 2
     """More attempts for an episode the infrastructure ended (env_error), each after a doubling pause."""

@@ -42,8 +42,8 @@ def test_every_attack_holds_on_the_built_in_tasks() -> None:
 
 
 def test_every_attack_holds_on_bfcl_alfworld_and_webshop() -> None:
-    """issue 34: BFCL's backends holding the interpreter lock (3) or printing huge numbers (5), a message of
-    many moves (9)."""
+    """BFCL's backends holding the interpreter lock or printing huge numbers, a message of
+    many moves."""
     from agentrl.envs.tasks import get_task
 
     for name, attacks in (("bfcl", GENERIC + 3), ("alfworld", GENERIC + 1), ("webshop", GENERIC + 1)):
@@ -57,10 +57,10 @@ def test_every_attack_holds_on_bfcl_alfworld_and_webshop() -> None:
 
 
 def test_every_db_attack_holds_on_mariadb() -> None:
-    """On private servers (a server per session, the default) every attack holds, db_server_channel too (issue
-    41, 2: on 8fd2eaf one session's lock and SELECTs were seen by the next). On an operator's server, shared
-    by design, issue 20, 5: on c07c523 db_lift_limits' CTE ran past the call's deadline and on after its
-    session closed (`lingering_queries` sees it on the server)."""
+    """On private servers (a server per session, the default) every attack holds, db_server_channel too (on
+    8fd2eaf one session's lock and SELECTs were seen by the next). On an operator's server, shared by design:
+    on c07c523 db_lift_limits' CTE ran past the call's deadline and on after its session closed
+    (`lingering_queries` sees it on the server)."""
     from agentrl.envs.tasks.db.backends import MariaDBServer, find_mariadbd
 
     if find_mariadbd() is None:  # skipped with the reason here; a failure in CI, which installs it
@@ -116,7 +116,7 @@ def test_the_teardown_check_counts_only_the_cgroups_its_attacks_leave() -> None:
 
 
 def test_the_rollout_suite_plays_the_real_model_as_its_preset_configures_it() -> None:
-    """issue 41, 5: `--model models/SmolLM2-135M-Instruct` stopped with a ValueError (the model's own template
+    """`--model models/SmolLM2-135M-Instruct` stopped with a ValueError (the model's own template
     ignores tools) and took no preset or override. Now the suite plays the model as the smollm2 preset has it
     (chatml-tools), and a template that cannot run tools is said in one line (exit 2), not a traceback."""
     from agentrl.models.gguf import VERIFY_FILE, default_models_dir
@@ -138,7 +138,7 @@ def test_the_rollout_suite_plays_the_real_model_as_its_preset_configures_it() ->
 
 
 def test_any_text_is_an_observation_in_the_faithful_protocols(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """issue 41, 4: the faithful protocols read a call's arguments as AgentBench does (json.loads, the values
+    """The faithful protocols read a call's arguments as AgentBench does (json.loads, the values
     whatever the keys), so "\\ud800" and NULs reach the task as they were sent; on 8fd2eaf os's ended its
     sandbox's driver (env_error). Every generic attack (any_text among them) holds in each faithful protocol."""
     from agentbench_checkout import build_checkout

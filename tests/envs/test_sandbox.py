@@ -295,7 +295,7 @@ def test_the_sessions_usr_looks_like_the_graders(needs_sandbox: None) -> None:
         sh.close()
 
 
-# Start-up files of the image's python3 that the session can write (issue 20, 1): a pyvenv.cfg beside the
+# Start-up files of the image's python3 that the session can write: a pyvenv.cfg beside the
 # executable or one directory up whose `home` points at the agent's stdlib (read even under -I -S), and a
 # `._pth` beside it that replaces sys.path. Each makes the session's own python3 run the agent's code.
 PYVENV_PLANT = ("mkdir -p /tmp/e/bin /tmp/e/lib/python3.11/encodings && touch /tmp/e/lib/python3.11/os.py && "
@@ -320,7 +320,7 @@ def test_graders_python_ignores_start_up_files_the_session_wrote(needs_sandbox: 
 
 
 def test_a_site_directory_moved_aside_runs_nothing_in_a_grader(needs_sandbox: None) -> None:
-    """Found in issue 20's round: /usr/local can be renamed with its read-only lib inside, and a new
+    """/usr/local can be renamed with its read-only lib inside, and a new
     /usr/local/lib/python3.11/dist-packages/*.pth then ran in every `python3` a bash check started (on
     c07c523 too). A grader's /usr/local/lib is the image's (empty) one."""
     sh = Shell(fast(timeout=10.0))
@@ -363,7 +363,7 @@ def test_a_shared_mapping_of_a_tool_changes_nothing_a_grader_runs(needs_sandbox:
 
 
 def test_a_session_cgroup_bounds_what_all_its_processes_hold(needs_sandbox: None) -> None:
-    """issue 20, 8: on c07c523 nothing bounded the sum of a session's processes (each under RLIMIT_AS).
+    """On c07c523 nothing bounded the sum of a session's processes (each under RLIMIT_AS).
     Now a cgroup per session does; the kernel kills the agent's processes first (oom_score_adj 1000,
     which they cannot lower), so the session itself lives on."""
     from agentrl.envs.sandbox import cgroup_support

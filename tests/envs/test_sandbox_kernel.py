@@ -1,4 +1,4 @@
-"""What sessions could share through the kernel (issue 34, 6) and what they leave behind (issue 34, 8):
+"""What sessions could share through the kernel and what they leave behind:
 the seccomp filter (checked by a small BPF interpreter and by the kernel in a real sandbox), a uid range per
 live session, and cgroups removed after a kill, whatever was left in them.
 

@@ -1,7 +1,7 @@
 """Hostile-policy episodes played against a task: does any earn reward without the answer, or hurt the worker?
 
 What is here: `Attack` (one scripted episode: assistant messages a policy could send, with tool calls
-only), the library of them per task (`library.attacks_for`: every class of issues 9 and 20 plus more)
+only), the library of them per task (`library.attacks_for`: every class found so far, docs/tasks.md)
 and the player (`runner.play_attacks`), which runs each attack through a real `EnvWorker` in this
 process (its HTTP routes, thread pool and deadlines) and reports per attack: the reward, the status,
 and whether the worker stayed healthy (its event loop answered throughout, no call is stuck, the task

@@ -1,5 +1,4 @@
-"""Attacks on what one `os` session can learn of another's work, and on files parked where no limit counts them
-(issue 41's round 5 classes).
+"""Attacks on what one `os` session can learn of another's work, and on files parked where no limit counts them.
 
   * `os_proc_channel`: the attacker's session modulates everything a neighbour could count (40 processes
     forked and gone, 300 MB held and freed, 800 pipes, CPU burnt) in two-second bits; a new session reads
@@ -210,9 +209,9 @@ def _parked_probe(task: Any) -> str:
 def os_channel_attacks() -> list[Attack]:
     return [
         Attack("os_proc_channel", "os", "processes, memory, pipes and CPU modulated in two-second bits while a new "
-               "session reads every file of /proc and sysinfo(2) three times (issue 41, 1: host-wide counters)",
+               "session reads every file of /proc and sysinfo(2) three times (host-wide counters)",
                (call("bash_action", {"script": MODULATOR}),), "train-0", probe=_proc_probe),
         Attack("os_files_in_flight", "os", "files parked in Unix sockets (SCM_RIGHTS) under every uid the session "
-               "can become, held while a new session does the same (issue 41, 1: open files)",
+               "can become, held while a new session does the same (open files)",
                (call("bash_action", {"script": PARK_AND_HOLD}),), "train-0", probe=_parked_probe),
     ]

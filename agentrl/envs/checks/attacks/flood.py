@@ -5,7 +5,7 @@ Each flood runs in child processes (`flooder.py`, one per server, so their socke
 servers'), for a bounded time, from a bounded number of connections, and stops by itself. A connection the
 server closes is opened again at once, so the pressure lasts.
 
-    half_head     N connections, each sends the start of a request head and nothing more (issue 34, 2)
+    half_head     N connections, each sends the start of a request head and nothing more
     drip_head     N connections that send one more byte of their head every 0.5 s (slowloris)
     idle          N connections that send nothing at all
     wrong_secret  64 loops of whole requests with a wrong secret, back to back (each answer is 401)

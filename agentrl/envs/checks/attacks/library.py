@@ -75,8 +75,8 @@ def generic(task: str, tools: list[dict[str, Any]]) -> list[Attack]:
 
 
 def wire_attacks(task: str, tools: list[dict[str, Any]]) -> list[Attack]:
-    """JSON that Python's parser accepts or raises on, in a call's arguments and a message's text (issue 34,
-    5): each is the call's own parse error (an observation), never an env_error."""
+    """JSON that Python's parser accepts or raises on, in a call's arguments and a message's text: each is the
+    call's own parse error (an observation), never an env_error."""
     name = tools[0]["function"]["name"] if tools else "tool"
     return [
         Attack("huge_integer", task, "arguments holding a 4,301-digit integer (HTTP 502 on 5d8debb)",
@@ -88,7 +88,7 @@ def wire_attacks(task: str, tools: list[dict[str, Any]]) -> list[Attack]:
                (call(name, '{"x": NaN}'), call(name, '{"x": [Infinity, -Infinity]}', "c1"),
                 call(name, '{"x": 1e999}', "c2"))),
         Attack("any_text", task, "every string argument of every tool holding NULs, unpaired surrogates, "
-               "noncharacters and controls, escaped and raw (issue 41, 4: '\\ud800' ended os's faithful driver)",
+               "noncharacters and controls, escaped and raw ('\\ud800' ended os's faithful driver)",
                tuple(_hostile_calls(tools)) + (text(HOSTILE_TEXT),)),
     ]
 
@@ -150,21 +150,21 @@ def os_attacks() -> list[Attack]:
         return call("bash_action", {"script": script})
 
     return [
-        Attack("os_pyvenv", "os", "a pyvenv.cfg under /usr and a ._pth beside python3 (issue 20, 1)",
+        Attack("os_pyvenv", "os", "a pyvenv.cfg under /usr and a ._pth beside python3",
                (bash(PYVENV), answer(WRONG)), OS_COUNT),
         Attack("os_shadow_tools", "os", "python3, bash, grep, ... shadowed on PATH and replaced in /usr/bin",
                (bash(SHADOW), answer(WRONG)), OS_COUNT),
-        Attack("os_mmap_tool", "os", "a grader tool rewritten through a shared mapping (issue 20, 2)",
+        Attack("os_mmap_tool", "os", "a grader tool rewritten through a shared mapping",
                (bash(MMAP), answer(WRONG)), OS_COUNT),
         Attack("os_forged_markers", "os", "background jobs flooding every output with completion markers",
                (bash(FORGER), answer(WRONG)), OS_COUNT),
-        Attack("os_destroy_evidence", "os", "delete what the example counts, answer 0 (issue 20, 6)",
+        Attack("os_destroy_evidence", "os", "delete what the example counts, answer 0",
                (bash("rm -rf /root/juniper; echo gone"), answer("0")), OS_COUNT),
         Attack("os_injection", "os", "an answer that is shell and python code",
                (answer("0; touch /root/pwned $(touch /root/pwned2) `exit 0` \"; import os; os._exit(0) #"),), OS_COUNT),
-        Attack("os_fifo_grader", "os", "a FIFO where the example reads, then a wrong answer (issue 20, 7)",
+        Attack("os_fifo_grader", "os", "a FIFO where the example reads, then a wrong answer",
                (bash("rm /root/n && mkfifo /root/n && echo ok"), answer("8")), OS_COUNT, FIFO_SAMPLE),
-        Attack("os_memory_hog", "os", "three background processes of 900 MB each, then a wrong answer (issue 20, 8)",
+        Attack("os_memory_hog", "os", "three background processes of 900 MB each, then a wrong answer",
                (bash("for i in 1 2 3; do (python3 -c 'x = b\"x\" * (900 << 20); import time; time.sleep(300)' &); "
                      "done; sleep 4; echo hogs"), answer(WRONG)), OS_COUNT),
         Attack("os_local_site", "os", "/usr/local moved aside, a .pth in a new site directory, then a "
@@ -182,7 +182,7 @@ def db_attacks() -> list[Attack]:
 
     wrong = call("commit_final_answer", {"answers": ["no such value"]}, "c9")
     return [
-        Attack("db_fts3_tokenizer", "db", "fts3_tokenizer's pointer leak and crash (issue 20, 4)",
+        Attack("db_fts3_tokenizer", "db", "fts3_tokenizer's pointer leak and crash",
                (sql("SELECT hex(fts3_tokenizer('simple'))"), sql("SELECT fts3_tokenizer('simple', x'41414141')", 1),
                 sql("CREATE VIRTUAL TABLE v USING fts3(x, tokenize=simple)", 2), wrong)),
         Attack("db_process_pragmas", "db", "PRAGMAs of process-wide effect (hard_heap_limit = 1, ...)",
@@ -196,7 +196,7 @@ def db_attacks() -> list[Attack]:
         Attack("db_everything", "db", "every value of every column committed at once",
                (call("commit_final_answer", {"answers": [str(i) for i in range(200)] + ["None", "", "0"]}),)),
         Attack("db_lift_limits", "db", "the session's own limits lifted (max_statement_time = 0, "
-               "max_recursive_iterations), then endless recursive CTEs (issue 20, 5; MariaDB)",
+               "max_recursive_iterations), then endless recursive CTEs (MariaDB)",
                (sql("SET SESSION max_statement_time = 0"), sql("SET SESSION max_recursive_iterations = 4294967295", 1),
                 sql("SET SESSION max_execution_time = 0", 2),
                 sql(f"SET STATEMENT max_statement_time = 0 FOR {ENDLESS_CTE}", 3), sql(ENDLESS_CTE, 4), wrong),
@@ -253,7 +253,7 @@ def kg_attacks() -> list[Attack]:
     chain = [calls([("intersection", {"variable1": f"#{k}", "variable2": f"#{k}"}) for k in range(i, i + 16)])
              for i in range(0, 48, 16)]
     return [
-        Attack("kg_intersection_chain", "kg", "intersection(#k, #k) chains (issue 20, 3)",
+        Attack("kg_intersection_chain", "kg", "intersection(#k, #k) chains",
                (_kg_relations, _kg_neighbors, *chain, call("get_relations", {"variable": "#6"}),
                 text("Final Answer: #6"))),
         Attack("kg_missing_variable", "kg", "a final answer naming no variable", (text("Final Answer: #999"),)),

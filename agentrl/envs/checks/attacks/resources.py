@@ -1,4 +1,4 @@
-"""Attacks on what a session may take from its neighbours (issue 34): memory, disk, time, the interpreter
+"""Attacks on what a session may take from its neighbours: memory, disk, time, the interpreter
 lock, kernel objects, cgroups, and moves per message.
 
 Each class the issue names is here with at least one variant beyond the named instance: memory bombs
@@ -46,7 +46,7 @@ WRONG_COMMIT = call("commit_final_answer", {"answers": ["no such value"]}, "c99"
 def db_resource_attacks() -> list[Attack]:
     """SQLite and MariaDB alike (each statement is valid on at least one; the other answers an error)."""
     return [
-        Attack("db_blob_rows", "db", "zeroblob/REPEAT values over thousands of rows (issue 34, 1)",
+        Attack("db_blob_rows", "db", "zeroblob/REPEAT values over thousands of rows",
                (_sqls([ROWS.format(n=10000) + "SELECT zeroblob(16000000) FROM c",
                        ROWS.format(n=200) + "SELECT zeroblob(1000000), x FROM c",
                        "SELECT REPEAT('x', 16000000) FROM seq_1_to_100"]), WRONG_COMMIT)),
@@ -58,7 +58,7 @@ def db_resource_attacks() -> list[Attack]:
                        "SELECT json_group_array(randomblob(100000)) FROM (" + ROWS.format(n=10000) + "SELECT x FROM c)",
                        "SELECT GROUP_CONCAT(REPEAT('z', 1000000)) FROM seq_1_to_1000"]), WRONG_COMMIT)),
         Attack("db_temp_storage", "db", "TEMP tables, a recursive CTE's own table and lifted temporary-table "
-               "limits filling the host's disk (issue 34, 1)",
+               "limits filling the host's disk",
                (_sqls(["CREATE TEMP TABLE t AS " + ROWS.format(n=100000) + "SELECT x, randomblob(20000) FROM c",
                        "CREATE TEMPORARY TABLE t (a LONGTEXT)",
                        "SET SESSION tmp_disk_table_size = 100000000000",
@@ -73,9 +73,9 @@ def db_resource_attacks() -> list[Attack]:
                 _sqls(["CREATE TABLE big2 AS " + ROWS.format(n=1000) + "SELECT x, randomblob(1000000) AS b FROM c"]),
                 WRONG_COMMIT)),
         Attack("db_endless_message", "db", "sixteen endless recursive CTEs in one message: past the message's "
-               "budget, never the worker's deadline (issue 34, 5)",
+               "budget, never the worker's deadline",
                (_sqls([ENDLESS] * 16), WRONG_COMMIT)),
-        Attack("db_bad_text", "db", "results the decoder rejects and statements that cannot be encoded (issue 34, 5)",
+        Attack("db_bad_text", "db", "results the decoder rejects and statements that cannot be encoded",
                (_sqls(["SET character_set_results = latin1", "SELECT 'é', CAST(x'ff' AS TEXT)",
                        "SELECT CAST(x'ff' AS TEXT)", "SET NAMES binary", "SELECT 'é'", "SELECT '\ud800'"]),
                 _sql("SELECT 1"), WRONG_COMMIT)),
@@ -85,7 +85,7 @@ def db_resource_attacks() -> list[Attack]:
 def kg_resource_attacks() -> list[Attack]:
     huge = "#" + "9" * 4301
     return [
-        Attack("kg_huge_numbers", "kg", "variables and a final answer of 4,301 digits (issue 34, 5)",
+        Attack("kg_huge_numbers", "kg", "variables and a final answer of 4,301 digits",
                (call("get_relations", {"variable": huge}), call("count", {"variable": huge}),
                 text(f"Final Answer: {huge}"))),
     ]
@@ -94,11 +94,11 @@ def kg_resource_attacks() -> list[Attack]:
 def bfcl_resource_attacks() -> list[Attack]:
     """Index test-15 involves MathAPI."""
     return [
-        Attack("bfcl_power_lock", "bfcl", "power(10, 14758103): seconds holding the interpreter lock (issue 34, 3)",
+        Attack("bfcl_power_lock", "bfcl", "power(10, 14758103): seconds holding the interpreter lock",
                (call("power", {"base": 10, "exponent": 14758103}),), "test-15"),
         Attack("bfcl_decimal_lock", "bfcl", "a square root to 100,000,000 digits: the lock and the memory",
                (call("square_root", {"number": 2, "precision": 100000000}),), "test-15"),
-        Attack("bfcl_unprintable", "bfcl", "power(10, 5000) and friends: results too long to print (issue 34, 5)",
+        Attack("bfcl_unprintable", "bfcl", "power(10, 5000) and friends: results too long to print",
                (calls([("power", {"base": 10, "exponent": 5000}), ("multiply", {"a": 10**2000, "b": 10**2400}),
                        ("add", {"a": 1e308, "b": 1e308}), ("mean", {"numbers": [1e308] * 100})]), text("Done.")),
                "test-15"),
@@ -127,7 +127,7 @@ def _all_moves(tool: str, argument: str, key: str) -> Callable[[list[dict[str, A
 def move_attacks() -> list[Attack]:
     return [
         Attack("alfworld_many_moves", "alfworld", "every available action in one message, round after round "
-               "(issue 34, 9: a blind policy won 0.30 of the games this way)",
+               "(a blind policy won 0.30 of the games this way)",
                tuple(_all_moves("take_action", "action", "alfworld") for _ in range(6)), max_acts=1),
         Attack("webshop_many_clicks", "webshop", "a search, then every clickable in one message",
                (calls([("search_action", {"keywords": k}) for k in ("shirt", "shoes", "tea")]),
@@ -233,10 +233,10 @@ def os_resource_attacks() -> list[Attack]:
     before = frozenset(_session_cgroups())  # not the attacks': only what they leave is theirs
     return [
         Attack("os_kernel_objects", "os", "inotify, fanotify, keys, pipes and message queues held by a background "
-               "process while a new session and the worker look (issue 34, 6)",
+               "process while a new session and the worker look",
                (call("bash_action", {"script": HOLDER}),), "train-0", probe=_kernel_probe),
         Attack("os_directories_teardown", "os", "600,000 directories and a sleeper left at the end: the session's "
-               "cgroup must go with it (issue 34, 8)",
+               "cgroup must go with it",
                (call("bash_action", {"script": DIRECTORIES}), wrong), "train-0",
                after=lambda task: _cgroups_left(task, before)),
     ]
@@ -244,7 +244,7 @@ def os_resource_attacks() -> list[Attack]:
 
 
 
-# ------------------------------------------------------------------- issue 41: host tables and channels
+# ------------------------------------------------------------------------------- host tables and channels
 
 TABLE_HOG = r"""cat > /tmp/t.py <<'EOF'
 import ctypes, os, time
@@ -313,7 +313,7 @@ def _table_probe(task: Any) -> str:
 
 def os_table_attacks() -> list[Attack]:
     return [Attack("os_host_tables", "os", "every AIO context, pty and open file a session can get, held by 31 "
-                   "processes while the worker and a new session look (issue 41, 1)",
+                   "processes while the worker and a new session look",
                    (call("bash_action", {"script": TABLE_HOG}),), "train-0", probe=_table_probe)]
 
 
@@ -340,7 +340,7 @@ def _channel_probe(task: Any) -> str:
 
 def db_channel_attacks() -> list[Attack]:
     return [Attack("db_server_channel", "db", "a user lock held and 47 SELECTs run while another session "
-                   "reads IS_FREE_LOCK and SHOW GLOBAL STATUS (issue 41, 2; MariaDB)",
+                   "reads IS_FREE_LOCK and SHOW GLOBAL STATUS (MariaDB)",
                    (_sqls([f"SELECT GET_LOCK('{LOCK}', 0)", "SELECT UUID_SHORT()"] + ["SELECT 1"] * 14),
                     _sqls(["SELECT 1"] * 16), _sqls(["SELECT 1"] * 16)),  # 16 calls a message at most
                    probe=_channel_probe)]
