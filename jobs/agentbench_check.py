@@ -7,7 +7,7 @@
 
 Prints one line per (task, split) and the failures with their evidence; `--out` writes {task: {split:
 {passed, total, failures: {class: [ids]}}}} (plus the evidence under "details"). The replays and their
-failure classes are `agentrl.envs.checks.replay`.
+failure classes are `agentrl.checks.replay`.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs.checks.replay import run_checks
+from agentrl.checks.replay import run_checks
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -14,14 +14,14 @@ Prints one line per attack and task: reward, status, whether the worker stayed h
 FAILED; then the totals. Exits 0 when every attack held, 1 when one did not, 2 when a task cannot be
 built. A task whose system tools are missing here (bubblewrap and the rootfs for os, mariadbd for
 db:mariadb: db on private MariaDB servers, one per session) is skipped with the reason.
-The attacks and the player are `agentrl.envs.checks.attacks`. `http` is not a task: it starts a
+The attacks and the player are `agentrl.checks.attacks`. `http` is not a task: it starts a
 controller and an env worker process (serving `lookup`, in a temporary run dir, with a 2 s head deadline)
 and floods both from other processes, without the run's secret, while the run's own client plays episodes
-through them (`agentrl.envs.checks.attacks.flood`). `rollout` plays hostile texts (the policy's own calls,
+through them (`agentrl.checks.attacks.flood`). `rollout` plays hostile texts (the policy's own calls,
 env texts that echo it) through the agent loop in the chat formats of the tiny model and the stand-ins of
 three families, or of the run's model as configured: `--preset` and `section.field=value` overrides, as
 jobs.train and jobs.eval take them (`model.path`, which `--model DIR` sets, `model.chat_template`,
-`model.tool_parser`, ...; the built-in tasks get the config's `envs.task_options`) (`agentrl.rollout.hostile`).
+`model.tool_parser`, ...; the built-in tasks get the config's `envs.task_options`) (`agentrl.checks.hostile`).
 """
 from __future__ import annotations
 
@@ -29,11 +29,11 @@ import argparse
 import logging
 import sys
 
+from agentrl.checks.attacks import AttackResult, attacks_for, play_attacks
 from agentrl.config import ConfigError, RunConfig, load_config
-from agentrl.envs.checks.attacks import AttackResult, attacks_for, play_attacks
-from agentrl.envs.sandbox import SandboxUnavailable
-from agentrl.envs.tasks import get_task, parse_task_options
-from agentrl.envs.tasks.db.backends import find_mariadbd
+from agentrl.sandbox import SandboxUnavailable
+from agentrl.tasks import get_task, parse_task_options
+from agentrl.tasks.db.backends import find_mariadbd
 
 BUILTIN = ("os", "db", "db:mariadb", "kg", "lookup", "bfcl", "alfworld", "webshop", "http", "rollout")
 OPTIONAL = {"bfcl": "bfcl_eval", "alfworld": "textworld"}
@@ -126,8 +126,8 @@ def _play_floods(only: str, seconds: float, connections: int) -> list[AttackResu
     import tempfile
 
     from agentrl.auth import run_secret
+    from agentrl.checks.attacks.flood import MODES, play_floods
     from agentrl.config import ControllerConfig, EnvsConfig, RunConfig, dump_config
-    from agentrl.envs.checks.attacks.flood import MODES, play_floods
     from agentrl.launch import rendezvous
     from agentrl.launch.local import LocalLauncher, start_services
 
@@ -155,9 +155,9 @@ def _play_rollout(only: str, cfg: RunConfig | None) -> list[AttackResult]:
     import tempfile
     from pathlib import Path
 
+    from agentrl.checks.hostile import ATTACKS, play_rollout_attacks
     from agentrl.rollout.chat import ChatFormat
     from agentrl.rollout.from_config import chat_format
-    from agentrl.rollout.hostile import ATTACKS, play_rollout_attacks
 
     attacks = tuple(a for a in ATTACKS if only in a.name)
     if not attacks:

@@ -74,11 +74,11 @@ class Bench:
     """One engine, one in-process env client and the episodes to play; each side is a method of it."""
 
     def __init__(self, model_dir: Path, cfg: Any, episodes: int, concurrency: int, own_process: bool = False) -> None:
-        from agentrl.envs.inprocess import InProcessClient
-        from agentrl.envs.tasks import get_task, task_name
         from agentrl.rollout.engine import SamplingConfig, VLLMEngine
         from agentrl.rollout.from_config import chat_format
         from agentrl.rollout.spec import RolloutSpec
+        from agentrl.serving.inprocess import InProcessClient
+        from agentrl.tasks import get_task, task_name
 
         self.cfg, self.concurrency = cfg, concurrency
         self.plan = RolloutSpec.from_config(cfg)

@@ -61,10 +61,10 @@ import numpy as np
 from agentrl.auth import auth_header, run_secret
 from agentrl.bench import repeat
 from agentrl.config import config_from_dict, dump_config
-from agentrl.envs.client import GatewayClient
-from agentrl.envs.serving import event_loop_factory, raise_fd_limit
-from agentrl.envs.task import EnvError
 from agentrl.launch import rendezvous
+from agentrl.serving.client import GatewayClient
+from agentrl.serving.process import event_loop_factory, raise_fd_limit
+from agentrl.tasks.api import EnvError
 
 REPO = Path(__file__).resolve().parents[1]
 TASK = "echo"

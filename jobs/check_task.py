@@ -1,6 +1,6 @@
-"""Run the task contract (agentrl.envs.checks.contract) on a task from the shell, before training on it.
+"""Run the task contract (agentrl.checks.contract) on a task from the shell, before training on it.
 
-    python -m jobs.check_task agentrl.envs.tasks.example:GuessTask
+    python -m jobs.check_task agentrl.tasks.example:GuessTask
     PYTHONPATH=. python -m jobs.check_task mypkg.mytask:MyTask --samples 50 --splits train,test
     python -m jobs.check_task db --option backend=sqlite               # a built-in task by name
     python -m jobs.check_task os --preset agentbench-qwen2.5-7b        # the time limits as that run sets them
@@ -16,10 +16,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from agentrl.checks.contract import ContractError, check_task
 from agentrl.config import ConfigError, RunConfig, load_config
 from agentrl.config.task_options import describe_budget, task_options_of
-from agentrl.envs.checks.contract import ContractError, check_task
-from agentrl.envs.tasks import get_task, parse_task_options, task_name
+from agentrl.tasks import get_task, parse_task_options, task_name
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,7 @@ Reads RUN_DIR/config.yaml, serves on controller.host:controller.port (port 0 pic
 publishes `controller_url` in RUN_DIR/rendezvous.json for the workers and the rollout to find. Every
 route requires the run's secret ($AGENTRL_SECRET, else RUN_DIR/secret, made here if absent). Every
 monitor.controller_stats_s seconds it logs its own statistics (sessions, errors by class, p50/p99
-latency: `agentrl.controller.stats`) to RUN_DIR/tb.
+latency: `agentrl.serving.controller.stats`) to RUN_DIR/tb.
 """
 from __future__ import annotations
 
@@ -23,12 +23,12 @@ from pathlib import Path
 
 from agentrl.auth import run_secret
 from agentrl.config import load_config
-from agentrl.controller.server import start_controller
-from agentrl.controller.stats import log_periodically
-from agentrl.envs.serving import event_loop_factory, raise_fd_limit
-from agentrl.envs.tasks import task_name
 from agentrl.launch import rendezvous
 from agentrl.monitor.tensorboard import make_monitor
+from agentrl.serving.controller.server import start_controller
+from agentrl.serving.controller.stats import log_periodically
+from agentrl.serving.process import event_loop_factory, raise_fd_limit
+from agentrl.tasks import task_name
 
 log = logging.getLogger("agentrl.jobs.controller")
 

@@ -26,9 +26,9 @@ from urllib.parse import urlparse
 
 from agentrl.auth import run_secret
 from agentrl.config import load_config
-from agentrl.envs.serving import event_loop_factory, expert_route_on, raise_fd_limit
-from agentrl.envs.worker import start_worker
 from agentrl.launch import rendezvous
+from agentrl.serving.process import event_loop_factory, expert_route_on, raise_fd_limit
+from agentrl.serving.worker import start_worker
 
 log = logging.getLogger("agentrl.jobs.env_worker")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")

@@ -10,7 +10,7 @@ Task-agnostic: it builds each task with `get_task(name, **options)` and plays ep
 A split a task does not have is left out, not counted as a failure. Episodes of tasks that say
 they block (`blocking = True`, e.g. sandboxes and databases) run `--workers` at a time in threads.
 Prints one line per (task, split) and writes the whole report as JSON with `--out`. The library is
-`agentrl.envs.checks.expert_report`.
+`agentrl.checks.expert_report`.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import json
 import logging
 from pathlib import Path
 
-from agentrl.envs.checks.expert_report import SplitReport, expert_reports, report_json, task_options
+from agentrl.checks.expert_report import SplitReport, expert_reports, report_json, task_options
 
 
 def main(argv: list[str] | None = None) -> list[SplitReport]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from agentrl.envs.sandbox.rootfs import apt_mirror, build_rootfs, default_rootfs_dir
+from agentrl.sandbox.rootfs import apt_mirror, build_rootfs, default_rootfs_dir
 
 
 def main(argv: list[str] | None = None) -> Path:

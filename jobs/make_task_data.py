@@ -6,7 +6,7 @@
     # submitit: executor.submit(jobs.make_task_data.main, ["os", "db"])
 
 The generated files are committed; running this again rewrites them byte for byte (the tests check it).
-A task adds itself to `agentrl.envs.task_data.GENERATORS` with a function that returns {relative path: file content}.
+A task adds itself to `agentrl.tasks.task_data.GENERATORS` with a function that returns {relative path: file content}.
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from agentrl.envs.task_data import GENERATORS, stale_files, write_files
-from agentrl.envs.tasks.shared import data_root
+from agentrl.tasks.shared import data_root
+from agentrl.tasks.task_data import GENERATORS, stale_files, write_files
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,7 +58,6 @@ def _wait_for_the_trainer(signum: int, _frame: object) -> None:
 async def amain(run_dir: Path, rank: int, files: bool = False) -> dict:
     from agentrl.auth import run_secret
     from agentrl.config import load_config
-    from agentrl.envs.client import GatewayClient
     from agentrl.launch import rendezvous
     from agentrl.monitor.tensorboard import make_monitor
     from agentrl.rollout import role
@@ -67,6 +66,7 @@ async def amain(run_dir: Path, rank: int, files: bool = False) -> dict:
     from agentrl.rollout.model_check import check_prompts_fit
     from agentrl.rollout.spec import RolloutSpec
     from agentrl.rollout.weight_sources import BroadcastWeights, DirWeights
+    from agentrl.serving.client import GatewayClient
     from agentrl.transport.file_channel import FileRolloutChannel
 
     cfg = load_config(str(run_dir / "config.yaml"))

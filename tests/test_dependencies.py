@@ -1,12 +1,14 @@
 """The dependency directions of docs/architecture.md §2, checked over the package's imports (AST, no execution).
 
 Roles meet only at wire formats: rollout never imports trainer or controller, trainer never imports
-rollout/envs/controller, algorithms stay pure math, launch runs on a login node without torch or vLLM,
+rollout/serving/tasks, algorithms stay pure math, launch runs on a login node without torch or vLLM,
 and nothing imports the `jobs/` entry points: not the package, not another entry point (code two
 jobs share belongs in `agentrl/`), and not a test (tests call the library; a test of a command line runs
 it, `python -m jobs.x`, in a subprocess). `agentrl/auth.py` (the run's secret) is standard library only, so
-every role, the launcher included, may use it. Within the built-in tasks (`agentrl.envs.tasks`), imports
-flow one way: no module imports, even inside a function, a module that imports it back.
+every role, the launcher included, may use it. The tasks (`agentrl.tasks`) import nothing of the serving
+layer (`agentrl.serving`) or the checks (`agentrl.checks`); the rollout learns task names from the config,
+never by importing the tasks. In the whole package imports flow one way: no module imports, even inside a
+function, a module that imports it back (0 circles).
 """
 from __future__ import annotations
 
@@ -24,37 +26,53 @@ JOBS = ROOT / "jobs"
 # module (subpackage or top-level file) -> agentrl modules it may import; "*" = anything third-party
 ALLOWED: dict[str, set[str]] = {
     "types": set(),
-    # the loader checks each task's options against the dataclass it declares (agentrl.envs.tasks.options_type)
-    "config": {"envs"},
+    # the loader checks each task's options against the dataclass it declares (agentrl.tasks.options_type); the
+    # task packages import no config
+    "config": {"tasks"},
     "auth": set(),
     "fsio": set(),
     "reaper": set(),
     "run_files": set(),
     "algorithms": {"types"},
-    "envs": {"types", "config", "auth", "fsio", "reaper"},
+    # the task author's API and the built-in tasks: the os task runs on the sandbox; nothing of serving or the checks
+    "tasks": {"sandbox", "types", "reaper"},
+    # the os task's runtime: a package of its own, on the standard library
+    "sandbox": set(),
+    # sessions, the env worker and its isolation, the wire, the clients, the controller
+    "serving": {"tasks", "types", "config", "auth", "fsio", "reaper"},
+    # tools that check tasks, the servers and the agent loop (run from jobs/ and the tests, never by a role)
+    "checks": {"tasks", "sandbox", "serving", "rollout", "types", "config", "auth", "fsio"},
     # the one staleness rule (algorithms.staleness) is what the queue, the rank's admission and the planner apply
     "transport": {"algorithms", "types", "config", "fsio"},
     "monitor": {"types", "config", "fsio"},
     # the tiny policy's tokenizer is trained on the tasks' expert episodes (models.tiny_policy); no role imports models
-    "models": {"envs", "types", "config", "fsio"},
-    "controller": {"envs", "types", "config", "auth", "fsio"},
-    "rollout": {"algorithms", "envs", "transport", "monitor", "types", "config", "auth", "fsio"},
+    "models": {"tasks", "serving", "types", "config", "fsio"},
+    # the rollout reaches the tasks through the serving layer's client; of `tasks` it reads the API's error type and
+    # the bounded JSON reader only (`test_the_rollout_never_imports_the_tasks`)
+    "rollout": {"algorithms", "serving", "tasks", "transport", "monitor", "types", "config", "auth", "fsio"},
     "trainer": {"algorithms", "transport", "monitor", "types", "config", "fsio", "run_files"},
     "launch": {"config", "auth", "fsio", "reaper", "run_files"},
     # evaluation plays episodes as the rollout does (engines, the model's format, the gateway) and starts env
     # services the way the local launcher does; it never imports the trainer
-    "evaluation": {"rollout", "envs", "monitor", "launch", "transport", "types", "config", "auth", "fsio"},
+    "evaluation": {"rollout", "serving", "tasks", "monitor", "launch", "transport", "types", "config", "auth", "fsio"},
     # what the jobs/bench_*.py entry points measure; the planner reads a run's TensorBoard scalars (monitor)
     "bench": {"trainer", "algorithms", "monitor", "types", "config", "fsio"},
 }
+NARROW: dict[str, dict[str, set[str]]] = {
+    # a rank reaches the env side through the gateway's client (or its in-process twin): never the controller,
+    # the worker or a session
+    "rollout": {"serving": {"agentrl.serving.client", "agentrl.serving.inprocess", "agentrl.serving.wire_types"}},
+}
+"""Where a subpackage may import only some modules of one it is allowed."""
 # third-party modules a subpackage must never import
 FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
     "algorithms": {"torch.distributed", "mpi4py", "vllm", "h5py", "aiohttp"},
     "launch": {"torch", "vllm", "mpi4py", "transformers", "h5py"},
     "types": {"torch", "vllm"},
     "config": {"torch", "vllm"},
-    "envs": {"torch", "vllm"},
-    "controller": {"torch", "vllm", "transformers"},
+    "tasks": {"torch", "vllm", "aiohttp"},
+    "sandbox": {"torch", "vllm", "aiohttp"},
+    "serving": {"torch", "vllm", "transformers"},
 }
 STDLIB_ONLY = {"auth", "fsio", "reaper", "run_files"}
 """Modules that import nothing outside the standard library (the launcher's login node has little)."""
@@ -99,6 +117,9 @@ def _violations(owner: str, modules: list[str]) -> list[str]:
                 bad.append("imports the package root; import a module")
             elif target != owner and target not in ALLOWED[owner]:
                 bad.append(f"{owner} must not import agentrl.{target} ({mod})")
+            elif target in NARROW.get(owner, {}) and not any(
+                    mod == m or mod.startswith(m + ".") for m in NARROW[owner][target]):
+                bad.append(f"{owner} imports of agentrl.{target} only {sorted(NARROW[owner][target])} ({mod})")
         bad += [f"{owner} imports {mod}" for b in FORBIDDEN_THIRD_PARTY.get(owner, ())
                 if mod == b or mod.startswith(b + ".")]
         if owner in STDLIB_ONLY and parts[0] not in sys.stdlib_module_names and parts[0] != "__future__":
@@ -143,7 +164,7 @@ def test_the_checker_catches_violations(tmp_path: Path) -> None:
     mods = _imports(bad)
     assert len(_violations("rollout", mods)) == 2  # trainer, jobs
     assert len(_violations("algorithms", mods)) == 3  # trainer, torch.distributed, jobs
-    assert _violations("rollout", ["agentrl.controller.server"]) != []
+    assert _violations("rollout", ["agentrl.serving.controller.server"]) != []
     assert _violations("launch", ["torch"]) != [] and _violations("launch", ["agentrl.config"]) == []
     assert _violations("trainer", ["agentrl.algorithms.ppo", "torch"]) == []
     assert _violations("auth", ["aiohttp"]) != [] and _violations("auth", ["hmac", "os.path"]) == []
@@ -153,11 +174,8 @@ def test_the_checker_catches_violations(tmp_path: Path) -> None:
     assert [m for m in _imports(job) if m.split(".")[0] == "jobs"] == ["jobs.controller"]
 
 
-TASKS = PKG / "envs" / "tasks"
-
-
 def _module_name(path: Path, root: Path) -> str:
-    """`root/agentrl/envs/tasks/db/task.py` -> "agentrl.envs.tasks.db.task" (a package: its `__init__`)."""
+    """`root/agentrl/tasks/db/task.py` -> "agentrl.tasks.db.task" (a package: its `__init__`)."""
     parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
@@ -214,31 +232,55 @@ def import_cycles(files: Iterable[Path], root: Path) -> list[list[str]]:
     return sorted(cycles)
 
 
-def test_task_modules_import_one_way() -> None:
-    """A task package reads task -> faithful -> episode -> data, never back: an import inside a method
-    that closes a circle counts too."""
-    assert import_cycles(TASKS.rglob("*.py"), ROOT) == []
+def test_modules_import_one_way() -> None:
+    """No circle anywhere in the package (a task package reads task -> faithful -> episode -> data, never back):
+    an import inside a method that closes a circle counts too."""
+    assert import_cycles(PKG.rglob("*.py"), ROOT) == []
+
+
+ROLLOUT_READS_OF_TASKS = {"agentrl.tasks.api", "agentrl.tasks.json_args"}
+"""What the rollout may import of `agentrl.tasks`: the API's error type, the bounded JSON reader of tool calls."""
+BUILDS_TASKS = {"rollout/model_check.py"}
+"""A tool in rollout/ that builds the tasks in its own process (`jobs.check_model`), never a rank's code."""
+
+
+def test_the_rollout_never_imports_the_tasks() -> None:
+    """A rollout rank learns task names from the config (`agentrl.config.task_options.task_names`) and reaches
+    the tasks through the serving layer: neither the registry nor a task module is imported by its code."""
+    for path in sorted((PKG / "rollout").rglob("*.py")):
+        if str(path.relative_to(PKG)) in BUILDS_TASKS:
+            continue
+        tasks = {m for m in _imports(path) if m == "agentrl.tasks" or m.startswith("agentrl.tasks.")}
+        assert tasks <= ROLLOUT_READS_OF_TASKS, f"{path.relative_to(PKG)} imports {tasks - ROLLOUT_READS_OF_TASKS}"
+
+
+def test_the_tasks_import_only_the_api() -> None:
+    """What docs/tasks.md teaches stands alone: `agentrl.tasks.api` needs nothing of ours but `agentrl.types`,
+    the serving layer's JSON types nothing of the tasks but that API."""
+    assert {m for m in _imports(PKG / "tasks" / "api.py") if m.startswith("agentrl.")} <= {"agentrl.types"}
+    wire = {m for m in _imports(PKG / "serving" / "wire_types.py") if m.startswith("agentrl.")}
+    assert wire <= {"agentrl.types", "agentrl.tasks.api"}, wire
 
 
 def test_the_cycle_check_catches_a_circle(tmp_path: Path) -> None:
     """A circle through a method-level import, and one through a package's `__init__`, are both found;
     a package whose modules import siblings (while `__init__` re-exports them) is not a circle."""
-    pkg = tmp_path / "agentrl" / "envs" / "tasks"
+    pkg = tmp_path / "agentrl" / "tasks"
     (pkg / "t").mkdir(parents=True)
     files = {
         "__init__.py": "",
-        "a.py": "from agentrl.envs.tasks.b import X\n",
-        "b.py": "def f():\n    from agentrl.envs.tasks import a\n",
-        "t/__init__.py": "from agentrl.envs.tasks.t.task import T\n",
-        "t/task.py": "from agentrl.envs.tasks.t.episode import E\n",
-        "t/episode.py": "from agentrl.envs.tasks.t.data import D\n",
+        "a.py": "from agentrl.tasks.b import X\n",
+        "b.py": "def f():\n    from agentrl.tasks import a\n",
+        "t/__init__.py": "from agentrl.tasks.t.task import T\n",
+        "t/task.py": "from agentrl.tasks.t.episode import E\n",
+        "t/episode.py": "from agentrl.tasks.t.data import D\n",
         "t/data.py": "import json\n",
     }
     for name, text in files.items():
         (pkg / name).write_text(text)
-    assert import_cycles(pkg.rglob("*.py"), tmp_path) == [["agentrl.envs.tasks.a", "agentrl.envs.tasks.b"]]
-    (pkg / "t" / "data.py").write_text("from agentrl.envs.tasks.t import T\n")  # back through the package
+    assert import_cycles(pkg.rglob("*.py"), tmp_path) == [["agentrl.tasks.a", "agentrl.tasks.b"]]
+    (pkg / "t" / "data.py").write_text("from agentrl.tasks.t import T\n")  # back through the package
     assert import_cycles(pkg.rglob("*.py"), tmp_path) == [
-        ["agentrl.envs.tasks.a", "agentrl.envs.tasks.b"],
-        ["agentrl.envs.tasks.t", "agentrl.envs.tasks.t.data", "agentrl.envs.tasks.t.episode",
-         "agentrl.envs.tasks.t.task"]]
+        ["agentrl.tasks.a", "agentrl.tasks.b"],
+        ["agentrl.tasks.t", "agentrl.tasks.t.data", "agentrl.tasks.t.episode",
+         "agentrl.tasks.t.task"]]

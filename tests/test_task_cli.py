@@ -31,7 +31,7 @@ def _cli(*argv: str, pythonpath: str = str(ROOT)) -> subprocess.CompletedProcess
 
 
 def test_check_task_passes_the_documented_example() -> None:
-    proc = _cli("jobs.check_task", "agentrl.envs.tasks.example:GuessTask", "--samples", "10")
+    proc = _cli("jobs.check_task", "agentrl.tasks.example:GuessTask", "--samples", "10")
     assert proc.returncode == 0, proc.stderr
     assert "guess train: expert solved 10/10" in proc.stdout and "meets the contract" in proc.stdout
 

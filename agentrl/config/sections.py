@@ -35,7 +35,7 @@ class ControllerConfig:
     that announces more than it sends holds a socket this long, never a handler forever."""
     head_timeout_s: float = 10.0
     """A new connection to the controller or a worker must send a whole request head with the run's secret
-    within this, or it is closed (`agentrl.envs.listener`: half-sent requests from anyone on the network)."""
+    within this, or it is closed (`agentrl.serving.listener`: half-sent requests from anyone on the network)."""
     idle_timeout_s: float = 60.0
     """A keep-alive connection with no request for this long is closed (above the clients' own 15 s)."""
     max_pending_connections: int = 1024
@@ -67,14 +67,14 @@ class ControllerConfig:
 @dataclass(frozen=True)
 class EnvsConfig:
     tasks: tuple[str, ...] = ("lookup",)
-    """Task names served by the env workers (see agentrl.envs.tasks)."""
+    """Task names served by the env workers (see agentrl.tasks)."""
     workers: int = 1
     slots: int = 256
     """Concurrent sessions one worker accepts."""
     task_options: dict[str, dict[str, object]] = field(default_factory=dict)
     """Constructor options per task, e.g. `{os: {agentbench_dir: /path/AgentBench, sandbox: {backend: bwrap}},
     db: {backend: mariadb, mariadb_address: "db1:3306"}}`: each task declares them as a frozen dataclass (its
-    `Options`; the built-in tasks' in `agentrl.envs.tasks.options`), which they are checked against at load."""
+    `Options`; the built-in tasks' in `agentrl.tasks.options`), which they are checked against at load."""
     max_argument_bytes: int = 8 * 1024
     """Tool-call arguments longer than this are refused with an error observation, never parsed."""
     max_output_chars: int = 16 * 1024
@@ -94,7 +94,7 @@ class EnvsConfig:
     """Whether workers answer /expert (the task's scripted expert hands out answers): auto | enabled |
     disabled (words YAML keeps as strings; `on`/`off` would turn into booleans).
     auto: on exactly when the run plays the expert (rollout.engine: expert, or a warm start with
-    trainer.sft_steps > 0 and rollout.expert_samples > 0); see `agentrl.envs.serving.expert_route_on`."""
+    trainer.sft_steps > 0 and rollout.expert_samples > 0); see `agentrl.serving.process.expert_route_on`."""
 
     def validate(self, p: str) -> None:
         _check(len(self.tasks) > 0, f"{p}.tasks", "must name at least one task")

@@ -20,7 +20,7 @@ from typing import Any
 from agentrl.config.errors import ConfigError, _check
 from agentrl.config.sections import ControllerConfig, EnvsConfig
 from agentrl.config.typed import _coerce, plain
-from agentrl.envs.tasks import options_type, task_name
+from agentrl.tasks import options_type, task_name
 
 
 def worker_call_timeout_s(controller: ControllerConfig) -> float:
@@ -31,7 +31,7 @@ def worker_call_timeout_s(controller: ControllerConfig) -> float:
 
 def capped_budget_s(message_budget_s: float, call_timeout_s: float) -> float:
     """The agent's budget for one message as a worker applies it: at most 3/4 of the worker's deadline for a call,
-    so that a message cut at its budget is still answered in time (`agentrl.envs.worker.EnvWorker`)."""
+    so that a message cut at its budget is still answered in time (`agentrl.serving.worker.EnvWorker`)."""
     return min(message_budget_s, 0.75 * call_timeout_s)
 
 
@@ -89,7 +89,7 @@ def checked_task_options(envs: EnvsConfig, controller: ControllerConfig, p: str 
 
 
 def task_names(envs: EnvsConfig) -> tuple[str, ...]:
-    """The names the workers serve `envs.tasks` under (`"agentrl.envs.tasks.example:GuessTask"` → "guess"), as the
+    """The names the workers serve `envs.tasks` under (`"agentrl.tasks.example:GuessTask"` → "guess"), as the
     controller and every metric know them; a built-in task's without importing it."""
     return tuple(task_name(spec) for spec in envs.tasks)
 

@@ -26,11 +26,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.envs.json_args import clean_text
-from agentrl.envs.task import EnvError
 from agentrl.evaluation.played import Played
 from agentrl.rollout.agent_loop import Conversation, EpisodeLimits, turn_budget
 from agentrl.rollout.tool_calls import unread_call_observation
+from agentrl.tasks.api import EnvError
+from agentrl.tasks.json_args import clean_text
 from agentrl.types import Status
 
 CUT_OFF = "Error: the message was cut off at the token limit."

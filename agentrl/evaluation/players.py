@@ -13,13 +13,13 @@ import contextvars
 import logging
 from typing import Any
 
-from agentrl.envs.task import EnvError
 from agentrl.evaluation.endpoint import Reply, play_endpoint_episode
 from agentrl.evaluation.played import Played
 from agentrl.rollout.agent_loop import CONVERSATION, Conversation, EpisodeLimits
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.collect import FATAL_CODES, Retry, collect
 from agentrl.rollout.engine import Engine, SamplingConfig
+from agentrl.tasks.api import EnvError
 from agentrl.types import Status
 
 log = logging.getLogger("agentrl.evaluation")

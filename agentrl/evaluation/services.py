@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import RunConfig, dump_config
-from agentrl.envs.tasks import get_task, get_task_class, task_name
+from agentrl.tasks import get_task, get_task_class, task_name
 
 # AgentBench-FC's tasks: they take a `protocol` option (faithful: AgentBench-FC's own loop; strict: ours).
 AGENTBENCH_TASKS = ("alfworld", "db", "kg", "os", "webshop")
@@ -50,8 +50,8 @@ def eval_config(base: RunConfig, name: str, run_root: str, tasks: Sequence[str],
 
 
 def inprocess_client(cfg: RunConfig) -> Any:
-    """The configured tasks in this process (`agentrl.envs.inprocess`)."""
-    from agentrl.envs.inprocess import InProcessClient
+    """The configured tasks in this process (`agentrl.serving.inprocess`)."""
+    from agentrl.serving.inprocess import InProcessClient
 
     return InProcessClient({task_name(t): get_task(t, **cfg.envs.task_options.get(t, {})) for t in cfg.envs.tasks})
 
@@ -64,9 +64,9 @@ async def env_client(cfg: RunConfig, run_dir: Path, inprocess: bool, echo: Any =
         yield inprocess_client(cfg)
         return
     from agentrl.auth import run_secret
-    from agentrl.envs.client import GatewayClient
     from agentrl.launch import rendezvous
     from agentrl.launch.local import LocalLauncher, start_services
+    from agentrl.serving.client import GatewayClient
 
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run_dir / "config.yaml")

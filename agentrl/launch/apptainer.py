@@ -7,7 +7,7 @@ An env worker runs inside the image built from containers/agentrl.def:
 * `--containall`: no home, no host /tmp, a private IPC and PID namespace; only the binds are shared.
 * The worker keeps the node's network: it must serve the controller, which calls it over HTTP from another
   node. What runs untrusted code is the `os` task's per-session sandbox, which gets `--net --network none`
-  (agentrl/envs/sandbox/layout.py's apptainer_argv) from the image the launcher passes in as the task option
+  (agentrl/sandbox/layout.py's apptainer_argv) from the image the launcher passes in as the task option
   `envs.task_options.os.sandbox.image` (see `sandbox_options`).
 
 spython's client names its binary `singularity` (on Apptainer sites an alias of `apptainer`); we keep its

@@ -16,10 +16,10 @@ from typing import Any
 from transformers import PreTrainedTokenizerFast
 
 from agentrl.config import RunConfig
-from agentrl.envs.session import Session
-from agentrl.envs.tasks import get_task
 from agentrl.models import tiny
 from agentrl.models import tiny_chat as chat
+from agentrl.serving.session import Session
+from agentrl.tasks import get_task
 
 log = logging.getLogger("agentrl.models.tiny_policy")
 

@@ -22,10 +22,10 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.envs.task import EnvError
 from agentrl.rollout.chat import ChatFormat, Transcript
 from agentrl.rollout.engine import Engine, SamplingConfig
 from agentrl.rollout.tool_calls import ParsedTurn, ToolCallError
+from agentrl.tasks.api import EnvError
 from agentrl.types import Status, Trajectory, TrajectoryBuilder, new_id
 
 log = logging.getLogger("agentrl.rollout")

@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import OWN_TOOLS, chat_template_names, chat_template_text, own_tools
-from agentrl.envs.json_args import clean_text
 from agentrl.rollout.env_text import PlainText, Span, encode_spans, render_located
 from agentrl.rollout.template_probe import (
     PLAIN_TEMPLATE,
@@ -49,6 +48,7 @@ from agentrl.rollout.template_probe import (
     suggest_template,
 )
 from agentrl.rollout.tool_calls import ParsedTurn, ToolCallError, ToolCallParser
+from agentrl.tasks.json_args import clean_text
 
 log = logging.getLogger("agentrl.rollout.chat")
 

@@ -19,10 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.envs.task import EnvError
 from agentrl.rollout.agent_loop import EngineFailed, EpisodeLimits, run_episode
 from agentrl.rollout.chat import ChatFormat, TemplateMismatch
 from agentrl.rollout.engine import Engine, SamplingConfig
+from agentrl.tasks.api import EnvError
 from agentrl.types import Status, Trajectory, new_id
 
 log = logging.getLogger("agentrl.rollout")

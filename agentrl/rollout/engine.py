@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from agentrl.envs.task import EnvError
+from agentrl.tasks.api import EnvError
 
 # vLLM's forward context and current config are module globals: two in-process engines must not run a forward
 # pass (or load weights) at the same time. On CPU they share the cores anyway. Every engine's start-up holds it

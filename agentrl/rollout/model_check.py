@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import ModelConfig, RunConfig
-from agentrl.envs.inprocess import InProcessClient
-from agentrl.envs.task import EnvError
-from agentrl.envs.tasks import get_task, task_name
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
 from agentrl.rollout.chat import ChatFormat, Transcript
 from agentrl.rollout.engine import ExpertEngine, SamplingConfig
 from agentrl.rollout.from_config import chat_format
+from agentrl.serving.inprocess import InProcessClient
+from agentrl.tasks import get_task, task_name
+from agentrl.tasks.api import EnvError
 
 log = logging.getLogger("agentrl.rollout.model_check")
 

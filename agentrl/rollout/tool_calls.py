@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.envs.json_args import MAX_ARGUMENT_DEPTH, ArgumentsError, loads_arguments
+from agentrl.tasks.json_args import MAX_ARGUMENT_DEPTH, ArgumentsError, loads_arguments
 
 log = logging.getLogger("agentrl.rollout.tool_calls")
 

@@ -19,11 +19,11 @@ from aio_helpers import run, wait_until
 
 from agentrl.auth import ENV_VAR, SecretError, authorized, run_secret
 from agentrl.config import ControllerConfig, EnvsConfig, load_config
-from agentrl.controller.server import start_controller
-from agentrl.envs.client import GatewayClient
-from agentrl.envs.serving import expert_route_on
-from agentrl.envs.task import EnvError
-from agentrl.envs.worker import start_worker
+from agentrl.serving.client import GatewayClient
+from agentrl.serving.controller.server import start_controller
+from agentrl.serving.process import expert_route_on
+from agentrl.serving.worker import start_worker
+from agentrl.tasks.api import EnvError
 from agentrl.types import Status
 
 SECRET = "s3cret-of-this-run"

@@ -14,11 +14,11 @@ from aio_helpers import run, wait_until
 from aiohttp import web
 
 from agentrl.config import ControllerConfig, EnvsConfig
-from agentrl.controller.server import RunningController, start_controller
-from agentrl.envs.client import GatewayClient
-from agentrl.envs.task import Action, EnvError, StepResult, tool_message
-from agentrl.envs.tasks.lookup import LookupTask
-from agentrl.envs.worker import RunningWorker, start_worker
+from agentrl.serving.client import GatewayClient
+from agentrl.serving.controller.server import RunningController, start_controller
+from agentrl.serving.worker import RunningWorker, start_worker
+from agentrl.tasks.api import Action, EnvError, StepResult, tool_message
+from agentrl.tasks.lookup import LookupTask
 from agentrl.types import Status
 
 CFG = ControllerConfig(heartbeat_s=0.05, dead_after_s=2.0, session_idle_s=30.0, keepalive_s=1.0,

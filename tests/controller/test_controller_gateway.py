@@ -11,10 +11,10 @@ import pytest
 from aio_helpers import run, wait_until
 
 from agentrl.config import ControllerConfig, EnvsConfig
-from agentrl.controller.server import RunningController, start_controller
-from agentrl.envs.client import GatewayClient
-from agentrl.envs.task import EnvError
-from agentrl.envs.worker import RunningWorker, start_worker
+from agentrl.serving.client import GatewayClient
+from agentrl.serving.controller.server import RunningController, start_controller
+from agentrl.serving.worker import RunningWorker, start_worker
+from agentrl.tasks.api import EnvError
 from agentrl.types import Status
 
 FAST = ControllerConfig(heartbeat_s=0.05, dead_after_s=0.4, session_idle_s=30.0, request_timeout_s=5.0)

@@ -1,4 +1,5 @@
-"""The envs and controller packages import only what the design allows (docs/architecture.md §2)."""
+"""The controller imports only what the design allows (docs/architecture.md §2): it shares the serving layer's
+plumbing (the JSON types, the HTTP pieces both servers share, the listener), never a task or a session."""
 from __future__ import annotations
 
 import ast
@@ -8,10 +9,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "agentrl"
 ALLOWED = {
-    "envs": {"agentrl.types", "agentrl.config", "agentrl.envs", "agentrl.auth", "agentrl.reaper"},
-    # the controller meets the envs at the wire: their JSON types, the HTTP pieces both servers share, the listener
-    "controller": {"agentrl.types", "agentrl.config", "agentrl.auth", "agentrl.envs.wire_types", "agentrl.envs.client",
-                   "agentrl.envs.wire", "agentrl.envs.listener", "agentrl.controller"},
+    # the controller meets the env workers at the wire: their JSON types, the HTTP pieces both servers share, the
+    # listener
+    "serving/controller": {"agentrl.types", "agentrl.config", "agentrl.auth", "agentrl.serving.wire_types",
+                           "agentrl.serving.client", "agentrl.serving.wire", "agentrl.serving.listener",
+                           "agentrl.serving.controller"},
 }
 
 

@@ -8,12 +8,12 @@ import pytest
 from aio_helpers import run, wait_until
 
 from agentrl.config import ControllerConfig, EnvsConfig
-from agentrl.controller.server import RunningController, start_controller
-from agentrl.envs.client import GatewayClient
-from agentrl.envs.task import EnvError
-from agentrl.envs.tasks.example import GuessTask
-from agentrl.envs.tasks.lookup import LookupTask
-from agentrl.envs.worker import RunningWorker, start_worker
+from agentrl.serving.client import GatewayClient
+from agentrl.serving.controller.server import RunningController, start_controller
+from agentrl.serving.worker import RunningWorker, start_worker
+from agentrl.tasks.api import EnvError
+from agentrl.tasks.example import GuessTask
+from agentrl.tasks.lookup import LookupTask
 from agentrl.types import Status
 
 FAST = ControllerConfig(heartbeat_s=0.05, dead_after_s=0.4, session_idle_s=30.0, keepalive_s=1.0)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.controller.registry import Ended, LatencyStats, Registry
-from agentrl.envs.task import EnvError
+from agentrl.serving.controller.registry import Ended, LatencyStats, Registry
+from agentrl.tasks.api import EnvError
 from agentrl.types import Status
 
 

@@ -1,4 +1,4 @@
-"""The controller's statistics in TensorBoard (`agentrl.controller.stats`): a real controller and worker over
+"""The controller's statistics in TensorBoard (`agentrl.serving.controller.stats`): a real controller and worker over
 sockets in this process, two sessions held, the worker killed; the event file read back must hold what
 /status said at each write, under the names of docs/architecture.md §9."""
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 from aio_helpers import run, wait_until
 
 from agentrl.config import ControllerConfig, EnvsConfig
-from agentrl.controller.server import start_controller
-from agentrl.controller.stats import log_periodically, scalars_of
-from agentrl.envs.client import GatewayClient
-from agentrl.envs.worker import start_worker
 from agentrl.monitor.tensorboard import EventMonitor
+from agentrl.serving.client import GatewayClient
+from agentrl.serving.controller.server import start_controller
+from agentrl.serving.controller.stats import log_periodically, scalars_of
+from agentrl.serving.worker import start_worker
 
 CFG = ControllerConfig(heartbeat_s=0.05, dead_after_s=0.4, session_idle_s=30.0, request_timeout_s=5.0)
 

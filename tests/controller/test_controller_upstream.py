@@ -1,4 +1,4 @@
-"""The controller's lean HTTP/1.1 client (agentrl/controller/upstream.py) against real sockets: keep-alive
+"""The controller's lean HTTP/1.1 client (agentrl/serving/controller/upstream.py) against real sockets: keep-alive
 reuse, its limit, and every malformed or missing answer ending as a clear Failed/Unreachable."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from agentrl.controller.upstream import Failed, Unreachable, Upstream
+from agentrl.serving.controller.upstream import Failed, Unreachable, Upstream
 
 
 def run(coro: Coroutine[Any, Any, None]) -> None:

@@ -1,4 +1,4 @@
-"""The network floods of `jobs.attack_check` (`agentrl.envs.checks.attacks.flood`): a controller and a worker
+"""The network floods of `jobs.attack_check` (`agentrl.checks.attacks.flood`): a controller and a worker
 process, each flooded with 1,100 connections from another process for a few seconds per flood, while the
 run's own client plays episodes through the controller. On 5d8debb (aiohttp's own listener) half-sent heads
 held their sockets for as long as the flood ran (and with 1,024 descriptors the controller stopped

@@ -1,4 +1,4 @@
-"""The listener in front of the controller and the workers (`agentrl.envs.listener`): what a connection may
+"""The listener in front of the controller and the workers (`agentrl.serving.listener`): what a connection may
 cost before it shows the run's secret. Unit tests of the guard's rule on fake transports, then real sockets
 on 127.0.0.1 against a controller and a worker. (On 5d8debb a half-sent request held its socket for an
 hour, aiohttp's keep-alive default, and 1,100 of them ran the controller out of descriptors.)"""
@@ -13,11 +13,11 @@ from typing import Any
 from aio_helpers import run, wait_until
 
 from agentrl.config import ControllerConfig, EnvsConfig
-from agentrl.controller.server import start_controller
-from agentrl.envs.client import GatewayClient
-from agentrl.envs.listener import PENDING_HEAD_BYTES, ConnectionGuard, ConnectionLimits
-from agentrl.envs.tasks.lookup import LookupTask
-from agentrl.envs.worker import start_worker
+from agentrl.serving.client import GatewayClient
+from agentrl.serving.controller.server import start_controller
+from agentrl.serving.listener import PENDING_HEAD_BYTES, ConnectionGuard, ConnectionLimits
+from agentrl.serving.worker import start_worker
+from agentrl.tasks.lookup import LookupTask
 
 SECRET = "ab" * 32
 

@@ -7,9 +7,9 @@ from typing import Any
 from aio_helpers import run
 from aiohttp.test_utils import TestClient, TestServer
 
-from agentrl.controller.registry import Registry
-from agentrl.envs.tasks.lookup import LookupTask
-from agentrl.envs.worker import UNHEALTHY_AFTER, EnvWorker, create_worker_app
+from agentrl.serving.controller.registry import Registry
+from agentrl.serving.worker import UNHEALTHY_AFTER, EnvWorker, create_worker_app
+from agentrl.tasks.lookup import LookupTask
 
 
 class PoisonedTask(LookupTask):

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_import_path_task_trains_through_the_main_job(tmp_path: Path) -> None:
-    spec = "agentrl.envs.tasks.example:GuessTask"
+    spec = "agentrl.tasks.example:GuessTask"
     proc = subprocess.run([sys.executable, "-m", "jobs.train", "--preset", "smoke", f"run_root={tmp_path}",
                            f"envs.tasks=[{spec}]", "rollout.max_turns=0", "rollout.max_new_tokens=24"],
                           cwd=ROOT, capture_output=True, text=True, timeout=900,

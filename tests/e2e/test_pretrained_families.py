@@ -15,9 +15,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agentrl.envs.session import Session
-from agentrl.envs.tasks import get_task
 from agentrl.models import standins
+from agentrl.serving.session import Session
+from agentrl.tasks import get_task
 from agentrl.transport import weights
 from agentrl.transport.shards import ShardReader
 

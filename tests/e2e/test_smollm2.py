@@ -173,8 +173,8 @@ def _serve_and_ask(model: Path, tmp_path: Path) -> None:
     prompt) and answers it."""
     import httpx
 
-    from agentrl.envs.tasks import get_task
     from agentrl.rollout.chat import ChatFormat
+    from agentrl.tasks import get_task
 
     task = get_task("lookup")
     messages = [{"role": "user", "content": 'What is the "price" of "tedu"?'}]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from agentrl.envs.tasks.db import TOOLS as DB_TOOLS
-from agentrl.envs.tasks.kg import TOOLS as KG_TOOLS
+from agentrl.tasks.db import TOOLS as DB_TOOLS
+from agentrl.tasks.kg import TOOLS as KG_TOOLS
 
 DEV = Path(__file__).resolve().parents[2] / "data" / "agentbench"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agentrl.envs.checks.expert import play
-from agentrl.envs.task import Task
+from agentrl.checks.expert import play
+from agentrl.tasks.api import Task
 from agentrl.types import Status
 
 

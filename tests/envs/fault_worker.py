@@ -18,10 +18,10 @@ from typing import Any
 
 from agentrl.auth import run_secret
 from agentrl.config import EnvsConfig, load_config
-from agentrl.envs.task import Action, StepResult, tool_message
-from agentrl.envs.tasks.lookup import LookupTask
-from agentrl.envs.worker import start_worker
 from agentrl.launch import rendezvous
+from agentrl.serving.worker import start_worker
+from agentrl.tasks.api import Action, StepResult, tool_message
+from agentrl.tasks.lookup import LookupTask
 
 
 class NapEpisode:

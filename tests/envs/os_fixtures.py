@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from agentrl.envs.tasks.os_task import TOOLS
+from agentrl.tasks.os_task import TOOLS
 
 REPO = Path(__file__).resolve().parents[2]
 SYSTEM = "SYSTEM PROMPT OF THE CHECKOUT: call exactly one tool per turn."

@@ -11,7 +11,7 @@ import struct
 
 import pytest
 
-from agentrl.envs.sandbox.rootfs import default_rootfs_dir, is_rootfs
+from agentrl.sandbox.rootfs import default_rootfs_dir, is_rootfs
 
 
 def missing_sandbox() -> str | None:
@@ -34,9 +34,9 @@ def require_sandbox() -> None:
 
 def run_filter(program: bytes, nr: int, arch: int, args: tuple[int, ...] = ()) -> int:
     """What a seccomp `program` returns for one system call: a small classic-BPF interpreter for the
-    instructions `agentrl.envs.sandbox.seccomp` uses (the tests check the filter with it, beside the
+    instructions `agentrl.sandbox.seccomp` uses (the tests check the filter with it, beside the
     kernel's own verdict in a sandbox)."""
-    from agentrl.envs.sandbox.seccomp import JEQ_K, JGE_K, JGT_K, LD_W_ABS, RET_K
+    from agentrl.sandbox.seccomp import JEQ_K, JGE_K, JGT_K, LD_W_ABS, RET_K
 
     data = struct.pack("=iIQ6Q", nr, arch, 0, *(list(args) + [0] * (6 - len(args))))
     insns = [struct.unpack_from("=HBBI", program, i) for i in range(0, len(program), 8)]

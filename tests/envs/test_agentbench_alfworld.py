@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from agentbench_checkout import PROMPTS, build_checkout
 
-from agentrl.envs.session import Session
+from agentrl.serving.session import Session
 from agentrl.types import Status
 
 pytest.importorskip("textworld", reason="TextWorld is the envs extra (install.sh installs it)")
 
-from agentrl.envs.tasks.alfworld import AGENTBENCH_SPLITS, AlfworldTask  # noqa: E402
-from agentrl.envs.tasks.alfworld.faithful import BAD_CALL, NO_CALLS, bleu, process_action  # noqa: E402
+from agentrl.tasks.alfworld import AGENTBENCH_SPLITS, AlfworldTask  # noqa: E402
+from agentrl.tasks.alfworld.faithful import BAD_CALL, NO_CALLS, bleu, process_action  # noqa: E402
 
 
 @pytest.fixture(scope="module")

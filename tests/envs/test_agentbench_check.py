@@ -1,4 +1,4 @@
-"""`agentrl.envs.checks.replay`'s os replay (the os task's expert, through its public Task API) and its
+"""`agentrl.checks.replay`'s os replay (the os task's expert, through its public Task API) and its
 failure classes: on this project's os samples, and on samples made to fail each way, in a stand-in
 checkout in AgentBench's layout."""
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 from os_fixtures import agentbench_checkout
 from sandbox_helpers import require_sandbox
 
-from agentrl.envs.checks.replay import NETWORK_COMMANDS, check, replay_os
-from agentrl.envs.tasks import get_task
-from agentrl.envs.tasks.os_task import OsTask
+from agentrl.checks.replay import NETWORK_COMMANDS, check, replay_os
+from agentrl.tasks import get_task
+from agentrl.tasks.os_task import OsTask
 
 
 def test_network_commands_are_recognised() -> None:

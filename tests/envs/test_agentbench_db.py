@@ -1,6 +1,6 @@
 """`db` on an AgentBench checkout in its real layout: one split loads without the others, AgentBench-FC's
 faithful protocol (its prompt and tools read from the checkout, its argument handling and finish), our
-strict protocol on request, and `agentrl.envs.checks.replay` replaying the gold answers."""
+strict protocol on request, and `agentrl.checks.replay` replaying the gold answers."""
 from __future__ import annotations
 
 import json
@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from agentbench_checkout import PROMPTS, build_checkout
 
-from agentrl.envs.checks.replay import run_checks
-from agentrl.envs.session import Session
-from agentrl.envs.task import EnvError
-from agentrl.envs.tasks.db import DbTask
-from agentrl.envs.tasks.db.faithful import NO_CALLS, PARSE_ERROR, UNKNOWN_TOOL
+from agentrl.checks.replay import run_checks
+from agentrl.serving.session import Session
+from agentrl.tasks.api import EnvError
+from agentrl.tasks.db import DbTask
+from agentrl.tasks.db.faithful import NO_CALLS, PARSE_ERROR, UNKNOWN_TOOL
 from agentrl.types import Status
 
 

@@ -11,9 +11,9 @@ import pytest
 from agentbench_checkout import KG_ONE_SHOT, PROMPTS, build_checkout
 from env_helpers import expert_reward
 
-from agentrl.envs.session import Session
-from agentrl.envs.tasks.kg import AGENTBENCH_FILES, KGTask
-from agentrl.envs.tasks.kg.faithful import NO_CALLS
+from agentrl.serving.session import Session
+from agentrl.tasks.kg import AGENTBENCH_FILES, KGTask
+from agentrl.tasks.kg.faithful import NO_CALLS
 from agentrl.types import Status
 
 

@@ -1,4 +1,4 @@
-"""`agentrl.envs.protocol`: the call policies `Session` applies (first call only, lenient arguments),
+"""`agentrl.tasks.protocol`: the call policies `Session` applies (first call only, lenient arguments),
 AgentBench's first-value rule, the protocol option's default, and the argument-size bound that stays."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from agentrl.envs.protocol import STRICT, CallPolicy, first_value, parse_lenient, policy_of, resolve_protocol
-from agentrl.envs.session import MAX_ARGUMENT_BYTES, Session
-from agentrl.envs.task import Action, StepResult, ToolCall
+from agentrl.serving.session import MAX_ARGUMENT_BYTES, Session
+from agentrl.tasks.api import Action, StepResult, ToolCall
+from agentrl.tasks.protocol import STRICT, CallPolicy, first_value, parse_lenient, policy_of, resolve_protocol
 
 
 class Recorder:

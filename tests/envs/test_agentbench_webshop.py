@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from agentbench_checkout import PROMPTS, build_checkout
 
-from agentrl.envs.checks.expert_report import report_split
-from agentrl.envs.session import Session
-from agentrl.envs.task import Action, StepResult
-from agentrl.envs.tasks.webshop import WebShopTask
-from agentrl.envs.tasks.webshop.faithful import BAD_CALL, NO_CALLS
+from agentrl.checks.expert_report import report_split
+from agentrl.serving.session import Session
+from agentrl.tasks.api import Action, StepResult
+from agentrl.tasks.webshop import WebShopTask
+from agentrl.tasks.webshop.faithful import BAD_CALL, NO_CALLS
 from agentrl.types import Status
 
 OUR_CATALOG = Path(__file__).resolve().parents[2] / "data" / "webshop"

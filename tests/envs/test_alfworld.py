@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from agentrl.envs.session import Session
-from agentrl.envs.task import EnvError
-from agentrl.envs.tasks.shared import import_optional
+from agentrl.serving.session import Session
+from agentrl.tasks.api import EnvError
+from agentrl.tasks.shared import import_optional
 
 pytest.importorskip("textworld", reason="TextWorld is the envs extra (install.sh installs it)")
 
-from agentrl.envs.tasks.alfworld import AlfworldTask, clean, load_split  # noqa: E402
+from agentrl.tasks.alfworld import AlfworldTask, clean, load_split  # noqa: E402
 from agentrl.types import Status  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

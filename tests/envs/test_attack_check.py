@@ -1,4 +1,4 @@
-"""The attack suite (`agentrl.envs.checks.attacks`, run by `jobs/attack_check.py`) on the built-in tasks: every
+"""The attack suite (`agentrl.checks.attacks`, run by `jobs/attack_check.py`) on the built-in tasks: every
 attack holds (no reward, no env_error, the worker healthy). On c07c523 os_pyvenv, os_destroy_evidence,
 db_process_pragmas and deep_json did not (the crash of db_fts3_tokenizer and the stall of
 kg_intersection_chain took the whole player down there)."""
@@ -11,11 +11,11 @@ import pytest
 from sandbox_helpers import missing_sandbox
 from system_tools import missing_system_tool
 
-from agentrl.envs.checks.attacks import attacks_for, play_attacks
-from agentrl.envs.task import StepResult, Task
-from agentrl.envs.tasks.db import DbTask
-from agentrl.envs.tasks.kg import KGTask
-from agentrl.envs.tasks.lookup import LookupTask
+from agentrl.checks.attacks import attacks_for, play_attacks
+from agentrl.tasks.api import StepResult, Task
+from agentrl.tasks.db import DbTask
+from agentrl.tasks.kg import KGTask
+from agentrl.tasks.lookup import LookupTask
 
 CALL_TIMEOUT_S = 6.0
 """The worker's deadline for a call in these plays (24 s in a run): a message budget of 4.5 s, so the attacks
@@ -36,7 +36,7 @@ def test_every_attack_holds_on_the_built_in_tasks() -> None:
     assert held(KGTask()) == (GENERIC + 3, [])
     assert held(DbTask(statement_timeout_s=1.0, database_mb=32)) == (GENERIC + 13, [])
     if missing_sandbox() is None or os.environ.get("CI"):  # os needs bubblewrap and its rootfs (CI has both)
-        from agentrl.envs.tasks.os_task import OsTask
+        from agentrl.tasks.os_task import OsTask
 
         assert held(OsTask(sandbox={"backend": "bwrap", "command_timeout_s": 5.0})) == (GENERIC + 14, [])
 
@@ -44,7 +44,7 @@ def test_every_attack_holds_on_the_built_in_tasks() -> None:
 def test_every_attack_holds_on_bfcl_alfworld_and_webshop() -> None:
     """BFCL's backends holding the interpreter lock or printing huge numbers, a message of
     many moves."""
-    from agentrl.envs.tasks import get_task
+    from agentrl.tasks import get_task
 
     for name, attacks in (("bfcl", GENERIC + 3), ("alfworld", GENERIC + 1), ("webshop", GENERIC + 1)):
         try:
@@ -61,7 +61,7 @@ def test_every_db_attack_holds_on_mariadb() -> None:
     8fd2eaf one session's lock and SELECTs were seen by the next). On an operator's server, shared by design:
     on c07c523 db_lift_limits' CTE ran past the call's deadline and on after its session closed
     (`lingering_queries` sees it on the server)."""
-    from agentrl.envs.tasks.db.backends import MariaDBServer, find_mariadbd
+    from agentrl.tasks.db.backends import MariaDBServer, find_mariadbd
 
     if find_mariadbd() is None:  # skipped with the reason here; a failure in CI, which installs it
         missing_system_tool("mariadbd is not installed (apt-get install --no-install-recommends mariadb-server)")
@@ -95,8 +95,8 @@ def test_a_failed_attack_is_reported() -> None:
 def test_the_teardown_check_counts_only_the_cgroups_its_attacks_leave() -> None:
     """A session cgroup that was on the host before the attacks (another worker's, or one a killed worker left)
     is not theirs: a CI run killed mid-test once left one, and every later check blamed the os task for it."""
-    from agentrl.envs.checks.attacks.resources import os_resource_attacks
-    from agentrl.envs.sandbox import cgroup_support
+    from agentrl.checks.attacks.resources import os_resource_attacks
+    from agentrl.sandbox import cgroup_support
 
     support = cgroup_support()
     if support.kind is None:
@@ -143,8 +143,8 @@ def test_any_text_is_an_observation_in_the_faithful_protocols(tmp_path: Path, mo
     sandbox's driver (env_error). Every generic attack (any_text among them) holds in each faithful protocol."""
     from agentbench_checkout import build_checkout
 
-    from agentrl.envs.checks.attacks.library import generic, wire_attacks
-    from agentrl.envs.tasks import get_task
+    from agentrl.checks.attacks.library import generic, wire_attacks
+    from agentrl.tasks import get_task
 
     checkout = build_checkout(tmp_path / "agentbench")
     monkeypatch.setenv("AGENTRL_CACHE_DIR", str(tmp_path / "cache"))
@@ -160,7 +160,7 @@ def test_any_text_is_an_observation_in_the_faithful_protocols(tmp_path: Path, mo
     if missing_sandbox() is None or os.environ.get("CI"):
         from os_fixtures import agentbench_checkout
 
-        from agentrl.envs.tasks.os_task import OsTask
+        from agentrl.tasks.os_task import OsTask
 
         tasks.append(OsTask(source="agentbench", agentbench_dir=agentbench_checkout(tmp_path / "os"),
                             sandbox={"backend": "bwrap", "command_timeout_s": 5.0}))

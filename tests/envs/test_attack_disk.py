@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.envs.checks.attacks import disk
-from agentrl.envs.checks.attacks.runner import Watch
+from agentrl.checks.attacks import disk
+from agentrl.checks.attacks.runner import Watch
 
 SIZE = 96 << 20
 LIMIT = 48 << 20

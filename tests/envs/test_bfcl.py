@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from agentrl.envs.session import Session
-from agentrl.envs.task import EnvError
-from agentrl.envs.tasks import get_task
+from agentrl.serving.session import Session
+from agentrl.tasks import get_task
+from agentrl.tasks.api import EnvError
 
 pytest.importorskip("bfcl_eval", reason="bfcl-eval is installed by install.sh (pip install --no-deps bfcl-eval)")
 
-from agentrl.envs.tasks.bfcl import BfclTask, decoded_call, parse_call, to_tool  # noqa: E402
+from agentrl.tasks.bfcl import BfclTask, decoded_call, parse_call, to_tool  # noqa: E402
 from agentrl.types import Status  # noqa: E402
 
 

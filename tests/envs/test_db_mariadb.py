@@ -15,11 +15,11 @@ from agentbench_checkout import build_checkout
 from env_helpers import call, expert_reward
 from system_tools import missing_system_tool
 
-from agentrl.envs.checks.replay import run_checks
-from agentrl.envs.session import Session
-from agentrl.envs.task import EnvError
-from agentrl.envs.tasks.db import DbTask
-from agentrl.envs.tasks.db.backends import MYSQL8_SQL_MODE, MariaDBServer, find_mariadbd, rows_hash
+from agentrl.checks.replay import run_checks
+from agentrl.serving.session import Session
+from agentrl.tasks.api import EnvError
+from agentrl.tasks.db import DbTask
+from agentrl.tasks.db.backends import MYSQL8_SQL_MODE, MariaDBServer, find_mariadbd, rows_hash
 from agentrl.types import Status
 
 
@@ -101,7 +101,7 @@ def test_a_session_cannot_lift_its_limits_and_its_queries_end_with_it(task: DbTa
     import threading
     import time
 
-    from agentrl.envs.tasks.db.backends import MariaDBDatabase
+    from agentrl.tasks.db.backends import MariaDBDatabase
 
     s = Session(task, "train-0")
     user = s.episode.db.user
@@ -189,7 +189,7 @@ def test_no_silent_shared_account(server: MariaDBServer, limited: str, caplog: p
     before = databases(server)
     task = DbTask(backend="mariadb", mariadb_address=f"unix:{server.socket}", mariadb_user=limited,
                   mariadb_password="pw")
-    with caplog.at_level(logging.ERROR, logger="agentrl.envs.tasks.db.backends"), pytest.raises(EnvError) as e:
+    with caplog.at_level(logging.ERROR, logger="agentrl.tasks.db.backends"), pytest.raises(EnvError) as e:
         Session(task, "train-0")
     assert e.value.code == "env_error" and "cannot create a MariaDB user per session" in e.value.message
     assert any("the session fails" in r.getMessage() for r in caplog.records)
@@ -256,7 +256,7 @@ def test_results_temporary_storage_and_disk_are_bounded(server: MariaDBServer) -
 def test_the_servers_temporary_files_are_bounded(server: MariaDBServer, monkeypatch: pytest.MonkeyPatch) -> None:
     """A sort of 10^8 generated rows wrote 1.65 GB of the server's temporary files in 10 s: while they pass
     the bound (512 MB; 32 MB here), the statement is stopped with an observation."""
-    from agentrl.envs.tasks.db.backends import mariadb
+    from agentrl.tasks.db.backends import mariadb
 
     monkeypatch.setattr(mariadb, "SERVER_TEMP_BYTES", 32 << 20)
     task = DbTask(backend="mariadb", mariadb_address=f"unix:{server.socket}", statement_timeout_s=20.0)
@@ -280,7 +280,7 @@ def test_a_private_server_goes_with_a_worker_killed_outright(tmp_path: Path) -> 
 
     from agentrl.reaper import alive
 
-    script = ("import time\nfrom agentrl.envs.tasks.db.backends import MariaDBServer\n"
+    script = ("import time\nfrom agentrl.tasks.db.backends import MariaDBServer\n"
               "s = MariaDBServer().start()\nprint(s.proc.pid, s.dir, flush=True)\ntime.sleep(300)\n")
     worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
                               cwd=Path(__file__).resolve().parents[2])
@@ -317,9 +317,9 @@ def test_concurrent_sessions_share_no_server_state_and_give_back_their_memory() 
     `isolation_of`) with a server of its own, both gone at its close."""
     import time
 
-    from agentrl.envs.isolation import ProcessSession, SessionHost, isolation_of
-    from agentrl.envs.session import ToolBox
     from agentrl.reaper import alive
+    from agentrl.serving.isolation import ProcessSession, SessionHost, isolation_of
+    from agentrl.serving.session import ToolBox
 
     task = DbTask(backend="mariadb", statement_timeout_s=20.0)
     host = SessionHost({"db": (task, ToolBox(task.tools()))})

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from env_helpers import call, expert_reward
 
-from agentrl.envs.session import Session
-from agentrl.envs.task_data import db_files
-from agentrl.envs.tasks import get_task
-from agentrl.envs.tasks.db import TOOLS, DbTask, answers_match, clean_answers
-from agentrl.envs.tasks.db.backends import SqliteDatabase, Table, rows_hash
+from agentrl.serving.session import Session
+from agentrl.tasks import get_task
+from agentrl.tasks.db import TOOLS, DbTask, answers_match, clean_answers
+from agentrl.tasks.db.backends import SqliteDatabase, Table, rows_hash
+from agentrl.tasks.task_data import db_files
 from agentrl.types import Status
 
 
@@ -176,7 +176,7 @@ def test_a_message_of_endless_statements_stops_at_its_budget() -> None:
     Each statement now gets what is left of the message's budget."""
     import time
 
-    from agentrl.envs.task import message_budget
+    from agentrl.tasks.api import message_budget
 
     db = SqliteDatabase([Table("t", ("a",), (("1",),))], timeout_s=10.0)
     endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT COUNT(*) FROM c"
@@ -195,7 +195,7 @@ PROCESS_WIDE = ("SELECT hex(fts3_tokenizer('simple'))", "SELECT fts3_tokenizer('
                 "PRAGMA cache_size = -100000000", "SELECT load_extension('/lib/x86_64-linux-gnu/libc.so.6')")
 PLAY = """
 import sys
-from agentrl.envs.tasks.db.backends import SqliteDatabase, Table
+from agentrl.tasks.db.backends import SqliteDatabase, Table
 db = SqliteDatabase([Table("t", ("a",), (("1",),))])
 for sql in sys.argv[1:]:
     print(db.execute(sql), flush=True)

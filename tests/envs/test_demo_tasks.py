@@ -4,12 +4,12 @@ from __future__ import annotations
 import pytest
 from env_helpers import call
 
-from agentrl.envs.checks.contract import check_task
-from agentrl.envs.checks.expert import play
-from agentrl.envs.session import Session
-from agentrl.envs.tasks import get_task, task_name
-from agentrl.envs.tasks.lookup import LookupTask, make_sample
-from agentrl.envs.tasks.unlock import UnlockTask, code_of
+from agentrl.checks.contract import check_task
+from agentrl.checks.expert import play
+from agentrl.serving.session import Session
+from agentrl.tasks import get_task, task_name
+from agentrl.tasks.lookup import LookupTask, make_sample
+from agentrl.tasks.unlock import UnlockTask, code_of
 from agentrl.types import Status
 
 
@@ -63,7 +63,7 @@ def test_imperfect_experts_still_meet_the_contract_at_their_rate() -> None:
 
 def test_task_name_of_an_import_path_is_the_name_the_worker_serves() -> None:
     assert task_name("lookup") == "lookup"
-    assert task_name("agentrl.envs.tasks.example:GuessTask") == "guess"
-    assert task_name("agentrl.envs.tasks.unlock:UnlockTask") == "unlock"
+    assert task_name("agentrl.tasks.example:GuessTask") == "guess"
+    assert task_name("agentrl.tasks.unlock:UnlockTask") == "unlock"
     with pytest.raises(KeyError):
         task_name("no_such_task")

@@ -1,4 +1,4 @@
-"""The contract every task meets (agentrl.envs.checks.contract), built-in or user-registered; each rule it
+"""The contract every task meets (agentrl.checks.contract), built-in or user-registered; each rule it
 enforces, shown failing on a task that breaks it; and the Session's failure handling."""
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import jsonschema
 import pytest
 from system_tools import missing_system_tool
 
-from agentrl.envs.checks.contract import ContractError, check_task
-from agentrl.envs.sandbox import SandboxUnavailable
-from agentrl.envs.session import Session, ToolBox
-from agentrl.envs.task import Action, EnvError, StepResult, tool_message
-from agentrl.envs.tasks import get_task, get_task_class, register_task, task_names
-from agentrl.envs.tasks.example import TOOLS, GuessEpisode, GuessTask, secret_of
+from agentrl.checks.contract import ContractError, check_task
+from agentrl.sandbox import SandboxUnavailable
+from agentrl.serving.session import Session, ToolBox
+from agentrl.tasks import get_task, get_task_class, register_task, task_names
+from agentrl.tasks.api import Action, EnvError, StepResult, tool_message
+from agentrl.tasks.example import TOOLS, GuessEpisode, GuessTask, secret_of
 from agentrl.types import Status
 
 
@@ -32,18 +32,18 @@ def test_builtin_tasks_meet_the_contract(name: str) -> None:
 
 
 def test_the_documented_example_meets_the_contract() -> None:
-    from agentrl.envs.tasks.example import GuessTask
+    from agentrl.tasks.example import GuessTask
 
     report = check_task(GuessTask(), samples=50)
     assert report.solved == {"train": 50, "test": 50} and 1 < report.turns["test"] <= 7
 
 
 def test_docs_show_the_example_verbatim() -> None:
-    """docs/tasks.md embeds agentrl/envs/tasks/example.py; the two must not drift apart."""
+    """docs/tasks.md embeds agentrl/tasks/example.py; the two must not drift apart."""
     root = Path(__file__).resolve().parents[2]
     doc = (root / "docs" / "tasks.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
-    assert (root / "agentrl/envs/tasks/example.py").read_text() in blocks
+    assert (root / "agentrl/tasks/example.py").read_text() in blocks
 
 
 class SayEpisode:
@@ -85,9 +85,9 @@ def test_user_task_registers_and_meets_the_contract() -> None:
     register_task("say", SayTask)
     assert "say" in task_names() and get_task_class("say") is SayTask
     assert check_task(get_task("say")).solved == {"train": 3, "test": 3}
-    from agentrl.envs.tasks.lookup import LookupTask
+    from agentrl.tasks.lookup import LookupTask
 
-    assert get_task_class("agentrl.envs.tasks.lookup:LookupTask") is LookupTask  # the import-path form
+    assert get_task_class("agentrl.tasks.lookup:LookupTask") is LookupTask  # the import-path form
     with pytest.raises(KeyError):
         get_task("no-such-task")
 

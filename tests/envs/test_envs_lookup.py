@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from agentrl.envs.session import Session
-from agentrl.envs.task import EnvError
-from agentrl.envs.tasks.lookup import FIELDS, NAMES, LookupTask, make_sample
+from agentrl.serving.session import Session
+from agentrl.tasks.api import EnvError
+from agentrl.tasks.lookup import FIELDS, NAMES, LookupTask, make_sample
 from agentrl.types import Status
 
 

@@ -1,4 +1,4 @@
-"""agentrl.envs.checks.expert_report: the scripted experts' success per task and split, and `jobs.expert_report`,
+"""agentrl.checks.expert_report: the scripted experts' success per task and split, and `jobs.expert_report`,
 the command line that prints and writes it."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.envs.checks.expert_report import expert_reports, report_json, task_options
+from agentrl.checks.expert_report import expert_reports, report_json, task_options
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from agentrl.envs.inprocess import InProcessClient
-from agentrl.envs.session import Session
-from agentrl.envs.task import EnvError
-from agentrl.envs.tasks import get_task
+from agentrl.serving.inprocess import InProcessClient
+from agentrl.serving.session import Session
+from agentrl.tasks import get_task
+from agentrl.tasks.api import EnvError
 from agentrl.types import Status
 
 

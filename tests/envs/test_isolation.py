@@ -1,4 +1,4 @@
-"""Sessions in processes of their own (`agentrl.envs.isolation`), through a real `EnvWorker` over HTTP:
+"""Sessions in processes of their own (`agentrl.serving.isolation`), through a real `EnvWorker` over HTTP:
 work that holds the interpreter lock or takes memory stays in its session, ends it as the agent's failure,
 and never stalls the worker's event loop or another session.
 
@@ -16,8 +16,8 @@ from typing import Any
 from aiohttp.test_utils import TestClient, TestServer
 from env_helpers import call
 
-from agentrl.envs.task import Action, StepResult, tool_message
-from agentrl.envs.worker import EnvWorker, create_worker_app
+from agentrl.serving.worker import EnvWorker, create_worker_app
+from agentrl.tasks.api import Action, StepResult, tool_message
 from agentrl.types import Status
 
 
@@ -186,8 +186,8 @@ def test_the_wire_behaves_as_for_a_session_in_the_worker() -> None:
 def test_an_agent_fault_inside_a_step_is_the_agents_failure() -> None:
     """Session's verdict by whose budget ran out, in any process: an exception that says the message asked
     for too much (memory, depth, a number too long to print) is invalid_action; any other is env_error."""
-    from agentrl.envs.session import Session
-    from agentrl.envs.task import BudgetExceeded
+    from agentrl.serving.session import Session
+    from agentrl.tasks.api import BudgetExceeded
 
     class Raising(HostileTask):
         def __init__(self, error: BaseException) -> None:

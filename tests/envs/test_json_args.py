@@ -10,12 +10,12 @@ import asyncio
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from agentrl.envs.json_args import ArgumentsError, clean_message, clean_text, loads_arguments
-from agentrl.envs.protocol import parse_lenient
-from agentrl.envs.session import ToolBox
-from agentrl.envs.tasks.lookup import LookupTask
-from agentrl.envs.wire_types import InteractResult
-from agentrl.envs.worker import EnvWorker, create_worker_app
+from agentrl.serving.session import ToolBox
+from agentrl.serving.wire_types import InteractResult
+from agentrl.serving.worker import EnvWorker, create_worker_app
+from agentrl.tasks.json_args import ArgumentsError, clean_message, clean_text, loads_arguments
+from agentrl.tasks.lookup import LookupTask
+from agentrl.tasks.protocol import parse_lenient
 from agentrl.types import Status
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from agentrl.envs.session import Session
-from agentrl.envs.tasks import get_task
-from agentrl.envs.tasks.kg import KGTask, f1_score, load_samples, parse_action
-from agentrl.envs.tasks.kg.sparql import SparqlBackend, select_entities, select_relations
+from agentrl.serving.session import Session
+from agentrl.tasks import get_task
+from agentrl.tasks.kg import KGTask, f1_score, load_samples, parse_action
+from agentrl.tasks.kg.sparql import SparqlBackend, select_entities, select_relations
 from agentrl.types import Status
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +64,7 @@ def test_expert_solves_all_of_our_samples(task: KGTask) -> None:
 
 
 def test_committed_data_is_what_the_generator_gives() -> None:
-    from agentrl.envs.task_data import kg_files
+    from agentrl.tasks.task_data import kg_files
 
     for rel, content in kg_files().items():
         assert (ROOT / "data" / rel).read_text() == content, rel
@@ -264,7 +264,7 @@ def test_self_intersection_chains_are_bounded_and_linear(task: KGTask) -> None:
     worker.start()
     worker.join(timeout=10.0)
     assert not worker.is_alive(), "a chain of self-intersections did not finish in 10 s"
-    from agentrl.envs.tasks.kg import MAX_PROGRAM_NODES, LocalGraph, program_size
+    from agentrl.tasks.kg import MAX_PROGRAM_NODES, LocalGraph, program_size
 
     refused = [m["content"] for r in done[:3] for m in r.messages if "operations; at most" in m["content"]]
     assert refused and all(program_size(v.program) <= MAX_PROGRAM_NODES for v in s.episode.variables)

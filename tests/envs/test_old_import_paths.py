@@ -18,9 +18,9 @@ SANDBOX = ["BACKENDS", "BASE_ENV", "CAP_SYS_RESOURCE", "CHECK_ENV", "CommandResu
 
 RE_EXPORTS: dict[str, tuple[list[str], list[str]]] = {
     # the package -> (the modules its names now live in, the names it offered as one module)
-    "agentrl.envs.sandbox": (["agentrl.envs.sandbox.shell", "agentrl.envs.sandbox.config",
-                              "agentrl.envs.sandbox.layout"], SANDBOX),
-    "agentrl.envs.tasks.db.backends": ([f"agentrl.envs.tasks.db.backends.{m}"
+    "agentrl.sandbox": (["agentrl.sandbox.shell", "agentrl.sandbox.config",
+                              "agentrl.sandbox.layout"], SANDBOX),
+    "agentrl.tasks.db.backends": ([f"agentrl.tasks.db.backends.{m}"
                                         for m in ("tables", "sqlite", "mariadb", "server")], [
         "ARGUMENT_PRAGMAS", "CACHE_KIB", "DENIED_FUNCTIONS", "GROUP_CONCAT_MAX", "KILL_GRACE_S", "MAX_ROWS",
         "MAX_VALUE_BYTES", "MIN_STATEMENT_S", "MYSQL8_SQL_MODE", "MariaDBDatabase", "MariaDBServer", "NO_TIME_LEFT",

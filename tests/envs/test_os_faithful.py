@@ -10,10 +10,10 @@ import pytest
 from os_fixtures import SYSTEM, agentbench_checkout
 from sandbox_helpers import require_sandbox
 
-from agentrl.envs.checks.expert import play
-from agentrl.envs.session import Session
-from agentrl.envs.tasks.os_task import FaithfulOsEpisode, OsTask, parse_problem
-from agentrl.envs.tasks.os_task import faithful as ab
+from agentrl.checks.expert import play
+from agentrl.serving.session import Session
+from agentrl.tasks.os_task import FaithfulOsEpisode, OsTask, parse_problem
+from agentrl.tasks.os_task import faithful as ab
 from agentrl.types import Status
 
 

@@ -8,8 +8,8 @@ import pytest
 from env_helpers import call
 from sandbox_helpers import require_sandbox
 
-from agentrl.envs.session import MESSAGE_BUDGET_S, Session
-from agentrl.envs.tasks.os_task import OsEpisode, OsTask, parse_problem
+from agentrl.serving.session import MESSAGE_BUDGET_S, Session
+from agentrl.tasks.os_task import OsEpisode, OsTask, parse_problem
 from agentrl.types import Status
 
 # A background job that floods every output it can open with what a completion marker looked like, and

@@ -1,4 +1,4 @@
-"""The os sandbox's root file system (agentrl/envs/sandbox/rootfs.py, jobs/make_rootfs.py): where it lives,
+"""The os sandbox's root file system (agentrl/sandbox/rootfs.py, jobs/make_rootfs.py): where it lives,
 the mirror and command line that build it, the checks a task runs before using it, and the per-task
 session budget. Building it for real is `.ci/run`'s job (minutes, network); the image it built is
 checked here when present."""
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from sandbox_helpers import require_sandbox
 
-from agentrl.envs.sandbox import rootfs
-from agentrl.envs.tasks.os_task import SessionBudget
+from agentrl.sandbox import rootfs
+from agentrl.tasks.os_task import SessionBudget
 
 
 def test_mirror_comes_from_apts_own_sources(tmp_path: Path) -> None:
@@ -86,9 +86,9 @@ def test_a_worker_caps_a_task_the_host_holds_fewer_sessions_of() -> None:
     import asyncio
 
     from agentrl.config import ControllerConfig, EnvsConfig
-    from agentrl.envs.task import EnvError
-    from agentrl.envs.tasks.echo import EchoTask
-    from agentrl.envs.worker import EnvWorker, start_worker
+    from agentrl.serving.worker import EnvWorker, start_worker
+    from agentrl.tasks.api import EnvError
+    from agentrl.tasks.echo import EchoTask
 
     class Budgeted(EchoTask):  # the os task's session_cap contract, without a sandbox
         name = "budgeted"

@@ -10,12 +10,12 @@ from env_helpers import call
 from os_fixtures import agentbench_checkout
 from sandbox_helpers import require_sandbox
 
-from agentrl.envs.checks.expert import play
-from agentrl.envs.sandbox import PYTHON_PRELUDE, TRUSTED_PYTHON, CommandResult
-from agentrl.envs.session import Session
-from agentrl.envs.task_data import os_files
-from agentrl.envs.tasks import get_task
-from agentrl.envs.tasks.os_task import OsEpisode, OsTask, format_output, parse_problem, script_argv
+from agentrl.checks.expert import play
+from agentrl.sandbox import PYTHON_PRELUDE, TRUSTED_PYTHON, CommandResult
+from agentrl.serving.session import Session
+from agentrl.tasks import get_task
+from agentrl.tasks.os_task import OsEpisode, OsTask, format_output, parse_problem, script_argv
+from agentrl.tasks.task_data import os_files
 from agentrl.types import Status
 
 
@@ -28,7 +28,7 @@ def task() -> OsTask:
 def test_interface_is_agentbench_fc() -> None:
     tools = OsTask.__dict__  # class attributes, no sandbox needed
     assert tools["name"] == "os" and tools["max_turns"] == 8 and tools["blocking"] is True
-    from agentrl.envs.tasks.os_task import TOOLS
+    from agentrl.tasks.os_task import TOOLS
 
     assert [t["function"]["name"] for t in TOOLS] == ["bash_action", "finish_action", "answer_action"]
     params = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from sandbox_helpers import require_sandbox
 
-from agentrl.envs import sandbox as sb
-from agentrl.envs.sandbox import SandboxConfig, SandboxError, SandboxUnavailable, Shell
-from agentrl.envs.sandbox import config as sandbox_config
-from agentrl.envs.sandbox import shell as sandbox_shell
+from agentrl import sandbox as sb
+from agentrl.sandbox import SandboxConfig, SandboxError, SandboxUnavailable, Shell
+from agentrl.sandbox import config as sandbox_config
+from agentrl.sandbox import shell as sandbox_shell
 
 
 @pytest.fixture
@@ -366,7 +366,7 @@ def test_a_session_cgroup_bounds_what_all_its_processes_hold(needs_sandbox: None
     """On c07c523 nothing bounded the sum of a session's processes (each under RLIMIT_AS).
     Now a cgroup per session does; the kernel kills the agent's processes first (oom_score_adj 1000,
     which they cannot lower), so the session itself lives on."""
-    from agentrl.envs.sandbox import cgroup_support
+    from agentrl.sandbox import cgroup_support
 
     if cgroup_support().kind is None:
         pytest.skip(f"this worker may not make cgroups: {cgroup_support().reason}")

@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 from sandbox_helpers import require_sandbox, run_filter
 
-from agentrl.envs.checks.attacks.channels import PARKER, PROC_SNAPSHOT, parse_snapshot
-from agentrl.envs.sandbox import SandboxConfig, SandboxError, Shell, cgroup_support, cgroups
-from agentrl.envs.sandbox import config as sandbox_config
-from agentrl.envs.sandbox import shell as sandbox_shell
-from agentrl.envs.sandbox.config import budgets, check_slots, session_budget
-from agentrl.envs.sandbox.seccomp import ARCHES, DENIED, F_SETPIPE_SZ, RET_ALLOW, RET_ERRNO, SET_UIDS, seccomp_filter
-from agentrl.envs.sandbox.shell import exec_text
+from agentrl.checks.attacks.channels import PARKER, PROC_SNAPSHOT, parse_snapshot
+from agentrl.sandbox import SandboxConfig, SandboxError, Shell, cgroup_support, cgroups
+from agentrl.sandbox import config as sandbox_config
+from agentrl.sandbox import shell as sandbox_shell
+from agentrl.sandbox.config import budgets, check_slots, session_budget
+from agentrl.sandbox.seccomp import ARCHES, DENIED, F_SETPIPE_SZ, RET_ALLOW, RET_ERRNO, SET_UIDS, seccomp_filter
+from agentrl.sandbox.shell import exec_text
 
 
 def fast(**kw: object) -> SandboxConfig:
@@ -175,7 +175,7 @@ def test_no_session_starts_without_its_cgroup(monkeypatch: pytest.MonkeyPatch) -
     def refuse(*args: object, **kwargs: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("agentrl.envs.sandbox.shell.SessionCgroup", refuse)
+    monkeypatch.setattr("agentrl.sandbox.shell.SessionCgroup", refuse)
     with pytest.raises(SandboxError, match="does not start without its limits"):
         Shell(fast())
 

@@ -10,9 +10,9 @@ import pytest
 
 from agentrl.config import ConfigError, dump_config, load_config
 from agentrl.config.task_options import describe_budget, message_budget_s, task_names, worker_call_timeout_s
-from agentrl.envs.task import NoOptions
-from agentrl.envs.tasks import _BUILTIN, get_task_class, options_type, task_name
 from agentrl.evaluation.services import eval_config
+from agentrl.tasks import _BUILTIN, get_task_class, options_type, task_name
+from agentrl.tasks.api import NoOptions
 
 BUILTIN = sorted(_BUILTIN)
 
@@ -76,5 +76,5 @@ def test_the_message_budget_is_set_in_one_place() -> None:
     assert message_budget_s(tight.envs, tight.controller) == 6.0  # 3/4 of the worker's 8 s
     line = describe_budget(options_type("os")(), cfg.envs, cfg.controller)  # type: ignore[misc]
     assert line.startswith("per message 18 s") and line.endswith("within it sandbox.command_timeout_s 10 s")
-    assert task_names(load_config("smoke", ["envs.tasks=[lookup, agentrl.envs.tasks.example:GuessTask]"]).envs) == (
+    assert task_names(load_config("smoke", ["envs.tasks=[lookup, agentrl.tasks.example:GuessTask]"]).envs) == (
         "lookup", "guess")

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from agentrl.envs.session import Session
-from agentrl.envs.task import EnvError
-from agentrl.envs.tasks import get_task
-from agentrl.envs.tasks.webshop import Goal, Product, WebShopTask, load_catalog, reward, token_set_ratio
+from agentrl.serving.session import Session
+from agentrl.tasks import get_task
+from agentrl.tasks.api import EnvError
+from agentrl.tasks.webshop import Goal, Product, WebShopTask, load_catalog, reward, token_set_ratio
 from agentrl.types import Status
 
 
@@ -48,7 +48,7 @@ def test_expert_buys_the_right_product_on_our_catalog(task: WebShopTask) -> None
 
 
 def test_committed_data_is_what_the_generator_gives() -> None:
-    from agentrl.envs.task_data import webshop_files
+    from agentrl.tasks.task_data import webshop_files
 
     root = Path(__file__).resolve().parents[2]
     for rel, content in webshop_files().items():

@@ -22,9 +22,9 @@ import pytest
 
 from agentrl.auth import run_secret
 from agentrl.config import config_from_dict, dump_config
-from agentrl.envs.client import GatewayClient
-from agentrl.envs.task import EnvError
 from agentrl.launch import rendezvous
+from agentrl.serving.client import GatewayClient
+from agentrl.tasks.api import EnvError
 from agentrl.types import Status
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import torch
 
-from agentrl.envs.inprocess import InProcessClient
-from agentrl.envs.tasks import get_task
 from agentrl.models import standins
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.engine import ExpertEngine, SamplingConfig
+from agentrl.serving.inprocess import InProcessClient
+from agentrl.tasks import get_task
 from agentrl.types import Trajectory
 
 LIMITS = EpisodeLimits(max_turns=0, max_model_len=1024, max_new_tokens=48)

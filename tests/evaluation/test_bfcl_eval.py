@@ -17,8 +17,6 @@ import pytest
 
 pytest.importorskip("bfcl_eval", reason="bfcl-eval is installed by install.sh (pip install --no-deps bfcl-eval)")
 
-from agentrl.envs.inprocess import InProcessClient  # noqa: E402
-from agentrl.envs.tasks import get_task  # noqa: E402
 from agentrl.evaluation.endpoint import Reply  # noqa: E402
 from agentrl.evaluation.evaluate import Settings, evaluate  # noqa: E402
 from agentrl.evaluation.players import EndpointPlayer, ExpertPlayer  # noqa: E402
@@ -28,6 +26,8 @@ from agentrl.monitor.eval_results import ResultsFile, aggregate  # noqa: E402
 from agentrl.monitor.eval_transcripts import read_transcripts  # noqa: E402
 from agentrl.rollout.agent_loop import EpisodeLimits  # noqa: E402
 from agentrl.rollout.collect import Retry  # noqa: E402
+from agentrl.serving.inprocess import InProcessClient  # noqa: E402
+from agentrl.tasks import get_task  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMITS = EpisodeLimits(max_turns=0, max_model_len=32768, max_new_tokens=512)

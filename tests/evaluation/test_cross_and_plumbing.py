@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.envs.inprocess import InProcessClient
-from agentrl.envs.tasks import get_task
 from agentrl.evaluation import cross
 from agentrl.evaluation.endpoint import ContextTooLong, Reply, play_endpoint_episode
 from agentrl.evaluation.played import Played
@@ -22,6 +20,8 @@ from agentrl.evaluation.targets import resolve
 from agentrl.monitor.eval_results import ResultsFile, ScoredEpisode, aggregate
 from agentrl.rollout.agent_loop import EpisodeLimits
 from agentrl.rollout.collect import Retry
+from agentrl.serving.inprocess import InProcessClient
+from agentrl.tasks import get_task
 from agentrl.types import Status
 
 LIMITS = EpisodeLimits(max_turns=0, max_model_len=1024, max_new_tokens=48)
@@ -117,7 +117,7 @@ class Flaky(InProcessClient):
         self.starts: dict[str, int] = {}
 
     async def start_sample(self, task, index):
-        from agentrl.envs.task import EnvError
+        from agentrl.tasks.api import EnvError
 
         self.starts[index] = self.starts.get(index, 0) + 1
         if index == "test-3" or (index.endswith("1") and self.starts[index] == 1):

@@ -22,8 +22,6 @@ from pathlib import Path
 import pytest
 from taught_model import build_taught
 
-from agentrl.envs.inprocess import InProcessClient
-from agentrl.envs.tasks import get_task
 from agentrl.evaluation.evaluate import Settings, evaluate
 from agentrl.evaluation.runner import EvalScope
 from agentrl.evaluation.targets import resolve
@@ -32,6 +30,8 @@ from agentrl.monitor.eval_stats import t_quantile
 from agentrl.monitor.eval_transcripts import read_transcripts
 from agentrl.rollout.agent_loop import EpisodeLimits
 from agentrl.rollout.collect import Retry
+from agentrl.serving.inprocess import InProcessClient
+from agentrl.tasks import get_task
 
 # Teaching the model and starting two vLLM engines take a few minutes of CPU; on a machine shared with other
 # jobs that stretches far past the suite's per-test limit (which counts the module fixture's set-up).

@@ -8,9 +8,6 @@ import gzip
 import json
 from pathlib import Path
 
-from agentrl.envs.inprocess import InProcessClient
-from agentrl.envs.tasks import get_task
-from agentrl.envs.tasks.lookup import make_sample
 from agentrl.evaluation.endpoint import Reply
 from agentrl.evaluation.evaluate import Settings, evaluate, score_into
 from agentrl.evaluation.players import EndpointPlayer, LocalPlayer
@@ -22,6 +19,9 @@ from agentrl.monitor.eval_transcripts import read_transcripts
 from agentrl.rollout.agent_loop import CONVERSATION, EpisodeLimits
 from agentrl.rollout.collect import Retry
 from agentrl.rollout.engine import ExpertEngine, SamplingConfig
+from agentrl.serving.inprocess import InProcessClient
+from agentrl.tasks import get_task
+from agentrl.tasks.lookup import make_sample
 from tests.rollout.scripted_engine import ScriptedEngine
 
 LIMITS = EpisodeLimits(max_turns=0, max_model_len=1024, max_new_tokens=48)

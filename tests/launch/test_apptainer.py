@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from agentrl.config import load_config
-from agentrl.envs.sandbox import apptainer_argv
 from agentrl.launch import apptainer, rendezvous
 from agentrl.launch.prepare import prepare_run, run_config
+from agentrl.sandbox import apptainer_argv
 
 GOLDEN = Path(__file__).parent / "golden"
 REGEN = os.environ.get("AGENTRL_REGEN_GOLDEN") == "1"
@@ -38,7 +38,7 @@ def test_worker_command_golden() -> None:
 
 
 def test_os_sandbox_command_golden() -> None:
-    """The per-session sandbox of the `os` task (agentrl/envs/sandbox/): contained, no network."""
+    """The per-session sandbox of the `os` task (agentrl/sandbox/): contained, no network."""
     argv = apptainer_argv("/images/os-sandbox.sif", {"/run/s1/root": "/root", "/run/s1/tmp": "/tmp"},
                           {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, ["bash", "-c", "driver"], "agentrl-sandbox")
     check("apptainer-os-sandbox.txt", argv)

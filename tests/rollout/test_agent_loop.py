@@ -8,14 +8,14 @@ import json
 import numpy as np
 
 from agentrl.config import RunConfig
-from agentrl.controller.server import start_controller
-from agentrl.envs.client import GatewayClient
-from agentrl.envs.tasks.lookup import make_sample
-from agentrl.envs.worker import start_worker
 from agentrl.models import tiny_chat as chat
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode, turn_budget
 from agentrl.rollout.collect import collect
 from agentrl.rollout.engine import ExpertEngine, SamplingConfig
+from agentrl.serving.client import GatewayClient
+from agentrl.serving.controller.server import start_controller
+from agentrl.serving.worker import start_worker
+from agentrl.tasks.lookup import make_sample
 from agentrl.types import Status
 from tests.rollout.scripted_engine import ScriptedEngine
 

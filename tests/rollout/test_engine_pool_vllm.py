@@ -19,15 +19,15 @@ import pytest
 import torch
 
 from agentrl.config import RunConfig, load_config
-from agentrl.controller.server import start_controller
-from agentrl.envs.client import GatewayClient
-from agentrl.envs.worker import start_worker
 from agentrl.models import tiny
 from agentrl.rollout.agent_loop import EpisodeLimits
 from agentrl.rollout.collect import collect
 from agentrl.rollout.engine import SamplingConfig
 from agentrl.rollout.engine_pool import EnginePool
 from agentrl.rollout.from_config import engine_factory
+from agentrl.serving.client import GatewayClient
+from agentrl.serving.controller.server import start_controller
+from agentrl.serving.worker import start_worker
 from agentrl.trainer.logprobs import token_logprobs
 from agentrl.trainer.model_load import load_model
 from agentrl.types import Trajectory, is_lagging_engine, lagging_engine_id

@@ -11,15 +11,15 @@ import logging
 
 import pytest
 
-from agentrl.envs.inprocess import InProcessClient
+from agentrl.checks.hostile import TOOLS, _benign_call, _EchoTask, _Replies, play_rollout_attacks
 from agentrl.models import standins
 from agentrl.rollout.agent_loop import EngineFailed, EpisodeLimits
 from agentrl.rollout.chat import SAMPLED, ChatFormat, Transcript
 from agentrl.rollout.collect import Retry, collect
 from agentrl.rollout.engine import SamplingConfig
 from agentrl.rollout.env_text import JOINER, render_located
-from agentrl.rollout.hostile import TOOLS, _benign_call, _EchoTask, _Replies, play_rollout_attacks
 from agentrl.rollout.tool_calls import unread_call_observation
+from agentrl.serving.inprocess import InProcessClient
 from agentrl.types import Status
 
 START = [{"role": "system", "content": "You look at pages."}, {"role": "user", "content": "Look."}]

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.envs.inprocess import InProcessClient
-from agentrl.envs.task import EnvError
-from agentrl.envs.tasks import get_task
 from agentrl.rollout.agent_loop import EpisodeLimits
 from agentrl.rollout.collect import Retry
 from agentrl.rollout.engine import ExpertEngine
 from agentrl.rollout.in_run_eval import evaluate
 from agentrl.rollout.spec import RolloutSpec
+from agentrl.serving.inprocess import InProcessClient
+from agentrl.tasks import get_task
+from agentrl.tasks.api import EnvError
 
 
 class Broken(InProcessClient):

@@ -13,14 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agentrl.envs.inprocess import InProcessClient
-from agentrl.envs.tasks import get_task
 from agentrl.rollout import role
 from agentrl.rollout.agent_loop import EpisodeLimits
 from agentrl.rollout.collect import Retry
 from agentrl.rollout.engine import Generation, SamplingConfig
 from agentrl.rollout.env_latency import SlowClient
 from agentrl.rollout.spec import RolloutSpec
+from agentrl.serving.inprocess import InProcessClient
+from agentrl.tasks import get_task
 
 
 class Engine:

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from agentrl.config import load_config
-from agentrl.envs.inprocess import InProcessClient
-from agentrl.envs.tasks import get_task
 from agentrl.models import standins
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.model_check import check_prompts_fit, first_prompts, preflight, prompts_too_long
+from agentrl.serving.inprocess import InProcessClient
+from agentrl.tasks import get_task
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,7 +78,7 @@ def test_the_rollouts_check_and_preflight_refuse_a_length_the_prompts_cannot_fit
 def test_a_sample_that_does_not_start_is_left_out_of_the_prompt_lengths(smol) -> None:
     """AgentBench's db dev-5 (a column named '') does not start on MariaDB: the evaluation's check of the first
     prompts measures the others instead of ending the evaluation before it began."""
-    from agentrl.envs.task import EnvError
+    from agentrl.tasks.api import EnvError
 
     class OneBroken(InProcessClient):
         async def start_sample(self, task: str, index: str):
