@@ -48,13 +48,9 @@ from aiohttp import web
 from agentrl.auth import auth_header
 from agentrl.config import ControllerConfig, EnvsConfig
 from agentrl.config.task_options import capped_budget_s, worker_call_timeout_s
-from agentrl.serving.isolation import DEFAULT_MEMORY_MB, ProcessSession, SessionHost, isolation_of
+from agentrl.serving.isolation import ProcessSession, SessionHost, isolation_of
 from agentrl.serving.listener import GUARD_KEY, ConnectionGuard, ConnectionLimits, GuardedSite, runner_args
 from agentrl.serving.session import (
-    MAX_ARGUMENT_BYTES,
-    MAX_OUTPUT_CHARS,
-    MAX_TOOL_CALLS,
-    MESSAGE_BUDGET_S,
     Session,
     ToolBox,
 )
@@ -99,34 +95,41 @@ def task_cap(task: Task, slots: int) -> int:
 class EnvWorker:
     """Sessions of the hosted tasks and the route handlers over them."""
 
-    def __init__(self, tasks: Mapping[str, Task], slots: int, worker_id: str, session_idle_s: float = 600.0,
-                 max_argument_bytes: int = MAX_ARGUMENT_BYTES, max_output_chars: int = MAX_OUTPUT_CHARS,
-                 max_tool_calls: int = MAX_TOOL_CALLS, call_timeout_s: float = CALL_TIMEOUT_S,
-                 expert_route: bool = False,
-                 max_body_bytes: int = 4 * 1024 * 1024, body_timeout_s: float = 10.0,
-                 message_budget_s: float = MESSAGE_BUDGET_S, process_memory_mb: int = DEFAULT_MEMORY_MB) -> None:
+    def __init__(self, tasks: Mapping[str, Task], envs: EnvsConfig, controller: ControllerConfig, worker_id: str, *,
+                 expert_route: bool = False, call_timeout_s: float | None = None) -> None:
+        """Args:
+            tasks: the hosted tasks by name, built already.
+            envs, controller: the run's sections this worker reads where it uses them: `envs` its slots, the bounds
+                of a call (arguments, tool calls, output), the agent's budget per message and a session process's
+                memory; `controller` the deadline for a task call (`worker_call_timeout_s`), request bodies, and
+                when a quiet session is asked about (later than the controller expires it, by `dead_after_s`).
+            expert_route: answer /expert (the scripted expert's moves).
+            call_timeout_s: the deadline for one task call instead of the controller's (tests make it short).
+        """
         self.tasks = dict(tasks)
-        self.toolboxes = {name: ToolBox(t.tools(), max_argument_bytes, max_tool_calls)
+        self.toolboxes = {name: ToolBox(t.tools(), envs.max_argument_bytes, envs.max_tool_calls)
                           for name, t in self.tasks.items()}
+        self.call_timeout_s = worker_call_timeout_s(controller) if call_timeout_s is None else call_timeout_s
         # The agent's budget per message lies well inside this worker's deadline for a call: a session
         # process that has not answered by `kill_after_s` is killed (the agent's failure) before the call
         # could time out here (the environment's).
-        self.message_budget_s = capped_budget_s(message_budget_s, call_timeout_s)
-        self.kill_after_s = min(self.message_budget_s + 2.0, 0.9 * call_timeout_s)
+        self.message_budget_s = capped_budget_s(envs.message_budget_s, self.call_timeout_s)
+        self.kill_after_s = min(self.message_budget_s + 2.0, 0.9 * self.call_timeout_s)
         isolated = {name: (t, self.toolboxes[name]) for name, t in self.tasks.items()
                     if isolation_of(t) == "process"}
         # forked now, before this worker serves or starts threads: see agentrl.serving.isolation
-        self.host = SessionHost(isolated, process_memory_mb, max_output_chars, self.message_budget_s) \
+        self.host = SessionHost(isolated, envs.process_memory_mb, envs.max_output_chars, self.message_budget_s) \
             if isolated else None
         self.isolated = set(isolated)
-        self.slots = slots
+        self.slots = envs.slots
         self.worker_id = worker_id
-        self.session_idle_s = session_idle_s
-        self.max_output_chars = max_output_chars
-        self.call_timeout_s = call_timeout_s
+        # The controller expires idle sessions and cancels them here; the worker asks about its own quiet
+        # ones (later by a margin, so the two rarely cross) only to free slots the controller forgot.
+        self.session_idle_s = controller.session_idle_s + controller.dead_after_s
+        self.max_output_chars = envs.max_output_chars
         self.expert_route = expert_route
-        self.max_body_bytes = max_body_bytes
-        self.body_timeout_s = body_timeout_s
+        self.max_body_bytes = controller.max_body_bytes
+        self.body_timeout_s = controller.body_timeout_s
         self.draining = False
         self.sessions: dict[str, _Live] = {}
         self.ended: OrderedDict[str, str] = OrderedDict()
@@ -134,7 +137,7 @@ class EnvWorker:
         self.starting = 0
         """start_sample calls in flight: they hold a slot until they answer."""
         self.starting_by_task: dict[str, int] = {}
-        self.task_caps = {name: cap for name, t in self.tasks.items() if (cap := task_cap(t, slots)) < slots}
+        self.task_caps = {name: cap for name, t in self.tasks.items() if (cap := task_cap(t, self.slots)) < self.slots}
         """Tasks whose sessions the host holds fewer of than this worker's slots (`session_cap`): their starts past
         the cap answer no_capacity (the client waits and retries) while the other tasks use the remaining slots."""
         self.stuck = 0
@@ -145,7 +148,7 @@ class EnvWorker:
         self.last_start_error: dict[str, str] = {}
         # A thread for every slot, and as many again for starts and closes of sessions already gone:
         # a call never waits for a thread because other sessions are slow. Threads start only on demand.
-        self.pool = ThreadPoolExecutor(max_workers=2 * slots + 4, thread_name_prefix=f"task-{worker_id}")
+        self.pool = ThreadPoolExecutor(max_workers=2 * self.slots + 4, thread_name_prefix=f"task-{worker_id}")
         self._closing: set[asyncio.Task[None]] = set()
         self.changed = asyncio.Event()
         """Set when the controller should hear from us before the next heartbeat is due (a drain)."""
@@ -576,15 +579,8 @@ async def start_worker(envs: EnvsConfig, controller: ControllerConfig, controlle
             log.warning("%s: at most %d sessions at once on this host of this worker's %d slots (%s); its starts "
                         "past that wait for a free one, the other tasks keep the rest", task.name, cap, envs.slots,
                         task.session_cap_why())
-    # The controller expires idle sessions and cancels them here; the worker asks about its own quiet
-    # ones (later by a margin, so the two rarely cross) only to free slots the controller forgot.
-    worker = EnvWorker(tasks, envs.slots, worker_id,
-                       session_idle_s=controller.session_idle_s + controller.dead_after_s,
-                       max_argument_bytes=envs.max_argument_bytes, max_output_chars=envs.max_output_chars,
-                       max_tool_calls=envs.max_tool_calls, call_timeout_s=worker_call_timeout_s(controller),
-                       expert_route=envs.expert_route == "enabled" if expert_route is None else expert_route,
-                       max_body_bytes=controller.max_body_bytes, body_timeout_s=controller.body_timeout_s,
-                       message_budget_s=envs.message_budget_s, process_memory_mb=envs.process_memory_mb)
+    worker = EnvWorker(tasks, envs, controller, worker_id,
+                       expert_route=envs.expert_route == "enabled" if expert_route is None else expert_route)
     app = create_worker_app(worker, secret, ConnectionLimits.of(controller))
     runner = web.AppRunner(app, **runner_args(controller))
     await runner.setup()

@@ -7,6 +7,7 @@ from typing import Any
 from aio_helpers import run
 from aiohttp.test_utils import TestClient, TestServer
 
+from agentrl.config import ControllerConfig, EnvsConfig
 from agentrl.serving.controller.registry import Registry
 from agentrl.serving.worker import UNHEALTHY_AFTER, EnvWorker, create_worker_app
 from agentrl.tasks.lookup import LookupTask
@@ -28,7 +29,7 @@ class PoisonedTask(LookupTask):
 def test_a_task_failing_every_start_is_reported_and_avoided() -> None:
     async def main() -> None:
         task = PoisonedTask()
-        worker = EnvWorker({"poisoned": task}, slots=4, worker_id="w0")
+        worker = EnvWorker({"poisoned": task}, EnvsConfig(slots=4), ControllerConfig(), "w0")
         async with TestClient(TestServer(create_worker_app(worker))) as http:
             index = LookupTask().indices("train")[0]
             for _ in range(UNHEALTHY_AFTER):

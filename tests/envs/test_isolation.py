@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp.test_utils import TestClient, TestServer
 from env_helpers import call
 
+from agentrl.config import ControllerConfig, EnvsConfig
 from agentrl.serving.worker import EnvWorker, create_worker_app
 from agentrl.tasks.api import Action, StepResult, tool_message
 from agentrl.types import Status
@@ -85,8 +86,8 @@ async def _ticker(lags: list[float], stop: asyncio.Event) -> None:
 
 def play(script: Any, call_timeout_s: float = 4.0) -> Any:
     async def main() -> Any:
-        worker = EnvWorker({"hostile": HostileTask()}, slots=4, worker_id="w", call_timeout_s=call_timeout_s,
-                           process_memory_mb=256, expert_route=True)
+        worker = EnvWorker({"hostile": HostileTask()}, EnvsConfig(slots=4, process_memory_mb=256), ControllerConfig(),
+                           "w", call_timeout_s=call_timeout_s, expert_route=True)
         try:
             async with TestClient(TestServer(create_worker_app(worker))) as http:
                 return await script(http, worker)

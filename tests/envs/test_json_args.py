@@ -10,6 +10,7 @@ import asyncio
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from agentrl.config import ControllerConfig, EnvsConfig
 from agentrl.serving.session import ToolBox
 from agentrl.serving.wire_types import InteractResult
 from agentrl.serving.worker import EnvWorker, create_worker_app
@@ -71,7 +72,7 @@ def test_a_nan_reward_from_an_env_is_not_read_as_a_number() -> None:
 
 def test_over_http_each_is_an_observation_and_the_session_goes_on() -> None:
     async def main() -> None:
-        worker = EnvWorker({"lookup": LookupTask()}, slots=2, worker_id="w")
+        worker = EnvWorker({"lookup": LookupTask()}, EnvsConfig(slots=2), ControllerConfig(), "w")
         async with TestClient(TestServer(create_worker_app(worker))) as http:
             for arguments in ('{"name": ' + "7" * 4301 + "}", '{"name": "\\ud800"}', '{"name": "\ud800"}',
                               '{"name": NaN}', '{"name": 1e999}'):

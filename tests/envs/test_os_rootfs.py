@@ -115,7 +115,7 @@ def test_a_worker_caps_a_task_the_host_holds_fewer_sessions_of() -> None:
             self.body = body
 
     async def starts() -> list[str]:
-        worker = EnvWorker({"budgeted": Budgeted(2), "echo": EchoTask()}, 4, "w")
+        worker = EnvWorker({"budgeted": Budgeted(2), "echo": EchoTask()}, EnvsConfig(slots=4), ControllerConfig(), "w")
         worker._body = lambda request: asyncio.sleep(0, request.body)  # type: ignore[method-assign]
         seen = []
         for task in ("budgeted", "budgeted", "budgeted", "echo", "echo"):

@@ -20,6 +20,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from agentrl.checks.attacks import disk
 from agentrl.checks.attacks.attack import Attack
+from agentrl.config import ControllerConfig, EnvsConfig
 from agentrl.serving.worker import CALL_TIMEOUT_S, EnvWorker, create_worker_app
 from agentrl.tasks.api import Task
 
@@ -198,8 +199,8 @@ async def _healthy(http: TestClient, worker: EnvWorker, task: Task, watch: Watch
 
 
 async def _play(task: Task, attacks: list[Attack], call_timeout_s: float) -> list[AttackResult]:
-    worker = EnvWorker({task.name: task}, slots=8, worker_id="attack-check", call_timeout_s=call_timeout_s,
-                       max_body_bytes=8 << 20)
+    worker = EnvWorker({task.name: task}, EnvsConfig(slots=8), ControllerConfig(max_body_bytes=8 << 20),
+                       "attack-check", call_timeout_s=call_timeout_s)
     results = []
     try:
         async with TestClient(TestServer(create_worker_app(worker))) as http:
