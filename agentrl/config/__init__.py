@@ -8,7 +8,9 @@ Every role takes the whole `RunConfig` and reads a setting where it uses it (the
 
 By place: `model` (the model and its conversation format), `sections` (controller, envs, rollout, trainer, algo,
 transport, monitor), `cluster` (where the roles run: schedule, topology, Slurm), `run` (`RunConfig`, the checks
-across sections and the derived `PipelineShape`), `load` (presets, overrides, dumping). Import from here.
+across sections and the derived `PipelineShape`), `load` (presets, overrides, dumping), `typed` (a value read
+against its field's annotation), `task_options` (each task's options checked against the dataclass it declares,
+the message budget and the worker's deadline for a call, the task names a rank plays). Import from here.
 """
 from agentrl.config.cluster import (
     ClusterConfig,
