@@ -129,8 +129,12 @@ def load(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimi
     The model and optimizer must be wrapped and built already (FSDP2 shards are loaded in place).
     """
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (get_optimizer_state_dict, set_model_state_dict,
-                                                         set_optimizer_state_dict, set_state_dict)
+    from torch.distributed.checkpoint.state_dict import (
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+        set_state_dict,
+    )
 
     path = Path(path)
     body = json.loads((path / STATE_FILE).read_text())

@@ -16,8 +16,8 @@ import torch
 
 from agentrl.config import TrainerConfig
 from agentrl.monitor.progress import StepProgress
-from agentrl.trainer.checkpoint import WARM_FILE
 from agentrl.trainer.batch import collate
+from agentrl.trainer.checkpoint import WARM_FILE
 from agentrl.trainer.imitation import reproduced_share
 from agentrl.trainer.loss_watch import DemoFit, check_end, check_step, demo_fit
 from agentrl.trainer.lr_range import auto_rates
