@@ -38,7 +38,7 @@ def test_every_attack_holds_on_the_built_in_tasks() -> None:
     if missing_sandbox() is None or os.environ.get("CI"):  # os needs bubblewrap and its rootfs (CI has both)
         from agentrl.tasks.os_task import OsTask
 
-        assert held(OsTask(sandbox={"backend": "bwrap", "command_timeout_s": 5.0})) == (GENERIC + 14, [])
+        assert held(OsTask(sandbox={"backend": "bwrap", "command_timeout_s": 5.0})) == (GENERIC + 16, [])
 
 
 def test_every_attack_holds_on_bfcl_alfworld_and_webshop() -> None:
