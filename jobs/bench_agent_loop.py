@@ -81,16 +81,16 @@ class Bench:
         from agentrl.tasks import get_task, task_name
 
         self.cfg, self.concurrency = cfg, concurrency
-        self.plan = RolloutSpec.from_config(cfg)
+        self.spec = RolloutSpec.from_config(cfg)
         self.fmt = chat_format(cfg, model_dir)
         tasks = {task_name(t): get_task(t, **cfg.envs.task_options.get(t, {})) for t in cfg.envs.tasks}
         self.client = InProcessClient(tasks)
         # own_process: vLLM's EngineCore in a process of its own, as every engine runs on GPU nodes (`devices`
         # given; "" here: no GPU), so its scheduler's Python does not share this process's GIL with the loops
-        self.engine = VLLMEngine(str(model_dir), self.plan.limits.max_model_len, max_num_seqs=concurrency,
+        self.engine = VLLMEngine(str(model_dir), self.spec.limits.max_model_len, max_num_seqs=concurrency,
                                  kv_cache_gib=cfg.cluster.rollout.cpu_kv_cache_gib, seed=cfg.seed,
                                  devices="" if own_process else None)
-        self.sampling = SamplingConfig(self.plan.limits.max_new_tokens, self.plan.temperature, self.plan.top_p,
+        self.sampling = SamplingConfig(self.spec.limits.max_new_tokens, self.spec.temperature, self.spec.top_p,
                                        self.fmt.stop_ids)
         self.tasks = list(tasks)
         self.episodes = episodes
@@ -105,7 +105,7 @@ class Bench:
     async def _collect(self, engine: Any, reqs: list[tuple[str, str, str]]) -> list[Any]:
         from agentrl.rollout.collect import collect
 
-        trajs, _ = await collect(self.client, engine, self.fmt, reqs, self.sampling, self.plan.limits,
+        trajs, _ = await collect(self.client, engine, self.fmt, reqs, self.sampling, self.spec.limits,
                                  self.concurrency, 0)
         return trajs
 

@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         kv_cache_gib=cfg.cluster.rollout.cpu_kv_cache_gib, seed=cfg.seed, engine_options=(("dtype", args.dtype),))
     if temperature == 0 and runs > 1:
         print(f"note: at temperature 0 the {runs} runs play the same tokens; --greedy plays one", file=sys.stderr)
-    plan = EvalScope(tuple(cfg.envs.tasks), args.split, args.samples, runs, args.concurrency)
+    scope = EvalScope(tuple(cfg.envs.tasks), args.split, args.samples, runs, args.concurrency)
     stem = f"{'cross' if other else 'eval'}-{args.split}" + (f"-v{target.version}" if target.version is not None
                                                             else "") + ("-greedy" if temperature == 0 else "")
     if args.fresh:
@@ -176,12 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     bars = {"auto": None, "bars": True, "lines": False}[args.progress]
     print(f"evaluating {target.describe()}" + (f" crossed with {other.describe()} (p={args.cross_prob:g})"
                                                if other else "")
-          + f" on {', '.join(plan.tasks)} ({args.split}, {runs} run{'s' * (runs > 1)}, temperature {temperature:g},"
+          + f" on {', '.join(scope.tasks)} ({args.split}, {runs} run{'s' * (runs > 1)}, temperature {temperature:g},"
           f" {args.protocol} protocol) into {out}", flush=True)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _stop)
     try:
-        table = asyncio.run(_run(cfg, out, args.inprocess, target, other, args.cross_prob, plan, settings, stem,
+        table = asyncio.run(_run(cfg, out, args.inprocess, target, other, args.cross_prob, scope, settings, stem,
                                  bars, args.bootstrap))
     except (KeyboardInterrupt, SystemExit) as e:
         print(f"stopped; the episodes scored so far are in {out}/{stem}*.jsonl: run the same command to go on",
@@ -195,12 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-async def _run(cfg, out: Path, inprocess: bool, target: Target, other: Target | None, prob: float, plan: EvalScope,
+async def _run(cfg, out: Path, inprocess: bool, target: Target, other: Target | None, prob: float, scope: EvalScope,
                settings: Settings, stem: str, bars: bool | None, bootstrap: int) -> str:
     async with env_client(cfg, out, inprocess) as client:
         if other is not None:
-            return await evaluate_cross(client, target, other, prob, plan, settings, out, stem, bars)
-        return await evaluate(client, target, plan, settings, out, stem, bars, bootstrap)
+            return await evaluate_cross(client, target, other, prob, scope, settings, out, stem, bars)
+        return await evaluate(client, target, scope, settings, out, stem, bars, bootstrap)
 
 
 if __name__ == "__main__":

@@ -50,17 +50,17 @@ async def expert_demos(cfg: RunConfig, model_dir: Path, per_task: int) -> list:
     from agentrl.rollout.from_config import chat_format
     from agentrl.rollout.spec import RolloutSpec
 
-    plan = RolloutSpec.from_config(cfg)
+    spec = RolloutSpec.from_config(cfg)
     fmt = chat_format(cfg, model_dir)
     client = inprocess_client(cfg)
-    rng = random.Random(plan.seed)
+    rng = random.Random(spec.seed)
     reqs = []
-    for task in plan.tasks:
+    for task in spec.tasks:
         train = await client.indices(task, "train")
         reqs += [(task, i, f"expert-{task}-{i}") for i in rng.sample(train, min(per_task, len(train)))]
-    sampling = SamplingConfig(plan.limits.max_new_tokens, plan.temperature, plan.top_p, fmt.stop_ids)
-    trajs, _ = await collect(client, ExpertEngine(client), fmt, reqs, sampling, plan.limits, plan.concurrency,
-                             Retry(max_retries=plan.retry.max_retries))
+    sampling = SamplingConfig(spec.limits.max_new_tokens, spec.temperature, spec.top_p, fmt.stop_ids)
+    trajs, _ = await collect(client, ExpertEngine(client), fmt, reqs, sampling, spec.limits, spec.concurrency,
+                             Retry(max_retries=spec.retry.max_retries))
     return trajs
 
 

@@ -79,7 +79,7 @@ async def amain(run_dir: Path, rank: int, files: bool = False) -> dict:
         raise SystemExit(f"rollout rank {rank} is outside 0..{cfg.cluster.rollout.ranks - 1} (cluster.rollout.ranks)")
     model_dir = Path(cfg.model.path) if cfg.model.path else run_dir / "model"
     fmt = chat_format(cfg, model_dir)  # the model's template, parser and stop tokens; bad settings fail here
-    plan = RolloutSpec.from_config(cfg)
+    spec = RolloutSpec.from_config(cfg)
     place = role.RankPlace.from_config(cfg, rank)
     timeout = cfg.cluster.role_timeout_s
 
@@ -101,9 +101,9 @@ async def amain(run_dir: Path, rank: int, files: bool = False) -> dict:
         async with GatewayClient(url, keepalive_s=cfg.controller.keepalive_s, secret=run_secret(run_dir)) as gateway:
             client = maybe_slow(gateway, r.env_latency_s, r.env_latency_sigma, cfg.seed * 100 + rank)
             if rank == 0:  # before any episode: a prompt that cannot fit with a turn is a settings error, named
-                await check_prompts_fit(gateway, fmt, plan.tasks, r.max_model_len, r.max_new_tokens)
+                await check_prompts_fit(gateway, fmt, spec.tasks, r.max_model_len, r.max_new_tokens)
             make_engine = engine_factory(cfg, model_dir, client, fmt, rank=rank)
-            return await role.run(run_dir, client, fmt, make_engine, plan, place, monitor, channel, weights)
+            return await role.run(run_dir, client, fmt, make_engine, spec, place, monitor, channel, weights)
     finally:
         monitor.close()
 

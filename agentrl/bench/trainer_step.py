@@ -84,8 +84,8 @@ def compare_steps(s: StepBench) -> dict[str, Any]:
     ours_opt = torch.optim.AdamW(ours_model.parameters(), lr=1e-5)
     bare_opt = torch.optim.AdamW(bare_model.parameters(), lr=1e-5)
 
-    # the bare step's inputs, laid out once (outside its timing): the same plan and packing as ours
-    plan = plan_micro_batches(batch.lengths, trainer.micro_batch_tokens, trainer.packing)
+    # the bare step's inputs, laid out once (outside its timing): the same micro-batch rows and packing as ours
+    rows = plan_micro_batches(batch.lengths, trainer.micro_batch_tokens, trainer.packing)
     bbs = bare_batches(batch, advantages(batch, algo), trainer.micro_batch_tokens, trainer.packing, impl, par)
     tokens = sum(batch.lengths)
 
@@ -128,7 +128,7 @@ def compare_steps(s: StepBench) -> dict[str, Any]:
         # on a shared machine the fastest step is the least disturbed one: its ratio is the steadier figure
         "ratio_best_step": min(t_bare) / min(t_ours), "ours_step_s": t_ours, "bare_step_s": t_bare,
         "tokens_per_step": tokens, "action_tokens_per_step": batch.num_action_tokens,
-        "micro_batches": len(plan), "padding_frac": padding_fraction(plan, batch.lengths),
+        "micro_batches": len(rows), "padding_frac": padding_fraction(rows, batch.lengths),
         "padding_frac_padded_layout": padding_fraction(plan_micro_batches(batch.lengths, trainer.micro_batch_tokens,
                                                                           False), batch.lengths),
         "attention": impl, "bare_head": s.bare_head,

@@ -1,4 +1,4 @@
-"""One evaluation end to end: players for the targets, the plan scored into its results file, the tables.
+"""One evaluation end to end: players for the targets, the scope's episodes scored into a results file, the tables.
 
     settings     temperature (the rollout's; --greedy: 0 and one run), limits, retries, protocol
     players      a local model: `VLLMEngine` + the model's `ChatFormat` through `run_episode`;
@@ -23,7 +23,7 @@ from typing import Any
 from agentrl.evaluation import cross
 from agentrl.evaluation.endpoint import ChatEndpoint
 from agentrl.evaluation.players import EndpointPlayer, ExpertPlayer, LocalPlayer
-from agentrl.evaluation.runner import EvalScope, plan_keys, progress_for, score
+from agentrl.evaluation.runner import EvalScope, progress_for, scope_keys, score
 from agentrl.evaluation.targets import Target
 from agentrl.monitor.eval_results import ResultsFile, aggregate, read_results
 from agentrl.monitor.eval_tables import terminal_table, write_tables
@@ -52,9 +52,9 @@ class Settings:
     engine_options: tuple[tuple[str, Any], ...] = ()
     """More `VLLMEngine` arguments, e.g. (("dtype", "bfloat16"),) on a GPU (its defaults are the CPU's)."""
 
-    def fingerprint(self, plan: EvalScope, targets: list[Target]) -> dict[str, Any]:
+    def fingerprint(self, scope: EvalScope, targets: list[Target]) -> dict[str, Any]:
         """What a results file's episodes depend on: a rerun with another fingerprint must not resume it."""
-        return {"targets": [t.describe() for t in targets], "split": plan.split, "temperature": self.temperature,
+        return {"targets": [t.describe() for t in targets], "split": scope.split, "temperature": self.temperature,
                 "top_p": self.top_p, "limits": asdict(self.limits), "protocol": self.protocol,
                 "tool_parser": self.tool_parser, "engine": dict(self.engine_options),
                 **({"chat_template": self.chat_template} if self.chat_template else {}),
@@ -84,12 +84,12 @@ def load_format(target: Target, settings: Settings) -> Any:
                            dict(settings.template_kwargs), settings.chat_template)
 
 
-async def check_fit(client: Any, fmt: Any, plan: EvalScope, settings: Settings) -> None:
+async def check_fit(client: Any, fmt: Any, scope: EvalScope, settings: Settings) -> None:
     """Refuse an evaluation whose every first prompt of a task (of its first indices) cannot fit max_model_len with
     a turn (it could score nothing but context_limit); warn when some cannot."""
     from agentrl.rollout.model_check import first_prompts, prompts_too_long
 
-    lengths = await first_prompts(client, fmt, plan.tasks, plan.split)
+    lengths = await first_prompts(client, fmt, scope.tasks, scope.split)
     lim = settings.limits
     if (problem := prompts_too_long(lengths, lim.max_model_len, lim.max_new_tokens, every=True)) is not None:
         raise ValueError(problem)
@@ -127,10 +127,10 @@ async def chat_policy(target: Target, settings: Settings, concurrency: int) -> A
 
 
 @contextlib.asynccontextmanager
-async def player_of(client: Any, target: Target, settings: Settings, plan: EvalScope) -> AsyncIterator[Any]:
+async def player_of(client: Any, target: Target, settings: Settings, scope: EvalScope) -> AsyncIterator[Any]:
     """The player of one target: local models through the token-level agent loop (after `check_fit`), endpoints
     (and the scripted expert) at the message level."""
-    concurrency = plan.concurrency
+    concurrency = scope.concurrency
     if target.expert:
         yield ExpertPlayer(client, settings.limits, settings.retry)
         return
@@ -141,7 +141,7 @@ async def player_of(client: Any, target: Target, settings: Settings, plan: EvalS
     from agentrl.rollout.engine import SamplingConfig
 
     fmt = load_format(target, settings)
-    await check_fit(client, fmt, plan, settings)
+    await check_fit(client, fmt, scope, settings)
     async with local_model(target, settings, concurrency, fmt) as (engine, fmt):
         sampling = SamplingConfig(settings.limits.max_new_tokens, settings.temperature, settings.top_p, fmt.stop_ids)
         yield LocalPlayer(client, engine, fmt, sampling, settings.limits, settings.retry)
@@ -166,32 +166,32 @@ async def score_into(player: Any, keys: list, path: Path, fingerprint: dict[str,
 
 
 def tables(rf: ResultsFile, keys: list, out: Path, stem: str, label: str, bootstrap: int = 0) -> str:
-    """Aggregate the planned episodes of `rf` and write the tables; returns the terminal table."""
-    planned = set(keys)
-    eps = [e for e in rf.episodes if e.key in planned]
+    """Aggregate the episodes in scope of `rf` and write the tables; returns the terminal table."""
+    in_scope = set(keys)
+    eps = [e for e in rf.episodes if e.key in in_scope]
     runs = max((k[3] for k in keys), default=0) + 1
     results = aggregate(eps, ks=range(1, runs + 1), bootstrap_resamples=bootstrap)
     write_tables(results, out, stem, label=label)
     return terminal_table(results)
 
 
-async def evaluate(client: Any, target: Target, plan: EvalScope, settings: Settings, out: Path, stem: str,
+async def evaluate(client: Any, target: Target, scope: EvalScope, settings: Settings, out: Path, stem: str,
                    progress: bool | None = None, bootstrap: int = 0) -> str:
-    """Score `target` on `plan` into OUT/<stem>.jsonl and write its tables; returns the terminal table."""
-    keys = await plan_keys(client, plan)
+    """Score `target` on `scope` into OUT/<stem>.jsonl and write its tables; returns the terminal table."""
+    keys = await scope_keys(client, scope)
     path = out / f"{stem}.jsonl"
     done = {e.key for e in read_results(path)}
     if all(k in done for k in keys):  # nothing left: the tables again, without starting an engine
-        check_resumable(path.with_suffix(".meta.json"), settings.fingerprint(plan, [target]))
+        check_resumable(path.with_suffix(".meta.json"), settings.fingerprint(scope, [target]))
         log.info("%s: all %d episodes already scored", path, len(keys))
         with ResultsFile(path) as rf:
             return tables(rf, keys, out, stem, target.label, bootstrap)
-    async with player_of(client, target, settings, plan) as player:
-        rf = await score_into(player, keys, path, settings.fingerprint(plan, [target]), plan.concurrency, progress)
+    async with player_of(client, target, settings, scope) as player:
+        rf = await score_into(player, keys, path, settings.fingerprint(scope, [target]), scope.concurrency, progress)
     return tables(rf, keys, out, stem, target.label, bootstrap)
 
 
-async def evaluate_cross(client: Any, a: Target, b: Target, prob: float, plan: EvalScope, settings: Settings,
+async def evaluate_cross(client: Any, a: Target, b: Target, prob: float, scope: EvalScope, settings: Settings,
                          out: Path, stem: str, progress: bool | None = None) -> str:
     """The three arms of cross-sampling (A, B, and each turn from B with probability `prob`), then the pass@k
     curves of single A, single B, mix and cross for k = 1..runs; returns the curves as markdown.
@@ -203,16 +203,16 @@ async def evaluate_cross(client: Any, a: Target, b: Target, prob: float, plan: E
     from agentrl.rollout.engine import SamplingConfig
     from agentrl.rollout.engine_pool import EnginePool
 
-    keys = await plan_keys(client, plan)
+    keys = await scope_keys(client, scope)
     files: dict[str, ResultsFile] = {}
     async with contextlib.AsyncExitStack() as stack:
         local = {}
         for t in (a, b):
             if not t.is_endpoint:
                 fmt = load_format(t, settings)
-                await check_fit(client, fmt, plan, settings)
-                local[t] = await stack.enter_async_context(local_model(t, settings, plan.concurrency, fmt))
-        endpoints = {t: await stack.enter_async_context(chat_policy(t, settings, plan.concurrency))
+                await check_fit(client, fmt, scope, settings)
+                local[t] = await stack.enter_async_context(local_model(t, settings, scope.concurrency, fmt))
+        endpoints = {t: await stack.enter_async_context(chat_policy(t, settings, scope.concurrency))
                      for t in (a, b) if t.is_endpoint}
 
         def sampling(fmt: Any) -> SamplingConfig:
@@ -227,7 +227,7 @@ async def evaluate_cross(client: Any, a: Target, b: Target, prob: float, plan: E
 
         for arm, target in (("A", a), ("B", b)):
             files[arm] = await score_into(alone(target), keys, out / f"{stem}-{arm}.jsonl",
-                                          settings.fingerprint(plan, [target]), plan.concurrency, progress, arm=arm)
+                                          settings.fingerprint(scope, [target]), scope.concurrency, progress, arm=arm)
             tables(files[arm], keys, out, f"{stem}-{arm}", target.label)
         seed = f"cross/{settings.seed}"
         if a in local and b in local and same_format(local[a][1], local[b][1]):
@@ -239,12 +239,12 @@ async def evaluate_cross(client: Any, a: Target, b: Target, prob: float, plan: E
                 return endpoints[t] if t in endpoints else cross.LocalChat(*local[t], settings.limits.max_model_len)
             crossed = EndpointPlayer(client, cross.RoutedEndpoint(side(a), side(b), prob, seed=seed),
                                      settings.temperature, settings.top_p, settings.limits, settings.retry)
-        fp = {**settings.fingerprint(plan, [a, b]), "cross_prob": prob}
-        files["cross"] = await score_into(crossed, keys, out / f"{stem}-cross.jsonl", fp, plan.concurrency, progress,
+        fp = {**settings.fingerprint(scope, [a, b]), "cross_prob": prob}
+        files["cross"] = await score_into(crossed, keys, out / f"{stem}-cross.jsonl", fp, scope.concurrency, progress,
                                           arm="cross")
     tables(files["cross"], keys, out, f"{stem}-cross", f"{a.label} x {b.label} (p={prob:g})")
-    planned = set(keys)
-    c = cross.curves({arm: [e for e in rf.episodes if e.key in planned] for arm, rf in files.items()}, plan.runs)
+    in_scope = set(keys)
+    c = cross.curves({arm: [e for e in rf.episodes if e.key in in_scope] for arm, rf in files.items()}, scope.runs)
     (out / f"{stem}-curves.json").write_text(json.dumps({"A": a.label, "B": b.label, "prob": prob, "curves": c},
                                                         indent=2))
     md = cross.curves_markdown(c, a.label, b.label, prob)

@@ -1,6 +1,6 @@
-"""Score a plan of episodes into a resumable results file, at most `concurrency` at once.
+"""Score the episodes of an `EvalScope` into a resumable results file, at most `concurrency` at once.
 
-    plan      every (task, split, index, sample) to score: the first `samples` indices of each task's split,
+    scope     every (task, split, index, sample) to score: the first `samples` indices of each task's split,
               each `runs` times (sample = run 0..k-1), run-major so that an interrupted evaluation holds
               whole runs first
     resume    keys already in the results file are skipped (the same command continues where it stopped)
@@ -37,15 +37,15 @@ class EvalScope:
     concurrency: int = 32
 
 
-async def plan_keys(client: Any, plan: EvalScope) -> list[Key]:
-    """Every key of the plan, run-major: run 0 over every index of every task, then run 1, ..."""
+async def scope_keys(client: Any, scope: EvalScope) -> list[Key]:
+    """Every key of the scope, run-major: run 0 over every index of every task, then run 1, ..."""
     indices = {}
-    for task in plan.tasks:
-        idx = list(await client.indices(task, plan.split))
+    for task in scope.tasks:
+        idx = list(await client.indices(task, scope.split))
         if not idx:
-            raise ValueError(f"task {task!r} has no {plan.split!r} samples")
-        indices[task] = idx[: plan.samples] if plan.samples > 0 else idx
-    return [(task, plan.split, i, run) for run in range(plan.runs) for task in plan.tasks for i in indices[task]]
+            raise ValueError(f"task {task!r} has no {scope.split!r} samples")
+        indices[task] = idx[: scope.samples] if scope.samples > 0 else idx
+    return [(task, scope.split, i, run) for run in range(scope.runs) for task in scope.tasks for i in indices[task]]
 
 
 async def score(player: Player, keys: Sequence[Key], results: ResultsFile, concurrency: int,

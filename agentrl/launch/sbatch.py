@@ -9,7 +9,7 @@
 
 Both write logs where Slurm can (the submit directory, `%x-%j.out`; each role's under the run dir,
 which the script creates), and both pass the job's preemption warning (USR1) to the trainer and
-requeue. The job runs in the plan's root (the repository on the compute nodes), after the site's set-up
+requeue. The job runs in the layout's root (the repository on the compute nodes), after the site's set-up
 lines (`cluster.setup`), which every step also runs on its own node through RUN_DIR/setup.sh before its
 program. What they render is golden-tested (tests/launch/golden/). Standard library only.
 """
@@ -139,54 +139,54 @@ def step_argv(step: Step, python: str, run_dir: str, image: str = "", data_dir: 
     return argv
 
 
-def _header_lines(plan: JobLayout, preset: str, overrides: list[str], how: str) -> list[str]:
+def _header_lines(layout: JobLayout, preset: str, overrides: list[str], how: str) -> list[str]:
     cmd = _join(["python", "-m", "jobs.launch", "--preset", preset, "--render-sbatch", *overrides])
-    if plan.root == SUBMIT_DIR:
+    if layout.root == SUBMIT_DIR:
         where = ["# Submit from the repository root, after `bash install.sh`. Logs: <job name>-<job id>.out in the",
                  "# submit directory; each role's in runs/<name>-<job id>/logs/<role>-<task>.log."]
     else:
-        where = [f"# Runs in {plan.root} (the repository, after `bash install.sh`; relative paths were resolved",
+        where = [f"# Runs in {layout.root} (the repository, after `bash install.sh`; relative paths were resolved",
                  "# against it): submit from anywhere. Logs: <job name>-<job id>.out in the submit directory; each "
                  "role's in RUN_DIR/logs/<role>-<task>.log."]
     return [
         "#!/bin/bash",
-        f"# agentrl run {plan.name!r} from preset {preset!r}: {how}.",
+        f"# agentrl run {layout.name!r} from preset {preset!r}: {how}.",
         f"# Rendered by `{cmd}`; edit the config, not this file.",
         *where,
-        f"# Preemption: {plan.signal_s} s before the time limit Slurm sends USR1; the trainer checkpoints and the",
+        f"# Preemption: {layout.signal_s} s before the time limit Slurm sends USR1; the trainer checkpoints and the",
         "# job requeues under the same id, so the run resumes in the same run directory.",
     ]
 
 
-def _group_lines(plan: JobLayout, g: int) -> list[str]:
-    return [f"#SBATCH --{k}={shlex.quote(v)}" for k, v in plan.groups[g].directives]
+def _group_lines(layout: JobLayout, g: int) -> list[str]:
+    return [f"#SBATCH --{k}={shlex.quote(v)}" for k, v in layout.groups[g].directives]
 
 
-def _prepare_lines(plan: JobLayout, preset: str, overrides: list[str], make_model_group: int | None) -> list[str]:
+def _prepare_lines(layout: JobLayout, preset: str, overrides: list[str], make_model_group: int | None) -> list[str]:
     # the user's overrides are quoted as typed (a `$` in a set-up line stays a `$`); ours may name $SLURM_SUBMIT_DIR
     prepare = " ".join([_join(["$PY", "-m", "jobs.launch", "--preset", preset, "--prepare-run", "$RUN_DIR"]),
-                        *(shlex.quote(o) for o in overrides), *(_q(o) for o in plan.overrides)])
+                        *(shlex.quote(o) for o in overrides), *(_q(o) for o in layout.overrides)])
     lines = [
         "# config.yaml is written once: a requeued job keeps it (and its checkpoints) and resumes",
         prepare,
     ]
-    if plan.setup:
-        lines += [f"cat > \"$RUN_DIR/{SETUP_FILE}\" <<'SETUP'", *setup_script(plan.setup).splitlines(), "SETUP"]
-    if plan.needs_model and make_model_group is not None:  # the tiny model, built once in the trainer's group
-        setup = ["bash", f"$RUN_DIR/{SETUP_FILE}"] if plan.setup else []
+    if layout.setup:
+        lines += [f"cat > \"$RUN_DIR/{SETUP_FILE}\" <<'SETUP'", *setup_script(layout.setup).splitlines(), "SETUP"]
+    if layout.needs_model and make_model_group is not None:  # the tiny model, built once in the trainer's group
+        setup = ["bash", f"$RUN_DIR/{SETUP_FILE}"] if layout.setup else []
         make = ["srun", "--mpi=none", f"--het-group={make_model_group}", "--ntasks=1", *setup, "$PY", "-m",
                 "jobs.make_model", "--run-dir", "$RUN_DIR"]
         lines.append(f'[ -f "$RUN_DIR/model/config.json" ] || {_join(make)}')
     return lines
 
 
-def _site_setup_lines(plan: JobLayout) -> list[str]:
+def _site_setup_lines(layout: JobLayout) -> list[str]:
     """`cluster.setup` in the batch shell, before the job's first command (`set -u` would trip many module
     and activate scripts, so it is off around them)."""
-    if not plan.setup:
+    if not layout.setup:
         return []
     return ["# site set-up (cluster.setup): here, and on every step's node before its program (RUN_DIR/setup.sh)",
-            "set +u", *plan.setup, "set -u"]
+            "set +u", *layout.setup, "set -u"]
 
 
 def task_argv(step: Step, task: str, python: str, run_dir: str, image: str = "", data_dir: str = "data",
@@ -198,9 +198,9 @@ def task_argv(step: Step, task: str, python: str, run_dir: str, image: str = "",
     return [a.replace("-%t.log", f"-{task}.log") if a.startswith("--output=") else a for a in argv]
 
 
-def _data_dir(plan: JobLayout) -> str:
+def _data_dir(layout: JobLayout) -> str:
     """The task data directory the env workers' containers bind: data/ of the repository."""
-    return absolute("data", plan.root)
+    return absolute("data", layout.root)
 
 
 def _restartable_lines(step: Step, het: bool, image: str, binds: tuple[str, ...], data_dir: str) -> list[str]:
@@ -234,13 +234,13 @@ def _restartable_lines(step: Step, het: bool, image: str, binds: tuple[str, ...]
     ]
 
 
-def _step_line(plan: JobLayout, step: Step, het: bool, image: str, binds: tuple[str, ...]) -> str:
+def _step_line(layout: JobLayout, step: Step, het: bool, image: str, binds: tuple[str, ...]) -> str:
     if step.restarts:
         where = f"het group {step.group}, " if het else ""
-        lines = _restartable_lines(step, het, image, binds, _data_dir(plan))
+        lines = _restartable_lines(step, het, image, binds, _data_dir(layout))
         lines.append(f"# {step.role}: {where}{step.ntasks} task{'s' if step.ntasks > 1 else ''}, a step each")
         return "\n".join([*lines, f"{step.role}s {step.ntasks} &", f"{step.role.upper()}=$!"])
-    argv = step_argv(step, "$PY", "$RUN_DIR", image, _data_dir(plan), binds, het)
+    argv = step_argv(step, "$PY", "$RUN_DIR", image, _data_dir(layout), binds, het)
     parts = (step, *step.mpmd)
     where = [f"{p.role}: " + (f"het group {p.group}, " if het else "") + f"{p.ntasks} task{'s' if p.ntasks > 1 else ''}"
              for p in parts]
@@ -310,69 +310,70 @@ def _finish_lines(ends: list[str], others: list[str], restarted: bool = False) -
     return lines
 
 
-def render_hetjob(plan: JobLayout, preset: str, overrides: list[str], image: str = "",
+def render_hetjob(layout: JobLayout, preset: str, overrides: list[str], image: str = "",
                   binds: tuple[str, ...] = ()) -> str:
     """One heterogeneous job: groups 0 trainer, 1 rollout, 2 env workers (+ controller)."""
-    lines = _header_lines(plan, preset, overrides, "one heterogeneous Slurm job")
+    lines = _header_lines(layout, preset, overrides, "one heterogeneous Slurm job")
     lines += [
-        f"#SBATCH --job-name=agentrl-{plan.name}",
+        f"#SBATCH --job-name=agentrl-{layout.name}",
         "#SBATCH --output=%x-%j.out",
         "#SBATCH --open-mode=append",
         "#SBATCH --requeue",
-        f"#SBATCH --signal=B:USR1@{plan.signal_s}",
+        f"#SBATCH --signal=B:USR1@{layout.signal_s}",
     ]
     for g in (TRAINER, ROLLOUT, ENV):
         if g:
             lines.append("#SBATCH hetjob")
         lines.append(f"# het group {g}: {GROUP_NAMES[g]}" + (" + controller" if any(
-            s.role == "controller" and s.group == g for s in plan.steps) else ""))
-        lines += _group_lines(plan, g)
+            s.role == "controller" and s.group == g for s in layout.steps) else ""))
+        lines += _group_lines(layout, g)
     lines += [
         "",
         "set -euo pipefail",
         ': "${SLURM_JOB_ID:?submit this script with sbatch}"',
-        f"cd {_q(plan.root)}",
-        *_site_setup_lines(plan),
-        f'PY=${{AGENTRL_PYTHON:-{plan.python}}}',
-        f'RUN_DIR={_q(plan.run_root)}/{plan.name}-"$SLURM_JOB_ID"',
+        f"cd {_q(layout.root)}",
+        *_site_setup_lines(layout),
+        f'PY=${{AGENTRL_PYTHON:-{layout.python}}}',
+        f'RUN_DIR={_q(layout.run_root)}/{layout.name}-"$SLURM_JOB_ID"',
         'mkdir -p "$RUN_DIR/logs"',
         "export AGENTRL_REQUEUE_BY_SCRIPT=1  # the trainer checkpoints and exits on USR1; this script requeues",
-        *_prepare_lines(plan, preset, overrides, TRAINER),
+        *_prepare_lines(layout, preset, overrides, TRAINER),
         "",
         "set +e  # from here on a role's exit status is collected, not fatal",
         _WAIT_STEP,
         _TRAP_USR1,
         "",
     ]
-    for step in plan.steps:
-        lines.append(_step_line(plan, step, True, image, binds))
-    ends = [s.role.upper() for s in plan.steps if s.ends_run]
-    others = [s.role.upper() for s in plan.steps if not s.ends_run]
+    for step in layout.steps:
+        lines.append(_step_line(layout, step, True, image, binds))
+    ends = [s.role.upper() for s in layout.steps if s.ends_run]
+    others = [s.role.upper() for s in layout.steps if not s.ends_run]
     lines += ["", "# the run ends when rollout and trainer have; then the env side is stopped"]
-    lines += _finish_lines(ends, others, any(s.step_restarts for s in plan.steps))
+    lines += _finish_lines(ends, others, any(s.step_restarts for s in layout.steps))
     return "\n".join(lines) + "\n"
 
 
-def render_per_role(plan: JobLayout, preset: str, overrides: list[str], image: str = "",
+def render_per_role(layout: JobLayout, preset: str, overrides: list[str], image: str = "",
                     binds: tuple[str, ...] = ()) -> str:
     """One job per role for sites without hetjobs: a bash file that submits them in order."""
-    lines = _header_lines(plan, preset, overrides, "one job per role (cluster.hetjob=false)")
+    lines = _header_lines(layout, preset, overrides, "one job per role (cluster.hetjob=false)")
     lines[3] = ("# Run it (do not sbatch it) from the repository root, after `bash install.sh`: it submits the"
-                if plan.root == SUBMIT_DIR else
-                f"# Run it (do not sbatch it), after `bash install.sh` in {plan.root} (where it runs): it submits the")
+                if layout.root == SUBMIT_DIR else
+                f"# Run it (do not sbatch it), after `bash install.sh` in {layout.root} (where it runs): "
+                "it submits the")
     lines[4] = "# jobs. Logs: <job name>-<job id>.out here; each role's in the run dir's logs/<role>-<task>.log."
     lines += [
         "set -euo pipefail",
         # paths relative to the submit directory: the jobs below are submitted from here
-        "SLURM_SUBMIT_DIR=$PWD" if plan.root == SUBMIT_DIR else f"cd {_q(plan.root)}",
-        *_site_setup_lines(plan),
-        f'PY=${{AGENTRL_PYTHON:-{plan.python}}}',
-        f'RUN_DIR={_q(plan.run_root)}/{plan.name}-$(date +%Y%m%d-%H%M%S)',
+        "SLURM_SUBMIT_DIR=$PWD" if layout.root == SUBMIT_DIR else f"cd {_q(layout.root)}",
+        *_site_setup_lines(layout),
+        f'PY=${{AGENTRL_PYTHON:-{layout.python}}}',
+        f'RUN_DIR={_q(layout.run_root)}/{layout.name}-$(date +%Y%m%d-%H%M%S)',
         'mkdir -p "$RUN_DIR/logs"',
-        *_prepare_lines(plan, preset, overrides, None),
+        *_prepare_lines(layout, preset, overrides, None),
         "export AGENTRL_RUN_DIR=$RUN_DIR AGENTRL_PYTHON=$PY",
     ]
-    by_group = {g: [s for s in plan.steps if s.group == g] for g in (ENV, TRAINER, ROLLOUT)}
+    by_group = {g: [s for s in layout.steps if s.group == g] for g in (ENV, TRAINER, ROLLOUT)}
     previous = ""
     for g in (ENV, TRAINER, ROLLOUT):
         var = f"{GROUP_NAMES[g].upper()}_JOB"
@@ -380,26 +381,26 @@ def render_per_role(plan: JobLayout, preset: str, overrides: list[str], image: s
         lines.append(f"{var}=$(sbatch --parsable{dep} <<'JOB'")
         lines += [
             "#!/bin/bash",
-            f"#SBATCH --job-name=agentrl-{plan.name}-{GROUP_NAMES[g]}",
+            f"#SBATCH --job-name=agentrl-{layout.name}-{GROUP_NAMES[g]}",
             "#SBATCH --output=%x-%j.out",
             "#SBATCH --open-mode=append",
             "#SBATCH --requeue",
         ]
         if g == TRAINER:
-            lines.append(f"#SBATCH --signal=B:USR1@{plan.signal_s}")
-        lines += _group_lines(plan, g)
-        lines += ["set -u", f"cd {_q(plan.root)}", *_site_setup_lines(plan),
+            lines.append(f"#SBATCH --signal=B:USR1@{layout.signal_s}")
+        lines += _group_lines(layout, g)
+        lines += ["set -u", f"cd {_q(layout.root)}", *_site_setup_lines(layout),
                   "PY=$AGENTRL_PYTHON RUN_DIR=$AGENTRL_RUN_DIR", _WAIT_STEP]
         if g == TRAINER:
             lines += [_TRAP_USR1, "export AGENTRL_REQUEUE_BY_SCRIPT=1"]
-        if g == TRAINER and plan.needs_model:
-            setup = f'bash "$RUN_DIR/{SETUP_FILE}" ' if plan.setup else ""
+        if g == TRAINER and layout.needs_model:
+            setup = f'bash "$RUN_DIR/{SETUP_FILE}" ' if layout.setup else ""
             lines.append(f'[ -f "$RUN_DIR/model/config.json" ] || srun --mpi=none --ntasks=1 {setup}"$PY" -m '
                          'jobs.make_model --run-dir "$RUN_DIR"')
-        if g == ROLLOUT and plan.needs_model:
+        if g == ROLLOUT and layout.needs_model:
             lines.append('until [ -f "$RUN_DIR/model/config.json" ]; do sleep 5; done  # the trainer job builds it')
         for step in by_group[g]:
-            lines.append(_step_line(plan, step, False, image, binds))
+            lines.append(_step_line(layout, step, False, image, binds))
         names = [s.role.upper() for s in by_group[g]]
         if g == ENV:  # serves until the rollout job cancels it
             lines += ['wait_step "$ENV_WORKER"']

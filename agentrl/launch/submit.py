@@ -89,9 +89,9 @@ def slurm_parameters(name: str, directives: tuple[tuple[str, str], ...], signal_
 
 def executor_for(cfg: RunConfig, folder: str | Path) -> HetSlurmExecutor:
     """An executor for `cfg`'s groups: group 0 (trainer) carries the function, then rollout, then env."""
-    plan = topology.plan(cfg)
-    ex = HetSlurmExecutor(folder, [list(g.directives) for g in plan.groups[1:]])
-    ex.update_parameters(**slurm_parameters(f"agentrl-{cfg.name}", plan.groups[topology.TRAINER].directives,
+    layout = topology.plan(cfg)
+    ex = HetSlurmExecutor(folder, [list(g.directives) for g in layout.groups[1:]])
+    ex.update_parameters(**slurm_parameters(f"agentrl-{cfg.name}", layout.groups[topology.TRAINER].directives,
                                             cfg.cluster.signal_s, setup=cfg.cluster.setup))
     return ex
 
@@ -245,13 +245,13 @@ def submit(cfg: RunConfig, preset: str, overrides: list[str], folder: Path) -> l
 
     run_dir = Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     prepare_run(preset, [*overrides, "controller.host=0.0.0.0"], run_dir)
-    plan = topology.plan(cfg)
+    layout = topology.plan(cfg)
     jobs: list[submitit.Job] = []
     for group in (topology.ENV, topology.TRAINER, topology.ROLLOUT):
         ex = submitit.SlurmExecutor(folder=folder)
         extra = {"dependency": f"after:{jobs[-1].job_id}"} if jobs else {}
         ex.update_parameters(**slurm_parameters(f"agentrl-{cfg.name}-{topology.GROUP_NAMES[group]}",
-                                                plan.groups[group].directives, cfg.cluster.signal_s, extra,
+                                                layout.groups[group].directives, cfg.cluster.signal_s, extra,
                                                 cfg.cluster.setup))
         env_job = jobs[0].job_id if group == topology.ROLLOUT else None
         jobs.append(ex.submit(RoleJob(group), str(run_dir), os.getcwd(), env_job))

@@ -19,7 +19,7 @@ from agentrl.rollout.spec import RolloutSpec
 log = logging.getLogger("agentrl.rollout")
 
 
-async def evaluate(client: Any, engine: Engine, fmt: ChatFormat, plan: RolloutSpec, version: int, report_dir: Path,
+async def evaluate(client: Any, engine: Engine, fmt: ChatFormat, spec: RolloutSpec, version: int, report_dir: Path,
                    monitor, sampled: bool = False) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
     """Episodes on the first `eval_samples` held-out indices of each task: greedy, or (`sampled`) each
     index `eval_sampled` times at the rollout temperature, i.e. the stochastic policy RL optimizes.
@@ -28,15 +28,15 @@ async def evaluate(client: Any, engine: Engine, fmt: ChatFormat, plan: RolloutSp
     per-task evaluation (`eval_summary.task_eval`: success, episodes, stderr, env errors, status counts).
     Success is over every episode, an env error (after the rollout's retries) counting as a failure, as in
     `jobs.eval`; `<name>/env_errors` and `<name>/env_error_rate` say how many there were."""
-    name, repeat = ("eval_sampled", plan.eval_sampled) if sampled else ("eval", 1)
+    name, repeat = ("eval_sampled", spec.eval_sampled) if sampled else ("eval", 1)
     reqs = []
-    for task in plan.tasks:
-        idx = (await client.indices(task, plan.eval_split))[: plan.eval_samples]
+    for task in spec.tasks:
+        idx = (await client.indices(task, spec.eval_split))[: spec.eval_samples]
         reqs += [(task, i, f"{name}-{task}-{i}") for i in idx for _ in range(repeat)]
-    temperature, top_p = (plan.temperature, plan.top_p) if sampled else (0.0, 1.0)
-    sampling = SamplingConfig(plan.limits.max_new_tokens, temperature, top_p, fmt.stop_ids)
+    temperature, top_p = (spec.temperature, spec.top_p) if sampled else (0.0, 1.0)
+    sampling = SamplingConfig(spec.limits.max_new_tokens, temperature, top_p, fmt.stop_ids)
     t0 = time.perf_counter()
-    trajs, _ = await collect(client, engine, fmt, reqs, sampling, plan.limits, plan.concurrency, plan.retry)
+    trajs, _ = await collect(client, engine, fmt, reqs, sampling, spec.limits, spec.concurrency, spec.retry)
     m = rollout_metrics(trajs, prefix=name)
     # as jobs.eval scores: `collect` has retried env errors; those left are failures in the success rate
     # (never left out of its denominator) and are reported beside it as their own count and rate

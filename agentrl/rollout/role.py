@@ -67,9 +67,9 @@ class RankPlace:
         shape = cfg.pipeline  # the synchronous schedule's bounds are fixed there
         return cls(rank, cfg.cluster.rollout.ranks, shape.max_staleness, shape.inflight)
 
-    def groups_per_step(self, plan: RolloutSpec) -> int:
+    def groups_per_step(self, spec: RolloutSpec) -> int:
         """This rank's share of one synchronous step's groups (prompts_per_step × tasks over the ranks)."""
-        total = plan.prompts_per_step * len(plan.tasks)
+        total = spec.prompts_per_step * len(spec.tasks)
         return total // self.ranks + (self.rank < total % self.ranks)
 
 
@@ -87,22 +87,22 @@ def next_incarnation(directory: Path) -> int:
     return n
 
 
-async def expert_demos(run_dir: Path, client: Any, fmt: ChatFormat, plan: RolloutSpec, monitor) -> None:
+async def expert_demos(run_dir: Path, client: Any, fmt: ChatFormat, spec: RolloutSpec, monitor) -> None:
     """The scripted expert's train-split episodes for the warm start (shards/expert-0).
     Written once per run: a restarted rank finds them and moves on."""
     if ShardReader(run_dir / "shards" / "expert-0").available():
         log.info("expert: demonstrations already written (a resumed run)")
         return
-    rng = random.Random(plan.seed)
-    sampling = SamplingConfig(plan.limits.max_new_tokens, plan.temperature, plan.top_p, fmt.stop_ids)
+    rng = random.Random(spec.seed)
+    sampling = SamplingConfig(spec.limits.max_new_tokens, spec.temperature, spec.top_p, fmt.stop_ids)
     reqs = []
-    for task in plan.tasks:
+    for task in spec.tasks:
         train = await client.indices(task, "train")
-        reqs += [(task, i, f"expert-{task}-{i}") for i in rng.sample(train, min(plan.expert_samples, len(train)))]
+        reqs += [(task, i, f"expert-{task}-{i}") for i in rng.sample(train, min(spec.expert_samples, len(train)))]
     bar = StepProgress(len(reqs), "expert demonstrations")
     try:
-        trajs, _ = await collect(client, ExpertEngine(client), fmt, reqs, sampling, plan.limits,
-                                 plan.concurrency, plan.retry, on_done=lambda t: bar.update(1, last=t.task))
+        trajs, _ = await collect(client, ExpertEngine(client), fmt, reqs, sampling, spec.limits,
+                                 spec.concurrency, spec.retry, on_done=lambda t: bar.update(1, last=t.task))
     finally:
         bar.close()
     ShardWriter(run_dir / "shards" / "expert-0").write(trajs)
@@ -113,18 +113,18 @@ async def expert_demos(run_dir: Path, client: Any, fmt: ChatFormat, plan: Rollou
 class RolloutLoop:
     """One rank's episodes: admission, weight swaps, and the path of each finished trajectory."""
 
-    def __init__(self, run_dir: Path, client: Any, fmt: ChatFormat, engine: Any, plan: RolloutSpec, place: RankPlace,
+    def __init__(self, run_dir: Path, client: Any, fmt: ChatFormat, engine: Any, spec: RolloutSpec, place: RankPlace,
                  channel: RolloutChannel, weights: WeightSource, monitor) -> None:
-        self.client, self.fmt, self.engine, self.plan, self.place = client, fmt, engine, plan, place
+        self.client, self.fmt, self.engine, self.spec, self.place = client, fmt, engine, spec, place
         self.ch, self.weights, self.monitor = channel, weights, monitor
-        self.sampling = SamplingConfig(plan.limits.max_new_tokens, plan.temperature, plan.top_p, fmt.stop_ids)
+        self.sampling = SamplingConfig(spec.limits.max_new_tokens, spec.temperature, spec.top_p, fmt.stop_ids)
         self.writer = ShardWriter(shard_dir(run_dir, "rollout", place.rank))
         self.incarnation = next_incarnation(shard_dir(run_dir, "rollout", place.rank))
         self.base_version = engine.version  # the version this life of the rank started on
-        self.rng = random.Random((plan.seed * 1000 + place.rank) * 1000 + self.incarnation)
-        self.per_step = place.groups_per_step(plan)
+        self.rng = random.Random((spec.seed * 1000 + place.rank) * 1000 + self.incarnation)
+        self.per_step = place.groups_per_step(spec)
         if self.per_step < 1:  # it would never start an episode
-            total = plan.prompts_per_step * len(plan.tasks)
+            total = spec.prompts_per_step * len(spec.tasks)
             raise ValueError(f"cluster.rollout.ranks={place.ranks} exceeds the {total} groups of a step"
                              f" (prompts_per_step x tasks): rank {place.rank} would have nothing to do")
         self.running: dict[asyncio.Task[Trajectory], tuple[str, str, str]] = {}
@@ -143,14 +143,14 @@ class RolloutLoop:
 
     def _has_room(self) -> bool:
         """Another group fits under `concurrency`."""
-        return len(self.running) + self.plan.samples_per_prompt <= self.plan.concurrency
+        return len(self.running) + self.spec.samples_per_prompt <= self.spec.concurrency
 
     def _start_group(self, train_idx: dict[str, list[str]]) -> None:
         k = self.started_groups
-        task = self.plan.tasks[k % len(self.plan.tasks)]
+        task = self.spec.tasks[k % len(self.spec.tasks)]
         index = self.rng.choice(train_idx[task])
         group = f"r{self.place.rank}i{self.incarnation}-g{k}-{task}-{index}"
-        for _ in range(self.plan.samples_per_prompt):
+        for _ in range(self.spec.samples_per_prompt):
             self._start_episode((task, index, group))
         self.started_groups += 1
 
@@ -159,8 +159,8 @@ class RolloutLoop:
         self.running[task] = req
 
     async def _episode(self, req: tuple[str, str, str]) -> Trajectory:
-        trajs, _ = await collect(self.client, self.engine, self.fmt, [req], self.sampling, self.plan.limits,
-                                      1, self.plan.retry)
+        trajs, _ = await collect(self.client, self.engine, self.fmt, [req], self.sampling, self.spec.limits,
+                                      1, self.spec.retry)
         return trajs[0]
 
     def _reap(self) -> None:
@@ -270,15 +270,15 @@ class RolloutLoop:
         self.stats["in_flight_mean"] = self.stats["episode_s"] / wall
 
 
-async def run(run_dir: Path, client: Any, fmt: ChatFormat, make_engine: Callable[[], Any], plan: RolloutSpec,
+async def run(run_dir: Path, client: Any, fmt: ChatFormat, make_engine: Callable[[], Any], spec: RolloutSpec,
               place: RankPlace, monitor, channel_factory: Callable[[], RolloutChannel],
               weights_factory: Callable[[RolloutChannel], WeightSource]) -> dict[str, Any]:
     """One rollout rank, start to stop. Returns this rank's statistics (rank 0: with the summary)."""
-    if place.rank == 0 and plan.expert_samples > 0:
-        await expert_demos(run_dir, client, fmt, plan, monitor)
+    if place.rank == 0 and spec.expert_samples > 0:
+        await expert_demos(run_dir, client, fmt, spec, monitor)
     ch = await asyncio.to_thread(channel_factory)  # waits through the trainer's warm start
     weights = weights_factory(ch)
-    first = await asyncio.to_thread(weights.wait, ch.version, plan.wait_timeout_s)
+    first = await asyncio.to_thread(weights.wait, ch.version, spec.wait_timeout_s)
     engine = make_engine()
     policy = engine.policy if isinstance(engine, EnginePool) else engine  # evaluation: the newest weights only
     try:
@@ -286,11 +286,11 @@ async def run(run_dir: Path, client: Any, fmt: ChatFormat, make_engine: Callable
         report = run_dir / "report"
         evaluating = place.evaluate and place.rank == 0
         if evaluating:
-            before, task_before, sampled_before = await _before_rl(client, policy, fmt, plan, report, monitor)
-        train_idx = {t: await client.indices(t, "train") for t in plan.tasks}
-        pipe = RolloutLoop(run_dir, client, fmt, engine, plan, place, ch, weights, monitor)
-        await pipe.run(train_idx, min(plan.poll_s, 0.02))
-        ch.close(timeout_s=plan.wait_timeout_s)
+            before, task_before, sampled_before = await _before_rl(client, policy, fmt, spec, report, monitor)
+        train_idx = {t: await client.indices(t, "train") for t in spec.tasks}
+        pipe = RolloutLoop(run_dir, client, fmt, engine, spec, place, ch, weights, monitor)
+        await pipe.run(train_idx, min(spec.poll_s, 0.02))
+        ch.close(timeout_s=spec.wait_timeout_s)
         out: dict[str, Any] = {"rank": place.rank, **pipe.stats}
         if isinstance(engine, EnginePool) and engine.lagging:
             out.update(engine.totals.as_dict())
@@ -305,10 +305,10 @@ async def run(run_dir: Path, client: Any, fmt: ChatFormat, make_engine: Callable
                      trainer_report["steps"])
             evaluating = False
         if evaluating:
-            final = await asyncio.to_thread(weights.wait, ch.version, plan.wait_timeout_s)
+            final = await asyncio.to_thread(weights.wait, ch.version, spec.wait_timeout_s)
             if final[0] > policy.version:
                 await policy.load_weights(final[1], final[0])
-            out["summary"] = await _final_report(client, policy, fmt, plan, report, monitor, before, task_before,
+            out["summary"] = await _final_report(client, policy, fmt, spec, report, monitor, before, task_before,
                                                  sampled_before)
         return out
     finally:
@@ -316,7 +316,7 @@ async def run(run_dir: Path, client: Any, fmt: ChatFormat, make_engine: Callable
         engine.close()
 
 
-async def _before_rl(client: Any, engine: Any, fmt: ChatFormat, plan: RolloutSpec, report: Path, monitor
+async def _before_rl(client: Any, engine: Any, fmt: ChatFormat, spec: RolloutSpec, report: Path, monitor
                      ) -> tuple[dict[str, float], dict[str, Any], Any]:
     """Evaluate the first weights (greedy, and sampled if configured), once per run: a restarted rank 0 reads
     what its earlier life measured (the weights it would evaluate now are already trained)."""
@@ -325,10 +325,10 @@ async def _before_rl(client: Any, engine: Any, fmt: ChatFormat, plan: RolloutSpe
         saved = json.loads(path.read_text())
         log.info("before-RL evaluation of v%d read from %s (a resumed run)", saved["version"], path)
         return saved["before"], saved["task_before"], saved["sampled_before"]
-    before, task_before = await evaluate(client, engine, fmt, plan, engine.version, report, monitor)
+    before, task_before = await evaluate(client, engine, fmt, spec, engine.version, report, monitor)
     sampled_before = None
-    if plan.eval_sampled:
-        m, sampled_before = await evaluate(client, engine, fmt, plan, engine.version, report, monitor,
+    if spec.eval_sampled:
+        m, sampled_before = await evaluate(client, engine, fmt, spec, engine.version, report, monitor,
                                                 sampled=True)
         before.update(m)
     write_json_atomic(path, {"version": engine.version, "before": before, "task_before": task_before,
@@ -336,11 +336,11 @@ async def _before_rl(client: Any, engine: Any, fmt: ChatFormat, plan: RolloutSpe
     return before, task_before, sampled_before
 
 
-async def _final_report(client: Any, engine: Any, fmt: ChatFormat, plan: RolloutSpec, report: Path, monitor,
+async def _final_report(client: Any, engine: Any, fmt: ChatFormat, spec: RolloutSpec, report: Path, monitor,
                         before: dict[str, float], task_before: dict[str, Any], sampled_before: Any) -> dict[str, Any]:
     """Evaluate the final weights and write report/summary.json."""
     version = engine.version
-    after, task_after = await evaluate(client, engine, fmt, plan, version, report, monitor)
+    after, task_after = await evaluate(client, engine, fmt, spec, version, report, monitor)
     trainer_report = read_json(report / "trainer.json")
     summary: dict[str, Any] = {
         "schedule": trainer_report.get("schedule", "async"), "success_before_rl": before["eval/success"],
@@ -349,8 +349,8 @@ async def _final_report(client: Any, engine: Any, fmt: ChatFormat, plan: Rollout
         "steps": int(trainer_report.get("steps", version)), "final_version": version,
         "rl_steps": int(trainer_report.get("rl_steps", version)), "trainer": trainer_report}
     sampled_after = None
-    if plan.eval_sampled:
-        m, sampled_after = await evaluate(client, engine, fmt, plan, version, report, monitor, sampled=True)
+    if spec.eval_sampled:
+        m, sampled_after = await evaluate(client, engine, fmt, spec, version, report, monitor, sampled=True)
         after.update(m)
         summary.update({"sampled_success_before_rl": before["eval_sampled/success"],
                         "sampled_success_after_rl": after["eval_sampled/success"],

@@ -41,11 +41,11 @@ def bare_batch(mb: MicroBatch, impl: str) -> BareBatch:
 
 def bare_batches(batch: TrainBatch, adv: torch.Tensor, micro_batch_tokens: int, packing: bool, impl: str,
                  par: Parallel) -> list[BareBatch]:
-    """This rank's share of the batch's micro-batches (the same plan and packing as `rl_step`), on its device."""
-    plan = plan_micro_batches(batch.lengths, micro_batch_tokens, packing)
+    """This rank's share of the batch's micro-batches (the same rows and packing as `rl_step`), on its device."""
+    rows = plan_micro_batches(batch.lengths, micro_batch_tokens, packing)
     per_target = {"mask": batch.mask, "adv": adv}
-    mbs = [layout(batch, plan[j], per_target, packing) if j is not None else
-           empty_micro_batch(per_target, batch.pad_id, packing) for j in par.share(len(plan))]
+    mbs = [layout(batch, rows[j], per_target, packing) if j is not None else
+           empty_micro_batch(per_target, batch.pad_id, packing) for j in par.share(len(rows))]
     return [bare_batch(mb.to(par.device), impl) for mb in mbs]
 
 

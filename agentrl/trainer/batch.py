@@ -83,7 +83,7 @@ def plan_micro_batches(lengths: list[int], micro_batch_tokens: int, packing: boo
     Padded (`packing` false): one trajectory per row. Packed: first-fit decreasing into rows of capacity
     max(lengths). Either way the rows, longest first, are then grouped greedily: consecutive rows while rows × widest
     row fits.
-    The plan depends on the lengths only, so every data-parallel rank computes the same one.
+    The rows depend on the lengths only, so every data-parallel rank computes the same ones.
     """
     if not lengths:
         return []
@@ -119,10 +119,10 @@ def _group_rows(rows: list[list[int]], widths: list[int], micro_batch_tokens: in
     return out
 
 
-def padding_fraction(plan: MicroBatchRows, lengths: list[int]) -> float:
+def padding_fraction(rows: MicroBatchRows, lengths: list[int]) -> float:
     """Share of the micro-batches' token slots that hold padding, not trajectory tokens."""
     slots = real = 0
-    for mb in plan:
+    for mb in rows:
         fills = [sum(lengths[i] for i in row) for row in mb]
         slots += len(mb) * max(fills)
         real += sum(fills)

@@ -319,7 +319,7 @@ def run_check(check: CheckConfig, env: DistEnv, device: torch.device) -> dict[st
 
     o, b = side(times["ours"]), side(times["bare"])
     ratios = [statistics.median(rb) / statistics.median(ro) for ro, rb in zip(times["ours"], times["bare"])]
-    plan = plan_micro_batches(batch.lengths, check.micro_batch_tokens, True)
+    rows = plan_micro_batches(batch.lengths, check.micro_batch_tokens, True)
     u = Setup(ranks=W, sharded=True, compute_bytes=2, micro_batch_tokens=check.micro_batch_tokens,
               head_rows=head_rows, row_len=max(batch.lengths), attention=impl, kv_repeat=_kv_repeated(impl, device),
               checkpointing=check.checkpointing, reference=False,
@@ -332,7 +332,7 @@ def run_check(check: CheckConfig, env: DistEnv, device: torch.device) -> dict[st
     report: dict[str, Any] = {
         "device": name, "world_size": W, "shape": check.shape_name, "params": n_params, "attention": impl,
         "activation_checkpointing": check.checkpointing, "micro_batch_tokens": check.micro_batch_tokens,
-        "tokens_per_step": tokens, "head_positions_per_step": batch.num_action_tokens, "micro_batches": len(plan),
+        "tokens_per_step": tokens, "head_positions_per_step": batch.num_action_tokens, "micro_batches": len(rows),
         **{k: o[k] for k in ("step_s", "step_s_median", "tokens_per_s", "achieved_tflops_per_rank", "mfu")},
         "tokens_per_s_per_rank": o["tokens_per_s"] / W, "bare": b, "ours_over_bare": statistics.median(ratios),
         "ours_over_bare_rounds": ratios, "model_tflops_per_step": flops / 1e12,

@@ -10,7 +10,7 @@ What this module is: the one place that knows how many ranks there are and how g
   precision, decides which micro-batches a rank runs, and reduces statistics.
 
 How the update stays exact across layouts: every rank holds the whole step's batch (advantages and task
-statistics are computed on it, identically everywhere), the micro-batch plan is global and handed out
+statistics are computed on it, identically everywhere), the micro-batch rows are global and handed out
 round robin, each rank's loss is a *sum* over its tokens divided by the *global* action-token count, and
 the ranks' gradients are summed. DDP and FSDP2 average gradients over ranks, so the loss is scaled by the
 world size (`grad_scale`) to turn that average into the sum. Ranks with fewer micro-batches than others

@@ -87,9 +87,9 @@ def accumulate(model: torch.nn.Module, batch: TrainBatch, per_target: dict[str, 
     vector of statistic *sums*). The micro-batches hold at most `trainer.micro_batch_tokens` token slots each, in
     the packed layout if `trainer.packing`. Returns the statistic sums over all ranks, and layout figures.
     """
-    plan = plan_micro_batches(batch.lengths, trainer.micro_batch_tokens, trainer.packing)
-    mine = par.share(len(plan))
-    mbs = [(layout(batch, plan[j], per_target, trainer.packing, select) if j is not None else
+    rows = plan_micro_batches(batch.lengths, trainer.micro_batch_tokens, trainer.packing)
+    mine = par.share(len(rows))
+    mbs = [(layout(batch, rows[j], per_target, trainer.packing, select) if j is not None else
             empty_micro_batch(per_target, batch.pad_id, trainer.packing)).to(par.device) for j in mine]
     sums: torch.Tensor | None = None
     for k, mb in enumerate(mbs):
@@ -101,7 +101,7 @@ def accumulate(model: torch.nn.Module, batch: TrainBatch, per_target: dict[str, 
         stats = stats.detach().double()  # summed on the device: one transfer per step, not a sync per micro-batch
         sums = stats if sums is None else sums + stats
     assert sums is not None  # every rank runs at least one micro-batch
-    layout_stats = {"padding_frac": padding_fraction(plan, batch.lengths), "micro_batches": float(len(plan))}
+    layout_stats = {"padding_frac": padding_fraction(rows, batch.lengths), "micro_batches": float(len(rows))}
     return par.all_reduce_sum(sums).cpu(), layout_stats
 
 

@@ -74,10 +74,10 @@ def test_admission_is_the_rollout_loops(staleness: int, version: int, base: int,
 def test_groups_split_over_ranks_as_the_rank_plan() -> None:
     from agentrl.rollout.role import RankPlace
 
-    plan = SimpleNamespace(prompts_per_step=7, tasks=["a", "b"])
+    spec = SimpleNamespace(prompts_per_step=7, tasks=["a", "b"])
     for ranks in (1, 3, 4):
         got = [groups_of_rank(14, ranks, r) for r in range(ranks)]
-        assert got == [RankPlace(r, ranks, 1).groups_per_step(plan) for r in range(ranks)]  # type: ignore[arg-type]
+        assert got == [RankPlace(r, ranks, 1).groups_per_step(spec) for r in range(ranks)]  # type: ignore[arg-type]
         assert sum(got) == 14
 
 

@@ -84,10 +84,10 @@ def test_a_game_from_start_to_win(task: AlfworldTask) -> None:
     assert r.messages[0]["content"].startswith("Error: invalid arguments for take_action")
     r = s.interact({"role": "assistant", "content": "I look around."})  # no tool call
     assert r.messages[0]["role"] == "user" and not r.done
-    plan = list(s.episode.state.policy_commands)
-    for k, step in enumerate(plan):
+    walkthrough = list(s.episode.state.policy_commands)
+    for k, step in enumerate(walkthrough):
         r = s.interact(act("  " + step.upper() + " "))  # case and spacing do not matter
-        assert r.done == (k == len(plan) - 1)
+        assert r.done == (k == len(walkthrough) - 1)
     assert (r.reward, r.status) == (1.0, Status.COMPLETED)
     assert "AVAILABLE ACTIONS" not in r.messages[0]["content"] and "RESTART" not in r.messages[0]["content"]
 
@@ -135,12 +135,12 @@ def test_one_move_per_message(task: AlfworldTask) -> None:
     walkthrough won the game in one round (a blind policy sending 16 moves a message won 0.30 of the games,
     0.07-0.09 with one). The first call is the move, as in AgentBench-FC; the others are answered, not played."""
     s = Session(task, "test-0")
-    plan = list(s.episode.state.policy_commands)[:16]
-    assert len(plan) >= 2
+    walkthrough = list(s.episode.state.policy_commands)[:16]
+    assert len(walkthrough) >= 2
     message = {"role": "assistant", "content": "", "tool_calls": [act(a, f"c{i}")["tool_calls"][0]
-                                                                  for i, a in enumerate(plan)]}
+                                                                  for i, a in enumerate(walkthrough)]}
     r = s.interact(message)
     assert (r.done, r.reward) == (False, 0.0) and s.episode.moves == 1
-    assert [m["tool_call_id"] for m in r.messages] == [f"c{i}" for i in range(len(plan))]
+    assert [m["tool_call_id"] for m in r.messages] == [f"c{i}" for i in range(len(walkthrough))]
     assert all(m["content"].startswith("Error: only the first tool call") for m in r.messages[1:])
-    assert list(s.episode.state.policy_commands)[0] == plan[1]  # the first move was played, only it
+    assert list(s.episode.state.policy_commands)[0] == walkthrough[1]  # the first move was played, only it

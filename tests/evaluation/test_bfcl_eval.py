@@ -2,7 +2,7 @@
 
 No model is needed: the `expert` target replays BFCL's ground truth (the env's and grader's ceiling), and a
 policy that never calls a tool must fail every case. The task's own tests (tests/envs/test_bfcl.py) check
-the checker case by case; here the evaluation around it: plan, players, results file, tables, and the
+the checker case by case; here the evaluation around it: scope, players, results file, tables, and the
 command itself through a real controller and env worker.
 """
 from __future__ import annotations
@@ -49,8 +49,8 @@ class Silent:
 def test_expert_target_through_evaluate(client: InProcessClient, tmp_path: Path) -> None:
     target = resolve("expert")
     assert target.expert and not target.is_endpoint and target.model_dir is None
-    plan = EvalScope(("bfcl",), "test", samples=4, runs=1, concurrency=2)
-    table = asyncio.run(evaluate(client, target, plan, SETTINGS, tmp_path, "eval-test-greedy"))
+    scope = EvalScope(("bfcl",), "test", samples=4, runs=1, concurrency=2)
+    table = asyncio.run(evaluate(client, target, scope, SETTINGS, tmp_path, "eval-test-greedy"))
     assert table.splitlines()[2].split()[:5] == ["bfcl", "test", "4", "1", "100.0"]
     res = json.loads((tmp_path / "eval-test-greedy.json").read_text())["tasks"][0]
     assert res["episodes"] == 4 and res["success"]["mean"] == 1.0 and res["status"]["completed"] == 1.0

@@ -1,5 +1,5 @@
 """Cross-sampling's pass@k curves against brute force, and the evaluation's plumbing that needs no model:
-targets, the plan, resumed scoring with env errors kept, the progress lines, the endpoint loop's endings."""
+targets, the scope, resumed scoring with env errors kept, the progress lines, the endpoint loop's endings."""
 from __future__ import annotations
 
 import asyncio
@@ -15,7 +15,7 @@ from agentrl.evaluation.endpoint import ContextTooLong, Reply, play_endpoint_epi
 from agentrl.evaluation.played import Played
 from agentrl.evaluation.players import EndpointPlayer
 from agentrl.evaluation.progress import Progress
-from agentrl.evaluation.runner import EvalScope, plan_keys, score
+from agentrl.evaluation.runner import EvalScope, scope_keys, score
 from agentrl.evaluation.targets import resolve
 from agentrl.monitor.eval_results import ResultsFile, ScoredEpisode, aggregate
 from agentrl.rollout.agent_loop import EpisodeLimits
@@ -128,8 +128,8 @@ class Flaky(InProcessClient):
 def test_resumed_scoring_keeps_env_errors_in_the_denominator(tmp_path: Path) -> None:
     client = Flaky()
     player = EndpointPlayer(client, ExpertEndpoint(client), 0.0, 1.0, LIMITS, Retry(max_retries=1, backoff_s=0.001))
-    plan = EvalScope(("lookup",), "test", samples=4, runs=2, concurrency=1)
-    keys = asyncio.run(plan_keys(client, plan))
+    scope = EvalScope(("lookup",), "test", samples=4, runs=2, concurrency=1)
+    keys = asyncio.run(scope_keys(client, scope))
     assert keys[:4] == [("lookup", "test", f"test-{i}", 0) for i in range(4)] and len(keys) == 8
     path = tmp_path / "r.jsonl"
     with ResultsFile(path) as rf:

@@ -110,10 +110,10 @@ def _lookup_client() -> InProcessClient:
 
 def test_endpoint_and_local_paths_score_each_sample_alike_under_greedy(served, tmp_path: Path) -> None:
     # one episode at a time on both sides: the same batch shapes, so the same float32 logits and greedy tokens
-    plan = EvalScope(("lookup",), "test", samples=5, runs=1, concurrency=1)
-    local_table = asyncio.run(evaluate(_lookup_client(), resolve(str(served.model), label="local"), plan, GREEDY,
+    scope = EvalScope(("lookup",), "test", samples=5, runs=1, concurrency=1)
+    local_table = asyncio.run(evaluate(_lookup_client(), resolve(str(served.model), label="local"), scope, GREEDY,
                                        tmp_path / "local", "eval", progress=False))
-    remote_table = asyncio.run(evaluate(_lookup_client(), resolve(f"{served.url()}#policy"), plan, GREEDY,
+    remote_table = asyncio.run(evaluate(_lookup_client(), resolve(f"{served.url()}#policy"), scope, GREEDY,
                                         tmp_path / "endpoint", "eval", progress=False))
     local = {e.index: e for e in read_results(tmp_path / "local" / "eval.jsonl")}
     remote = {e.index: e for e in read_results(tmp_path / "endpoint" / "eval.jsonl")}
@@ -212,9 +212,9 @@ def test_a_model_crossed_with_itself_scores_as_the_model_alone(served, tmp_path:
     from agentrl.evaluation.evaluate import evaluate_cross
 
     url = served.url()
-    plan = EvalScope(("lookup",), "test", samples=3, runs=2, concurrency=3)
+    scope = EvalScope(("lookup",), "test", samples=3, runs=2, concurrency=3)
     a, b = resolve(f"{url}#policy", label="A"), resolve(f"{url}#policy", label="B")
-    md = asyncio.run(evaluate_cross(_lookup_client(), a, b, 0.5, plan, GREEDY, tmp_path, "cross", progress=False))
+    md = asyncio.run(evaluate_cross(_lookup_client(), a, b, 0.5, scope, GREEDY, tmp_path, "cross", progress=False))
     curves = json.loads((tmp_path / "cross-curves.json").read_text())["curves"]["lookup"]
     alone = [e.success for e in read_results(tmp_path / "cross-A.jsonl")]
     assert len(alone) == 6 and sum(alone) > 0

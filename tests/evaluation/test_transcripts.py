@@ -11,7 +11,7 @@ from pathlib import Path
 from agentrl.evaluation.endpoint import Reply
 from agentrl.evaluation.evaluate import Settings, evaluate, score_into
 from agentrl.evaluation.players import EndpointPlayer, LocalPlayer
-from agentrl.evaluation.runner import EvalScope, plan_keys
+from agentrl.evaluation.runner import EvalScope, scope_keys
 from agentrl.evaluation.targets import resolve
 from agentrl.models import tiny_chat as chat
 from agentrl.monitor.eval_results import read_results
@@ -50,8 +50,8 @@ def _expert_episode_ok(e: dict) -> None:
 
 
 def test_expert_target_writes_one_transcript_per_episode(tmp_path: Path) -> None:
-    plan = EvalScope(("lookup",), "test", samples=3, runs=2, concurrency=3)
-    asyncio.run(evaluate(_client(), resolve("expert"), plan, SETTINGS, tmp_path, "eval-test", progress=False))
+    scope = EvalScope(("lookup",), "test", samples=3, runs=2, concurrency=3)
+    asyncio.run(evaluate(_client(), resolve("expert"), scope, SETTINGS, tmp_path, "eval-test", progress=False))
     eps = read_transcripts(tmp_path / "eval-test.transcripts.jsonl.gz")
     assert sorted((e["index"], e["sample"]) for e in eps) == [(f"test-{i}", s) for i in range(3) for s in (0, 1)]
     for e in eps:
@@ -65,8 +65,8 @@ def test_expert_target_writes_one_transcript_per_episode(tmp_path: Path) -> None
 def test_rerun_skipping_scored_episodes_keeps_one_transcript_each(tmp_path: Path) -> None:
     out = tmp_path / "out"
     for samples in (2, 4, 4):  # two more indices, then nothing left to play
-        plan = EvalScope(("lookup",), "test", samples=samples, runs=2, concurrency=2)
-        asyncio.run(evaluate(_client(), resolve("expert"), plan, SETTINGS, out, "eval-test", progress=False))
+        scope = EvalScope(("lookup",), "test", samples=samples, runs=2, concurrency=2)
+        asyncio.run(evaluate(_client(), resolve("expert"), scope, SETTINGS, out, "eval-test", progress=False))
     path = out / "eval-test.transcripts.jsonl.gz"
     lines = [json.loads(x) for x in gzip.decompress(path.read_bytes()).decode().splitlines()]
     keys = [(x["index"], x["sample"]) for x in lines if "shared" not in x]
@@ -79,8 +79,8 @@ def test_local_player_records_the_agent_loops_messages(lookup_format, tmp_path: 
     fmt = lookup_format
     client = _client()
     sampling = SamplingConfig(48, 0.0, 1.0, fmt.stop_ids)
-    plan = EvalScope(("lookup",), "test", samples=2, runs=1, concurrency=1)
-    keys = asyncio.run(plan_keys(client, plan))
+    scope = EvalScope(("lookup",), "test", samples=2, runs=1, concurrency=1)
+    keys = asyncio.run(scope_keys(client, scope))
     expert = LocalPlayer(client, ExpertEngine(client), fmt, sampling, LIMITS, Retry(max_retries=0))
     asyncio.run(score_into(expert, keys, tmp_path / "expert.jsonl", {}, 1, False))
     eps = read_transcripts(tmp_path / "expert.transcripts.jsonl.gz")
@@ -119,7 +119,7 @@ def test_endpoint_player_marks_cut_off_and_unreadable_turns(tmp_path: Path) -> N
                Reply({"role": "assistant", "content": "no idea"}, "stop", 160, 2),
                Reply({"role": "assistant", "content": "none"}, "stop", 170, 1)]
     player = EndpointPlayer(client, Scripted(replies), 0.0, 1.0, LIMITS, Retry(max_retries=0))
-    keys = asyncio.run(plan_keys(client, EvalScope(("lookup",), "test", samples=1, runs=1)))
+    keys = asyncio.run(scope_keys(client, EvalScope(("lookup",), "test", samples=1, runs=1)))
     asyncio.run(score_into(player, keys, tmp_path / "ep.jsonl", {}, 1, False))
     (e,) = read_transcripts(tmp_path / "ep.transcripts.jsonl.gz")
     m = e["messages"]

@@ -78,12 +78,12 @@ def test_paper_presets(size: str, trainer_gpus: int, rollout_gpus: int) -> None:
     assert c.rollout.nodes * c.rollout.gpus_per_node == rollout_gpus
     assert c.rollout.engines_per_rank == 3 * c.rollout.lagging_engines_per_rank  # a quarter of the engines lag
     assert c.schedule == "async" and cfg.algo.max_staleness == 1  # the paper's presets run the pipeline
-    plan = topology.plan(cfg)
-    assert [s.ntasks for s in plan.steps] == [1, cfg.envs.workers, trainer_gpus]  # the pipeline: one MPMD step
-    (rollout,) = plan.steps[-1].mpmd
-    assert (rollout.module, rollout.ntasks, plan.steps[-1].module) == ("jobs.rollout", c.rollout.ranks,
+    layout = topology.plan(cfg)
+    assert [s.ntasks for s in layout.steps] == [1, cfg.envs.workers, trainer_gpus]  # the pipeline: one MPMD step
+    (rollout,) = layout.steps[-1].mpmd
+    assert (rollout.module, rollout.ntasks, layout.steps[-1].module) == ("jobs.rollout", c.rollout.ranks,
                                                                        "jobs.trainer")
-    assert not plan.needs_model
+    assert not layout.needs_model
 
 
 def test_local_default_is_unchanged() -> None:

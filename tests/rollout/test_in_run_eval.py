@@ -48,12 +48,12 @@ class Recorder:
 
 def test_env_errors_stay_in_the_denominator(lookup_format, tmp_path: Path) -> None:
     client = Broken()
-    plan = RolloutSpec(tasks=("lookup",), steps=1, prompts_per_step=1, samples_per_prompt=1, expert_samples=0,
+    spec = RolloutSpec(tasks=("lookup",), steps=1, prompts_per_step=1, samples_per_prompt=1, expert_samples=0,
                        eval_split="test", eval_samples=4, concurrency=2, temperature=1.0, top_p=1.0,
                        limits=EpisodeLimits(4, 512, 48), retry=Retry(max_retries=1, backoff_s=0.001),
                        wait_timeout_s=60.0, seed=0, poll_s=0.05, eval_sampled=0)
     mon = Recorder()
-    m, per_task = asyncio.run(evaluate(client, ExpertEngine(client), lookup_format, plan, 5, tmp_path, mon))
+    m, per_task = asyncio.run(evaluate(client, ExpertEngine(client), lookup_format, spec, 5, tmp_path, mon))
     assert client.starts["test-3"] == 2  # tried, retried once, then reported
     assert m["eval/episodes"] == 4 and m["eval/env_errors"] == 1 and m["eval/env_error_rate"] == 0.25
     assert m["eval/success"] == pytest.approx(3 / 4)  # the expert solves the other three
@@ -69,11 +69,11 @@ def test_expert_demonstrations_show_progress(lookup_format, tmp_path: Path, caps
     from agentrl.transport.shards import ShardReader
 
     client = InProcessClient({"lookup": get_task("lookup")})
-    plan = RolloutSpec(tasks=("lookup",), steps=1, prompts_per_step=1, samples_per_prompt=1, expert_samples=3,
+    spec = RolloutSpec(tasks=("lookup",), steps=1, prompts_per_step=1, samples_per_prompt=1, expert_samples=3,
                        eval_split="test", eval_samples=0, concurrency=2, temperature=1.0, top_p=1.0,
                        limits=EpisodeLimits(4, 512, 48), retry=Retry(), wait_timeout_s=60.0, seed=0, poll_s=0.05,
                        eval_sampled=0)
-    asyncio.run(expert_demos(tmp_path, client, lookup_format, plan, Recorder()))
+    asyncio.run(expert_demos(tmp_path, client, lookup_format, spec, Recorder()))
     out = capsys.readouterr().out.splitlines()  # not a terminal: plain lines, the last at the end
     assert out[-1].startswith("expert demonstrations: 3/3 (100%) | last lookup |")
     assert ShardReader(tmp_path / "shards" / "expert-0").available()

@@ -86,7 +86,7 @@ def _run(tmp_path: Path, tok, inflight: str) -> tuple[list, Engine]:
 
     engine.generate = generate
     client = SlowClient(InProcessClient({"lookup": get_task("lookup")}), 0.05, 0.0, seed=0)
-    plan = RolloutSpec(tasks=("lookup",), steps=2, prompts_per_step=2, samples_per_prompt=2, expert_samples=0,
+    spec = RolloutSpec(tasks=("lookup",), steps=2, prompts_per_step=2, samples_per_prompt=2, expert_samples=0,
                      eval_split="test", eval_samples=0, concurrency=8, temperature=1.0, top_p=1.0,
                      limits=EpisodeLimits(0, 512, 16), retry=Retry(), wait_timeout_s=60.0, seed=0, poll_s=0.05,
                      eval_sampled=0)
@@ -95,7 +95,7 @@ def _run(tmp_path: Path, tok, inflight: str) -> tuple[list, Engine]:
 
     async def main() -> None:
         await engine.load_weights(None, 0)
-        pipe = role.RolloutLoop(tmp_path, client, tok, engine, plan, place, ch, Weights(), Monitor())
+        pipe = role.RolloutLoop(tmp_path, client, tok, engine, spec, place, ch, Weights(), Monitor())
         idx = await client.indices("lookup", "train")
         await asyncio.wait_for(pipe.run({"lookup": idx}, 0.005), 60)
 
@@ -154,7 +154,7 @@ def test_the_report_says_when_the_staleness_window_binds(tmp_path: Path, lookup_
     engine = Engine(lookup_format)
     engine.turns_started = 0
     client = SlowClient(InProcessClient({"lookup": get_task("lookup")}), 0.02, 0.0, seed=0)
-    plan = RolloutSpec(tasks=("lookup",), steps=2, prompts_per_step=2, samples_per_prompt=2, expert_samples=0,
+    spec = RolloutSpec(tasks=("lookup",), steps=2, prompts_per_step=2, samples_per_prompt=2, expert_samples=0,
                        eval_split="test", eval_samples=0, concurrency=concurrency, temperature=1.0, top_p=1.0,
                        limits=EpisodeLimits(0, 512, 16), retry=Retry(), wait_timeout_s=60.0, seed=0, poll_s=0.05,
                        eval_sampled=0)
@@ -162,7 +162,7 @@ def test_the_report_says_when_the_staleness_window_binds(tmp_path: Path, lookup_
 
     async def main() -> role.RolloutLoop:
         await engine.load_weights(None, 0)
-        pipe = role.RolloutLoop(tmp_path, client, lookup_format, engine, plan,
+        pipe = role.RolloutLoop(tmp_path, client, lookup_format, engine, spec,
                                 role.RankPlace(rank=0, ranks=1, max_staleness=1), ch, Weights(), Monitor())
         await asyncio.wait_for(pipe.run({"lookup": await client.indices("lookup", "train")}, 0.005), 60)
         return pipe

@@ -14,7 +14,7 @@ from agentrl.rollout.weight_sources import DirWeights
 from agentrl.transport import weights
 
 
-def _plan(prompts: int, tasks: tuple[str, ...]) -> RolloutSpec:
+def _spec(prompts: int, tasks: tuple[str, ...]) -> RolloutSpec:
     return RolloutSpec(tasks=tasks, steps=3, prompts_per_step=prompts, samples_per_prompt=4, expert_samples=0,
                 eval_split="test", eval_samples=1, concurrency=8, temperature=1.0, top_p=1.0,
                 limits=EpisodeLimits(0, 64, 8), retry=Retry(), wait_timeout_s=60.0, seed=0, poll_s=0.05,
@@ -24,8 +24,8 @@ def _plan(prompts: int, tasks: tuple[str, ...]) -> RolloutSpec:
 @pytest.mark.parametrize(("prompts", "tasks", "ranks", "shares"), [
     (8, ("a", "b"), 1, [16]), (8, ("a", "b"), 3, [6, 5, 5]), (1, ("a",), 2, [1, 0]), (2, ("a",), 2, [1, 1])])
 def test_ranks_split_one_step_of_groups(prompts: int, tasks: tuple[str, ...], ranks: int, shares: list[int]) -> None:
-    plan = _plan(prompts, tasks)
-    got = [RankPlace(r, ranks, max_staleness=1).groups_per_step(plan) for r in range(ranks)]
+    spec = _spec(prompts, tasks)
+    got = [RankPlace(r, ranks, max_staleness=1).groups_per_step(spec) for r in range(ranks)]
     assert got == shares and sum(got) == prompts * len(tasks)
 
 

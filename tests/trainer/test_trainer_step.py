@@ -71,9 +71,9 @@ def test_micro_batch_plans_cover_every_trajectory_once_within_budget(lookup_toke
     _, batch = _batch(len(lookup_tokenizer))
     lengths = batch.lengths
     for budget in (1, 40, 100, 10_000):
-        plan = plan_micro_batches(lengths, budget, packed)
-        assert sorted(i for mb in plan for row in mb for i in row) == list(range(len(lengths)))
-        for mb in plan:
+        rows = plan_micro_batches(lengths, budget, packed)
+        assert sorted(i for mb in rows for row in mb for i in row) == list(range(len(lengths)))
+        for mb in rows:
             fills = [sum(lengths[i] for i in row) for row in mb]
             assert all(len(row) == 1 for row in mb) or packed
             assert len(mb) * max(fills) <= max(budget, max(lengths))
@@ -92,8 +92,8 @@ def test_packed_rows_give_each_trajectory_its_own_log_probs(model, lookup_tokeni
     assert attention.apply(m, attn, torch.device("cpu")) == attn
     with torch.no_grad():
         padded, _ = full_vocab_logprobs(model, batch.tokens, batch.attention)
-        plan = plan_micro_batches(batch.lengths, 10_000, packing=True)
-        mb = layout(batch, plan[0], {"mask": batch.mask, "logp": padded, "adv": adv}, packing=True)
+        rows = plan_micro_batches(batch.lengths, 10_000, packing=True)
+        mb = layout(batch, rows[0], {"mask": batch.mask, "logp": padded, "adv": adv}, packing=True)
         assert mb.tokens.shape[0] < len(batch.lengths)  # several trajectories share a row
         logp, _, _ = head_outputs(m, mb)
     on = mb.targets["mask"] > 0

@@ -94,8 +94,8 @@ class AlfworldEpisode:
 
     def expert_message(self) -> dict[str, Any]:
         """The first action of the game's walkthrough from where the game now is."""
-        plan = list(self.state.policy_commands or []) or self.commands[:1]
-        return call_message([("take_action", {"action": plan[0]})], self.moves)
+        walkthrough = list(self.state.policy_commands or []) or self.commands[:1]
+        return call_message([("take_action", {"action": walkthrough[0]})], self.moves)
 
     def close(self) -> None:
         env, self.env = getattr(self, "env", None), None
