@@ -62,7 +62,7 @@ from agentrl.auth import auth_header, run_secret
 from agentrl.bench import repeat
 from agentrl.config import config_from_dict, dump_config
 from agentrl.launch import rendezvous
-from agentrl.serving.client import GatewayClient
+from agentrl.serving.client import EnvClient
 from agentrl.serving.process import event_loop_factory, raise_fd_limit
 from agentrl.tasks.api import EnvError
 
@@ -263,12 +263,12 @@ async def bounded(n: int, limit: int, fn: Callable[[int], Awaitable[Any]]) -> li
 
 # ------------------------------------------------------------------------------------ the run
 
-async def wait_workers(gateway: GatewayClient, n: int, timeout_s: float, procs: Processes) -> list[str]:
+async def wait_workers(ctrl: EnvClient, n: int, timeout_s: float, procs: Processes) -> list[str]:
     deadline = time.monotonic() + timeout_s
     while True:
         procs.check_alive()
         try:
-            workers = [w for w in (await gateway.status())["workers"] if w["alive"]]
+            workers = [w for w in (await ctrl.status())["workers"] if w["alive"]]
         except EnvError:
             workers = []
         if len(workers) >= n:
@@ -278,7 +278,7 @@ async def wait_workers(gateway: GatewayClient, n: int, timeout_s: float, procs: 
         await asyncio.sleep(0.1)
 
 
-async def open_sessions(path: Path_, starters: list[GatewayClient], n: int, limit: int) -> dict[str, Any]:
+async def open_sessions(path: Path_, starters: list[EnvClient], n: int, limit: int) -> dict[str, Any]:
     """Session i opens through starters[i % len(starters)]; returns timing."""
     async def start(i: int) -> None:
         client = starters[i % len(starters)]
@@ -295,7 +295,7 @@ async def open_sessions(path: Path_, starters: list[GatewayClient], n: int, limi
             "starts_per_s": round(len(path.sessions) / max(seconds, 1e-9), 1)}
 
 
-async def cancel_sessions(path: Path_, clients: dict[str, GatewayClient], limit: int) -> None:
+async def cancel_sessions(path: Path_, clients: dict[str, EnvClient], limit: int) -> None:
     async def cancel(i: int) -> None:
         url, sid, _ = path.sessions[i]
         try:
@@ -317,7 +317,7 @@ async def bench(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
     procs = Processes(run_dir, uvloop=not args.no_uvloop)
     prefix = ("-m", "cProfile", "-o", str(Path(args.profile_controller).resolve())) if args.profile_controller else ()
     report: dict[str, Any] = {}
-    clients: dict[str, GatewayClient] = {}
+    clients: dict[str, EnvClient] = {}
     paths: list[Path_] = []
     try:
         procs.spawn("controller", "jobs.controller", "--run-dir", str(run_dir), prefix=prefix)
@@ -325,36 +325,36 @@ async def bench(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
             procs.spawn(f"worker-{w}", "jobs.env_worker", "--run-dir", str(run_dir), "--worker-id", f"w{w}")
         url = await asyncio.to_thread(rendezvous.wait_for, run_dir, "controller_url", 60.0)
         # keep-alive off: the benchmark sends its one touch itself, timed
-        gateway = clients[url] = GatewayClient(url, timeout_s=60.0, max_connections=args.connections, keepalive_s=None,
-                                                   secret=secret)
-        addresses = await wait_workers(gateway, args.workers, 60.0, procs)
+        ctrl = clients[url] = EnvClient(url, timeout_s=60.0, max_connections=args.connections, keepalive_s=None,
+                                        secret=secret)
+        addresses = await wait_workers(ctrl, args.workers, 60.0, procs)
         for a in addresses:
-            clients[a] = GatewayClient(a, timeout_s=60.0, max_connections=args.connections, keepalive_s=None,
-                                       secret=secret)
+            clients[a] = EnvClient(a, timeout_s=60.0, max_connections=args.connections, keepalive_s=None,
+                                   secret=secret)
         payload = "x" * args.payload_bytes
         through = Path_("controller", args.connections, payload, secret)
         direct = Path_("direct", args.connections, payload, secret)
         paths = [through, direct]
         cpu0, client_cpu0 = procs.cpu(), os.times()
 
-        report["open"] = {"controller": await open_sessions(through, [gateway], args.sessions, args.open_concurrency),
+        report["open"] = {"controller": await open_sessions(through, [ctrl], args.sessions, args.open_concurrency),
                           "direct": await open_sessions(direct, [clients[a] for a in addresses], args.sessions,
                                                         args.open_concurrency)}
-        status = await gateway.status()
+        status = await ctrl.status()
         report["sessions_held"] = int(status["sessions"].get(TASK, 0))
         report["sessions_held_direct"] = sum([(await clients[a].status())["active"] for a in addresses]) \
             - report["sessions_held"]
         procs.check_alive()
 
         await alternate(paths, args.duration, args.slice, lambda p, s: p.at_rate(args.rate, s))
-        report["controller_overhead_ms"] = (await gateway.status()).get("overhead_ms")  # mostly the rate phase's calls
+        report["controller_overhead_ms"] = (await ctrl.status()).get("overhead_ms")  # mostly the rate phase's calls
         procs.check_alive()
         await alternate(paths, args.duration, args.slice, lambda p, s: p.saturate(args.concurrency, s))
         procs.check_alive()
 
         t0 = time.perf_counter()
         try:
-            missing = await gateway.touch([sid for _, sid, _ in through.sessions])
+            missing = await ctrl.touch([sid for _, sid, _ in through.sessions])
         except EnvError as e:
             missing = []
             through.errors.append(f"touch: {e}")
@@ -363,7 +363,7 @@ async def bench(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
         through.errors += [f"touch: {sid} is not live" for sid in missing]
         for p in paths:
             await cancel_sessions(p, clients, args.open_concurrency)
-        report["sessions_left"] = {"controller": (await gateway.status())["active_sessions"],
+        report["sessions_left"] = {"controller": (await ctrl.status())["active_sessions"],
                                    "workers": sum([(await clients[a].status())["active"] for a in addresses])}
         procs.check_alive()
         cpu1, client_cpu1 = procs.cpu(), os.times()
@@ -379,7 +379,7 @@ async def bench(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
         report["cpu_s"] = {k: {"user": round(u, 2), "system": round(s, 2)} for k, (u, s) in cpu.items()}
         report["cpu_us_per_call"] = {k: round((u + s) * 1e6 / max(served[k], 1), 1) for k, (u, s) in cpu.items()}
         report["calls"] = calls
-        report["controller_status"] = {k: (await gateway.status()).get(k) for k in ("errors", "latency_ms_by_route")}
+        report["controller_status"] = {k: (await ctrl.status()).get(k) for k in ("errors", "latency_ms_by_route")}
         for p in paths:
             report[p.name] = {"rate": p.report("rate"), "saturate": p.report("saturate"),
                               "sessions_interacted": len(p.touched), "errors": len(p.errors),

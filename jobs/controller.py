@@ -1,4 +1,4 @@
-"""Env controller role: serve the gateway the rollout talks to, until SIGTERM/SIGINT.
+"""Env controller role: serve the session routes the rollout calls, until SIGTERM/SIGINT.
 
 Locally (the run dir must hold config.yaml):
     python -m jobs.controller --run-dir runs/demo

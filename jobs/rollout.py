@@ -66,7 +66,7 @@ async def amain(run_dir: Path, rank: int, files: bool = False) -> dict:
     from agentrl.rollout.model_check import check_prompts_fit
     from agentrl.rollout.spec import RolloutSpec
     from agentrl.rollout.weight_sources import BroadcastWeights, DirWeights
-    from agentrl.serving.client import GatewayClient
+    from agentrl.serving.client import EnvClient
     from agentrl.transport.file_channel import FileRolloutChannel
 
     cfg = load_config(str(run_dir / "config.yaml"))
@@ -98,10 +98,10 @@ async def amain(run_dir: Path, rank: int, files: bool = False) -> dict:
     url = rendezvous.wait_for(run_dir, "controller_url", timeout_s=120)
     monitor = make_monitor(run_dir, f"rollout-{rank}", cfg.monitor.tensorboard)
     try:
-        async with GatewayClient(url, keepalive_s=cfg.controller.keepalive_s, secret=run_secret(run_dir)) as gateway:
-            client = maybe_slow(gateway, r.env_latency_s, r.env_latency_sigma, cfg.seed * 100 + rank)
+        async with EnvClient(url, keepalive_s=cfg.controller.keepalive_s, secret=run_secret(run_dir)) as env:
+            client = maybe_slow(env, r.env_latency_s, r.env_latency_sigma, cfg.seed * 100 + rank)
             if rank == 0:  # before any episode: a prompt that cannot fit with a turn is a settings error, named
-                await check_prompts_fit(gateway, fmt, spec.tasks, r.max_model_len, r.max_new_tokens)
+                await check_prompts_fit(env, fmt, spec.tasks, r.max_model_len, r.max_new_tokens)
             make_engine = engine_factory(cfg, model_dir, client, fmt, rank=rank)
             return await role.run(run_dir, client, fmt, make_engine, spec, place, monitor, channel, weights)
     finally:

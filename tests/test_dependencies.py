@@ -52,14 +52,14 @@ ALLOWED: dict[str, set[str]] = {
     "rollout": {"algorithms", "serving", "tasks", "transport", "monitor", "types", "config", "auth", "fsio"},
     "trainer": {"algorithms", "transport", "monitor", "types", "config", "fsio", "run_files"},
     "launch": {"config", "auth", "fsio", "reaper", "run_files"},
-    # evaluation plays episodes as the rollout does (engines, the model's format, the gateway) and starts env
+    # evaluation plays episodes as the rollout does (engines, the model's format, the env client) and starts env
     # services the way the local launcher does; it never imports the trainer
     "evaluation": {"rollout", "serving", "tasks", "monitor", "launch", "transport", "types", "config", "auth", "fsio"},
     # what the jobs/bench_*.py entry points measure; the planner reads a run's TensorBoard scalars (monitor)
     "bench": {"trainer", "algorithms", "monitor", "types", "config", "fsio"},
 }
 NARROW: dict[str, dict[str, set[str]]] = {
-    # a rank reaches the env side through the gateway's client (or its in-process twin): never the controller,
+    # a rank reaches the env side through the env client (or its in-process twin): never the controller,
     # the worker or a session
     "rollout": {"serving": {"agentrl.serving.client", "agentrl.serving.inprocess", "agentrl.serving.wire_types"}},
 }

@@ -20,10 +20,10 @@ class ControllerConfig:
     """A worker with no heartbeat for this long is dead; its sessions end as env_error."""
     session_idle_s: float = 600.0
     """A session that hears nothing from its client (no call, no keep-alive) for this long is expired
-    as env_error. The gateway client touches every session it holds each `keepalive_s`, so a session
+    as env_error. The env client touches every session it holds each `keepalive_s`, so a session
     waiting for a slow generation or a weight sync lives as long as its rollout process does."""
     keepalive_s: float = 30.0
-    """How often a gateway client (the rollout) touches the sessions it holds."""
+    """How often an env client (the rollout) touches the sessions it holds."""
     request_timeout_s: float = 30.0
     """How long the controller waits for a worker to answer one call (a hung worker costs this much)."""
     max_worker_failures: int = 3

@@ -63,7 +63,7 @@ _session: contextvars.ContextVar[str] = contextvars.ContextVar("expert_session")
 
 
 class ExpertPlayer:
-    """Each task's scripted expert, played through the message-level loop: its replies are what the gateway's
+    """Each task's scripted expert, played through the message-level loop: its replies are what the controller's
     expert route answers for the episode's session (the route must be on: `services.eval_config(expert=True)`).
 
     It scores the env and its grader with no model in the way (BFCL: its ground truth replayed, graded by

@@ -58,7 +58,7 @@ def inprocess_client(cfg: RunConfig) -> Any:
 
 @contextlib.asynccontextmanager
 async def env_client(cfg: RunConfig, run_dir: Path, inprocess: bool, echo: Any = None) -> AsyncIterator[Any]:
-    """A gateway client of the evaluation's tasks; the launched roles are stopped on the way out (Ctrl-C
+    """An env client of the evaluation's tasks; the launched roles are stopped on the way out (Ctrl-C
     included)."""
     if inprocess:
         yield inprocess_client(cfg)
@@ -66,7 +66,7 @@ async def env_client(cfg: RunConfig, run_dir: Path, inprocess: bool, echo: Any =
     from agentrl.auth import run_secret
     from agentrl.launch import rendezvous
     from agentrl.launch.local import LocalLauncher, start_services
-    from agentrl.serving.client import GatewayClient
+    from agentrl.serving.client import EnvClient
 
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run_dir / "config.yaml")
@@ -75,7 +75,7 @@ async def env_client(cfg: RunConfig, run_dir: Path, inprocess: bool, echo: Any =
     try:
         start_services(launcher, cfg.envs.workers, build_model=False, echo=echo)
         url = rendezvous.wait_for(run_dir, "controller_url", timeout_s=60)
-        async with GatewayClient(url, secret=run_secret(run_dir), keepalive_s=cfg.controller.keepalive_s) as client:
+        async with EnvClient(url, secret=run_secret(run_dir), keepalive_s=cfg.controller.keepalive_s) as client:
             yield client
     finally:
         launcher.stop_all()

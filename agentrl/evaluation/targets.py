@@ -31,7 +31,7 @@ class Target:
     """The endpoint's model name."""
     api_key_env: str = "OPENAI_API_KEY"
     expert: bool = False
-    """The tasks' scripted experts play (through the gateway's expert route, turned on for this evaluation)."""
+    """The tasks' scripted experts play (through the controller's expert route, turned on for this evaluation)."""
 
     @property
     def is_endpoint(self) -> bool:

@@ -1,4 +1,4 @@
-"""One agent loop: run one episode of one sample against the env gateway, recording a Trajectory.
+"""One agent loop: run one episode of one sample through the env client, recording a Trajectory.
 
 The loop keeps the token sequence exactly as the model saw and produced it, in the model's own chat
 format (`agentrl.rollout.chat`): the prompt is the chat template's, each assistant turn appends the sampled
@@ -188,7 +188,7 @@ async def run_episode(client: Any, engine: Engine, fmt: ChatFormat, task: str, i
             b.add_context(obs_ids)
             if conv is not None:
                 conv.add(observation, own)
-    except EnvError:  # the worker died, the session expired or the gateway failed: infrastructure
+    except EnvError:  # the worker died, the session expired or the controller failed: infrastructure
         status, metrics = Status.ENV_ERROR, {"env_error": 1.0}  # not `done`: cancel below frees the slot
     finally:
         clock.lap("build_s")

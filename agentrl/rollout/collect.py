@@ -1,4 +1,4 @@
-"""Episodes against the env gateway, many at once, with bounded retries of what the infrastructure ended.
+"""Episodes through the env client, many at once, with bounded retries of what the infrastructure ended.
 
 Every caller plays its episodes through `collect`: the rollout rank (one group at a time), its expert
 demonstrations and evaluations, `jobs.eval`'s local players and the agent-loop benchmark.

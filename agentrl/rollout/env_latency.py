@@ -1,7 +1,7 @@
 """Simulated env latency with a long tail, for benchmarks of the pipeline (`rollout.env_latency_s`).
 
 Real tool calls (a database query, a web page, a compiler) take a lognormal-ish time whose p99 is about ten
-times the median; the demo tasks answer in microseconds. `SlowClient` wraps the env gateway client and
+times the median; the demo tasks answer in microseconds. `SlowClient` wraps the env client and
 sleeps a lognormal time before every env call that an env would spend time on (start and each tool call),
 so both schedules see the same distribution. Only the rollout's wrapper sleeps: workers and the
 controller are untouched, and nothing here is used unless the option is set.
@@ -20,7 +20,7 @@ def lognormal_delay(median_s: float, sigma: float, rng: random.Random) -> float:
 
 
 class SlowClient:
-    """The gateway client, with a lognormal pause before `start_sample` and `interact`; all else passes through."""
+    """The env client, with a lognormal pause before `start_sample` and `interact`; all else passes through."""
 
     def __init__(self, client: Any, median_s: float, sigma: float, seed: int = 0) -> None:
         self._client, self.median_s, self.sigma = client, median_s, sigma

@@ -1,5 +1,5 @@
-"""The async HTTP client of the env gateway: what the rollout, the evaluation and the checks use (the
-controller has its own client towards the workers: `agentrl.serving.controller.upstream`).
+"""The env client: the async HTTP client of the session routes, what the rollout, the evaluation and the checks use (the
+controller has its own client towards the workers: `agentrl.serving.controller.worker_client`).
 
 One `aiohttp.ClientSession` per client, created on first use inside the running event loop, with a
 connection limit large enough for thousands of concurrent agent loops. Every failure surfaces as
@@ -35,11 +35,11 @@ log = logging.getLogger(__name__)
 TOUCH_BATCH = 5_000
 
 
-class GatewayClient:
-    """Client of the gateway routes (start_sample, interact, cancel, expert, indices, status).
+class EnvClient:
+    """Client of the session routes (start_sample, interact, cancel, expert, indices, status).
 
     Usage:
-        async with GatewayClient("http://127.0.0.1:8000", secret=run_secret(run_dir)) as env:
+        async with EnvClient("http://127.0.0.1:8000", secret=run_secret(run_dir)) as env:
             start = await env.start_sample("lookup", "train-0")
             result = await env.interact(start.session_id, assistant_message)
     """

@@ -1,4 +1,4 @@
-"""Env sessions in the caller's own process: the gateway client's methods (`start_sample`, `interact`,
+"""Env sessions in the caller's own process: the env client's methods (`start_sample`, `interact`,
 `cancel`, `indices`) over `Session` objects, with no controller, worker or HTTP in between.
 
 For measuring the agent loop by itself (`jobs.bench_agent_loop`) and for stepping through a task in a
@@ -34,7 +34,7 @@ class InProcessClient:
         return StartResult(sid, list(session.messages), session.toolbox.tools, t.max_turns)
 
     async def expert(self, session_id: str) -> dict[str, Any]:
-        """The task's scripted expert's next message (what the gateway's expert route answers)."""
+        """The task's scripted expert's next message (what the controller's expert route answers)."""
         session = self.sessions.get(session_id)
         if session is None:
             raise EnvError("unknown_session", f"no session {session_id!r}")

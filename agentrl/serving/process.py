@@ -23,7 +23,7 @@ def raise_fd_limit() -> int:
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
-    """uvloop's loop where it is installed (about twice the calls per second of a gateway), else asyncio's.
+    """uvloop's loop where it is installed (about twice the calls per second of a controller), else asyncio's.
 
     AGENTRL_UVLOOP=0 forces asyncio's (to compare). uvloop is optional: nothing requires it.
     """

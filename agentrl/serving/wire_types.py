@@ -1,4 +1,4 @@
-"""The JSON types of the gateway API: what travels over HTTP between the rollout, the controller and the
+"""The JSON types of the session routes: what travels over HTTP between the rollout, the controller and the
 env workers (docs/architecture.md §4). `to_wire` / `from_wire` convert.
 
   * `StartResult`: the answer to start_sample (session id, first messages, tools, the task's round limit);

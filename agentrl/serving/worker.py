@@ -1,6 +1,6 @@
 """The env worker: an aiohttp server that hosts the sessions of one or more tasks.
 
-It serves the gateway routes (start_sample, interact, cancel, expert, indices, status) for the
+It serves the session routes (start_sample, interact, cancel, expert, indices, status) for the
 controller to forward to, plus POST /drain. It holds at most `slots` sessions and refuses new ones
 with 503 no_capacity when full or draining; a draining worker still serves the sessions it holds until
 they end. Task code runs behind `Session`, so a raising task ends its episode as env_error instead of

@@ -2,7 +2,7 @@
 
 `echo(text)` answers with the same text; `finish()` ends the episode with reward 1.0. A session
 lives as long as its client keeps calling `echo` (the turn limit is effectively unbounded), so a
-benchmark can hold thousands of sessions and measure only the gateway's own cost. The scripted
+benchmark can hold thousands of sessions and measure only the controller's own cost. The scripted
 expert echoes once, then finishes. Samples carry no data: every index of a split is the same
 episode, and indices exist only so that `start_sample` has something to name.
 

@@ -19,7 +19,7 @@ from aio_helpers import run, wait_until
 
 from agentrl.auth import ENV_VAR, SecretError, authorized, run_secret
 from agentrl.config import ControllerConfig, EnvsConfig, load_config
-from agentrl.serving.client import GatewayClient
+from agentrl.serving.client import EnvClient
 from agentrl.serving.controller.server import start_controller
 from agentrl.serving.process import expert_route_on
 from agentrl.serving.worker import start_worker
@@ -115,7 +115,7 @@ def test_forged_calls_get_401_and_change_nothing(forged: str | None) -> None:
         ctrl = await start_controller(CFG, secret=SECRET)
         worker = await start_worker(ENVS, CFG, ctrl.url, "w0", secret=SECRET, expert_route=True)
         await wait_until(lambda: "w0" in ctrl.controller.registry.workers)
-        async with GatewayClient(ctrl.url, secret=SECRET) as env:
+        async with EnvClient(ctrl.url, secret=SECRET) as env:
             start = await env.start_sample("lookup", "train-0")
             sid = start.session_id
             before, held = snapshot(ctrl), dict(worker.worker.sessions)
@@ -166,8 +166,8 @@ def test_expert_route_is_off_unless_the_run_enables_it() -> None:
         ctrl = await start_controller(CFG, secret=SECRET)
         worker = await start_worker(ENVS, CFG, ctrl.url, "w0", secret=SECRET)  # envs.expert_route: auto → off
         await wait_until(lambda: "w0" in ctrl.controller.registry.workers)
-        async with GatewayClient(ctrl.url, secret=SECRET) as env, \
-                GatewayClient(worker.address, secret=SECRET, keepalive_s=None) as direct:
+        async with EnvClient(ctrl.url, secret=SECRET) as env, \
+                EnvClient(worker.address, secret=SECRET, keepalive_s=None) as direct:
             start = await env.start_sample("lookup", "train-0")
             for client in (env, direct):
                 with pytest.raises(EnvError) as e:

@@ -14,7 +14,7 @@ from aio_helpers import run, wait_until
 from aiohttp import web
 
 from agentrl.config import ControllerConfig, EnvsConfig
-from agentrl.serving.client import GatewayClient
+from agentrl.serving.client import EnvClient
 from agentrl.serving.controller.server import RunningController, start_controller
 from agentrl.serving.worker import RunningWorker, start_worker
 from agentrl.tasks.api import Action, EnvError, StepResult, tool_message
@@ -76,7 +76,7 @@ async def stack(cfg: ControllerConfig = CFG) -> tuple[RunningController, Running
     return ctrl, worker
 
 
-async def still_serving(env: GatewayClient) -> None:
+async def still_serving(env: EnvClient) -> None:
     """A healthy lookup episode, start to reward, through the same controller."""
     start = await env.start_sample("lookup", "test-7")
     while True:
@@ -115,7 +115,7 @@ async def post_raw(url: str, data: bytes) -> tuple[int, Any]:
 def test_malformed_tool_calls_are_observations(what: str, message: dict[str, Any], says: str) -> None:
     async def main() -> None:
         ctrl, worker = await stack()
-        async with GatewayClient(ctrl.url) as env:
+        async with EnvClient(ctrl.url) as env:
             start = await env.start_sample("lookup", "train-0")
             r = await env.interact(start.session_id, message)
             assert not r.done and r.status == Status.RUNNING, what
@@ -133,7 +133,7 @@ def test_malformed_tool_calls_are_observations(what: str, message: dict[str, Any
 def test_oversized_output_is_cut_with_a_marker() -> None:
     async def main() -> None:
         ctrl, worker = await stack()
-        async with GatewayClient(ctrl.url) as env:
+        async with EnvClient(ctrl.url) as env:
             start = await env.start_sample("trouble", "train-0")
             r = await env.interact(start.session_id, call("dump", '{"n": 50000}'))
             content = r.messages[0]["content"]
@@ -152,7 +152,7 @@ def test_oversized_output_is_cut_with_a_marker() -> None:
 def test_malformed_and_oversized_requests_get_clear_errors() -> None:
     async def main() -> None:
         ctrl, worker = await stack()
-        async with GatewayClient(ctrl.url) as env:
+        async with EnvClient(ctrl.url) as env:
             start = await env.start_sample("lookup", "train-0")
             sid = start.session_id
             cases = [
@@ -184,7 +184,7 @@ def test_unknown_and_expired_sessions() -> None:
     async def main() -> None:
         cfg = ControllerConfig(heartbeat_s=0.05, dead_after_s=2.0, session_idle_s=0.3, keepalive_s=0.1)
         ctrl, worker = await stack(cfg)
-        async with GatewayClient(ctrl.url, keepalive_s=None) as env:
+        async with EnvClient(ctrl.url, keepalive_s=None) as env:
             say = {"role": "assistant", "content": ""}
             assert await error_code(env.interact("no-such-session", say)) == "unknown_session"
             assert await error_code(env.cancel("no-such-session")) == "unknown_session"
@@ -209,7 +209,7 @@ def test_unknown_and_expired_sessions() -> None:
 def test_raising_task_ends_only_its_episode() -> None:
     async def main() -> None:
         ctrl, worker = await stack()
-        async with GatewayClient(ctrl.url) as env:
+        async with EnvClient(ctrl.url) as env:
             other = await env.start_sample("trouble", "train-1")
             start = await env.start_sample("trouble", "train-0")
             r = await env.interact(start.session_id, call("crash", "{}"))
@@ -298,7 +298,7 @@ def test_worker_answering_garbage_costs_only_its_sessions(mode: str) -> None:
         ctrl, worker = await stack()
         fake = FakeWorker(ctrl.url)
         await fake.start()
-        async with GatewayClient(ctrl.url) as env:
+        async with EnvClient(ctrl.url) as env:
             a = await env.start_sample("flaky", f"{mode}-0")
             b = await env.start_sample("flaky", f"{mode}-1")
             c = await env.start_sample("flaky", f"{mode}-2")
@@ -331,7 +331,7 @@ def test_garbled_start_sample_is_env_error() -> None:
         ctrl, worker = await stack()
         fake = FakeWorker(ctrl.url)
         await fake.start()
-        async with GatewayClient(ctrl.url) as env:
+        async with EnvClient(ctrl.url) as env:
             assert await error_code(env.start_sample("flaky", "badstart-0")) == "env_error"
             assert ctrl.controller.registry.workers["fake"].failures == 1
             assert not ctrl.controller.registry.sessions
@@ -350,7 +350,7 @@ def test_hanging_worker_costs_only_its_session() -> None:
         ctrl, worker = await stack(cfg)
         fake = FakeWorker(ctrl.url)
         await fake.start()
-        async with GatewayClient(ctrl.url) as env:
+        async with EnvClient(ctrl.url) as env:
             hung = await env.start_sample("flaky", "hang-0")
             t0 = time.perf_counter()
             hang = asyncio.create_task(env.interact(hung.session_id, call("x", "{}")))
@@ -381,7 +381,7 @@ def test_a_timeout_that_kills_the_worker_is_counted_once() -> None:
         ctrl, worker = await stack(cfg)
         fake = FakeWorker(ctrl.url)
         await fake.start()
-        async with GatewayClient(ctrl.url) as env:
+        async with EnvClient(ctrl.url) as env:
             hung, other = await env.start_sample("flaky", "hang-0"), await env.start_sample("flaky", "hang-1")
             r = await env.interact(hung.session_id, call("x", "{}"))
             assert (r.done, r.status) == (True, Status.ENV_ERROR) and "timed out" in (r.error or "")
@@ -404,7 +404,7 @@ def test_missed_heartbeats_count_their_sessions() -> None:
         ctrl, worker = await stack(cfg)
         fake = FakeWorker(ctrl.url)
         await fake.start()
-        async with GatewayClient(ctrl.url) as env:
+        async with EnvClient(ctrl.url) as env:
             for i in range(3):
                 await env.start_sample("flaky", f"hang-{i}")
             assert fake.beat is not None
@@ -427,7 +427,7 @@ def test_a_bug_in_a_handler_is_500_and_counted(monkeypatch: pytest.MonkeyPatch) 
             raise ValueError("a bug of ours")
 
         monkeypatch.setattr(ctrl.controller.registry, "touch", broken)
-        async with GatewayClient(ctrl.url) as env:
+        async with EnvClient(ctrl.url) as env:
             status, answer = await post_raw(f"{ctrl.url}/touch", json.dumps({"session_ids": ["a"]}).encode())
             assert (status, answer["error"]["code"]) == (500, "internal") and "a bug of ours" in answer["error"]["message"]
             status, answer = await post_raw(f"{ctrl.url}/touch", b"{not json")

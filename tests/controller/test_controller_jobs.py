@@ -12,7 +12,7 @@ from pathlib import Path
 from agentrl.auth import run_secret
 from agentrl.config import config_from_dict, dump_config
 from agentrl.launch import rendezvous
-from agentrl.serving.client import GatewayClient
+from agentrl.serving.client import EnvClient
 from agentrl.tasks.api import EnvError
 from agentrl.types import Status
 
@@ -36,7 +36,7 @@ def test_controller_and_worker_processes(tmp_path: Path) -> None:
                            log=tmp_path / "worker.log"))
 
         async def episodes() -> list[tuple[float, Status]]:
-            async with GatewayClient(url, secret=run_secret(tmp_path)) as env:
+            async with EnvClient(url, secret=run_secret(tmp_path)) as env:
                 deadline = time.monotonic() + 20.0
                 while not [w for w in (await env.status())["workers"] if w["alive"]]:
                     assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()
@@ -54,7 +54,7 @@ def test_controller_and_worker_processes(tmp_path: Path) -> None:
         assert asyncio.run(episodes()) == [(1.0, Status.COMPLETED)] * 5
 
         async def forged() -> str:
-            async with GatewayClient(url, secret="not-this-run") as env:
+            async with EnvClient(url, secret="not-this-run") as env:
                 try:
                     await env.status()
                 except EnvError as e:
@@ -85,7 +85,7 @@ def test_killed_worker_process_costs_only_its_sessions(tmp_path: Path) -> None:
         procs[wid] = spawn("jobs.env_worker", "--run-dir", str(tmp_path), "--worker-id", wid,
                            log=tmp_path / f"{wid}.log")
 
-    async def workers(env: GatewayClient, alive: set[str]) -> dict[str, dict]:
+    async def workers(env: EnvClient, alive: set[str]) -> dict[str, dict]:
         deadline = time.monotonic() + 20.0
         while True:
             ws = {w["worker_id"]: w for w in (await env.status())["workers"]}
@@ -94,7 +94,7 @@ def test_killed_worker_process_costs_only_its_sessions(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, (alive, ws)
             await asyncio.sleep(0.05)
 
-    async def play(env: GatewayClient, sid: str) -> tuple[float, Status]:
+    async def play(env: EnvClient, sid: str) -> tuple[float, Status]:
         while True:
             try:
                 message = await env.expert(sid)
@@ -106,7 +106,7 @@ def test_killed_worker_process_costs_only_its_sessions(tmp_path: Path) -> None:
                 return r.reward, r.status
 
     async def scenario() -> None:
-        async with GatewayClient(url, secret=run_secret(tmp_path)) as env:
+        async with EnvClient(url, secret=run_secret(tmp_path)) as env:
             await workers(env, {"w0", "w1"})
             starts = [await env.start_sample("lookup", f"test-{i}") for i in range(4)]
             owner = {s.session_id: w for s, w in zip(starts, ["w0", "w1", "w0", "w1"])}

@@ -8,7 +8,7 @@ import pytest
 from aio_helpers import run, wait_until
 
 from agentrl.config import ControllerConfig, EnvsConfig
-from agentrl.serving.client import GatewayClient
+from agentrl.serving.client import EnvClient
 from agentrl.serving.controller.server import RunningController, start_controller
 from agentrl.serving.worker import RunningWorker, start_worker
 from agentrl.tasks.api import EnvError
@@ -28,7 +28,7 @@ async def add_worker(ctrl: RunningController, worker_id: str, slots: int, cfg: C
     return worker
 
 
-async def finish(env: GatewayClient, sid: str) -> tuple[float, Status]:
+async def finish(env: EnvClient, sid: str) -> tuple[float, Status]:
     while True:
         r = await env.interact(sid, await env.expert(sid))
         if r.done:
@@ -40,7 +40,7 @@ def test_drained_worker_finishes_its_sessions_and_gets_no_new_ones() -> None:
         ctrl = await start_controller(FAST)
         reg = ctrl.controller.registry
         w0, w1 = await add_worker(ctrl, "w0", slots=8), await add_worker(ctrl, "w1", slots=4)
-        async with GatewayClient(ctrl.url) as env:
+        async with EnvClient(ctrl.url) as env:
             held = [await env.start_sample("lookup", f"train-{i}") for i in range(2)]
             assert {reg.sessions[s.session_id].worker_id for s in held} == {"w0"}  # the most free slots
             answer = await env.drain("w0")
@@ -73,9 +73,9 @@ def test_keepalive_spares_sessions_waiting_on_a_slow_model() -> None:
         cfg = ControllerConfig(heartbeat_s=0.05, dead_after_s=0.3, session_idle_s=1.0, keepalive_s=0.2)
         ctrl = await start_controller(cfg)
         w0 = await add_worker(ctrl, "w0", slots=8, cfg=cfg)
-        async with GatewayClient(ctrl.url, keepalive_s=cfg.keepalive_s) as alive, \
-                GatewayClient(ctrl.url, keepalive_s=None) as silent, \
-                GatewayClient(w0.address, keepalive_s=None) as direct:
+        async with EnvClient(ctrl.url, keepalive_s=cfg.keepalive_s) as alive, \
+                EnvClient(ctrl.url, keepalive_s=None) as silent, \
+                EnvClient(w0.address, keepalive_s=None) as direct:
             slow = await alive.start_sample("lookup", "train-0")
             gone = await silent.start_sample("lookup", "train-1")
             orphan = await direct.start_sample("lookup", "train-2")  # behind the controller's back
@@ -97,7 +97,7 @@ def test_status_counts_sessions_per_task_and_times_the_controller() -> None:
     async def main() -> None:
         ctrl = await start_controller(FAST)
         w0 = await add_worker(ctrl, "w0", slots=8, tasks={"lookup": LookupTask(), "guess": GuessTask()})
-        async with GatewayClient(ctrl.url) as env:
+        async with EnvClient(ctrl.url) as env:
             await env.start_sample("lookup", "train-0")
             guesses = [await env.start_sample("guess", f"train-{i}") for i in range(2)]
             assert await finish(env, guesses[0].session_id) == (1.0, Status.COMPLETED)

@@ -11,7 +11,7 @@ from aio_helpers import run, wait_until
 
 from agentrl.config import ControllerConfig, EnvsConfig
 from agentrl.monitor.tensorboard import EventMonitor
-from agentrl.serving.client import GatewayClient
+from agentrl.serving.client import EnvClient
 from agentrl.serving.controller.server import start_controller
 from agentrl.serving.controller.stats import log_periodically, scalars_of
 from agentrl.serving.worker import start_worker
@@ -44,7 +44,7 @@ def test_scalars_over_time_from_a_real_controller(tmp_path: Path) -> None:
             seen.append(ctrl.controller.status_dict())
             return seen[-1]
 
-        async with GatewayClient(ctrl.url) as env:
+        async with EnvClient(ctrl.url) as env:
             for i in range(3):  # three whole episodes: latency samples
                 start = await env.start_sample("lookup", f"test-{i}")
                 while not (await env.interact(start.session_id, await env.expert(start.session_id))).done:

@@ -13,7 +13,7 @@ from typing import Any
 from aio_helpers import run, wait_until
 
 from agentrl.config import ControllerConfig, EnvsConfig
-from agentrl.serving.client import GatewayClient
+from agentrl.serving.client import EnvClient
 from agentrl.serving.controller.server import start_controller
 from agentrl.serving.listener import PENDING_HEAD_BYTES, ConnectionGuard, ConnectionLimits
 from agentrl.serving.worker import start_worker
@@ -139,7 +139,7 @@ def test_half_sent_heads_and_heads_without_the_secret_never_reach_the_handlers()
             assert guard.counters["head_timeouts"] >= 1 and guard.counters["head_too_long"] == 1
         assert ctrl.controller.counters["unauthorized"] == 1 and worker.worker.counters["unauthorized"] == 1
         assert not ctrl.controller.registry.workers["w0"].draining  # the forged drain did nothing
-        async with GatewayClient(ctrl.url, secret=SECRET) as env:  # and the run is served as before
+        async with EnvClient(ctrl.url, secret=SECRET) as env:  # and the run is served as before
             start = await env.start_sample("lookup", "train-0")
             assert not (await env.interact(start.session_id, await env.expert(start.session_id))).done
             status = await env.status()

@@ -1,4 +1,4 @@
-"""The in-process env client answers as the gateway does: the same StartResult/InteractResult, sessions
+"""The in-process env client answers as the controller does: the same StartResult/InteractResult, sessions
 freed when they end or are cancelled, unknown tasks and sessions as EnvError."""
 from __future__ import annotations
 

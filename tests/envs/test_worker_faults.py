@@ -23,7 +23,7 @@ import pytest
 from agentrl.auth import run_secret
 from agentrl.config import config_from_dict, dump_config
 from agentrl.launch import rendezvous
-from agentrl.serving.client import GatewayClient
+from agentrl.serving.client import EnvClient
 from agentrl.tasks.api import EnvError
 from agentrl.types import Status
 
@@ -40,8 +40,8 @@ class Stack:
     worker_url: str
     secret: str
 
-    def client(self, url: str | None = None, **kw: Any) -> GatewayClient:
-        return GatewayClient(url or self.url, secret=self.secret, keepalive_s=None, **kw)
+    def client(self, url: str | None = None, **kw: Any) -> EnvClient:
+        return EnvClient(url or self.url, secret=self.secret, keepalive_s=None, **kw)
 
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -95,7 +95,7 @@ def delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, int]:
     return nonzero({k: after["errors_by_class"].get(k, 0) - before["errors_by_class"].get(k, 0) for k in keys})
 
 
-async def watch_heartbeats(env: GatewayClient, stop: asyncio.Event) -> float:
+async def watch_heartbeats(env: EnvClient, stop: asyncio.Event) -> float:
     """The oldest heartbeat age /status showed while `stop` was unset."""
     oldest = 0.0
     while not stop.is_set():
@@ -180,7 +180,7 @@ def test_a_cpu_bound_call_of_a_non_blocking_task_keeps_the_worker_alive(stack: S
 def test_racing_interacts_on_one_session_are_busy(stack: Stack) -> None:
     """20 interacts at once on one session, through the controller and straight to the worker: one
     runs, 19 get 409 busy, and the session carries on (it is never "lost")."""
-    async def race(env: GatewayClient, sid: str) -> tuple[list[str], list[str]]:
+    async def race(env: EnvClient, sid: str) -> tuple[list[str], list[str]]:
         outcomes = await asyncio.gather(*(env.interact(sid, nap(3.0)) for _ in range(20)), return_exceptions=True)
         ran = [r.messages[-1]["content"] for r in outcomes if not isinstance(r, BaseException)]
         refused = [r.code for r in outcomes if isinstance(r, EnvError)]

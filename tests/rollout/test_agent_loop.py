@@ -12,7 +12,7 @@ from agentrl.models import tiny_chat as chat
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode, turn_budget
 from agentrl.rollout.collect import collect
 from agentrl.rollout.engine import ExpertEngine, SamplingConfig
-from agentrl.serving.client import GatewayClient
+from agentrl.serving.client import EnvClient
 from agentrl.serving.controller.server import start_controller
 from agentrl.serving.worker import start_worker
 from agentrl.tasks.lookup import make_sample
@@ -30,7 +30,7 @@ async def _with_env(fn, cfg: RunConfig | None = None):
     cfg = cfg or RunConfig()
     controller = await start_controller(cfg.controller)
     worker = await start_worker(cfg.envs, cfg.controller, controller.url, "worker-test", expert_route=True)
-    client = GatewayClient(controller.url)
+    client = EnvClient(controller.url)
     try:
         for _ in range(200):
             if (await client.status())["workers"]:
@@ -145,7 +145,7 @@ def test_context_limit(lookup_format) -> None:
     assert t.status == Status.CONTEXT_LIMIT and t.num_tokens <= 96
 
 
-def test_expert_collection_through_the_gateway(lookup_format) -> None:
+def test_expert_collection_through_the_controller(lookup_format) -> None:
     fmt = lookup_format
 
     async def go(client, _):

@@ -25,7 +25,7 @@ from agentrl.rollout.collect import collect
 from agentrl.rollout.engine import SamplingConfig
 from agentrl.rollout.engine_pool import EnginePool
 from agentrl.rollout.from_config import engine_factory
-from agentrl.serving.client import GatewayClient
+from agentrl.serving.client import EnvClient
 from agentrl.serving.controller.server import start_controller
 from agentrl.serving.worker import start_worker
 from agentrl.trainer.logprobs import token_logprobs
@@ -81,7 +81,7 @@ async def with_env(fn: Callable[[Any], Any]) -> Any:
     cfg = RunConfig()
     controller = await start_controller(cfg.controller)
     worker = await start_worker(cfg.envs, cfg.controller, controller.url, "worker-xpol", expert_route=False)
-    client = GatewayClient(controller.url)
+    client = EnvClient(controller.url)
     try:
         for _ in range(200):
             if (await client.status())["workers"]:

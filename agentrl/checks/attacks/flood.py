@@ -34,7 +34,7 @@ import aiohttp
 
 from agentrl.checks.attacks.flooder import MODES
 from agentrl.checks.attacks.runner import AttackResult
-from agentrl.serving.client import GatewayClient
+from agentrl.serving.client import EnvClient
 
 MAX_CALL_S = 3.0
 """The slowest call of the run's own client on a kept-alive connection a flood may cause (an unloaded call
@@ -59,7 +59,7 @@ def _tally(proc: subprocess.Popen[str]) -> dict[str, Any]:
     return json.loads(lines[-1]) if lines else {"opened": 0, "closed_by_server": 0, "max_held": 0}
 
 
-async def _episode(env: GatewayClient, times: list[float], errors: list[str]) -> None:
+async def _episode(env: EnvClient, times: list[float], errors: list[str]) -> None:
     """One lookup episode through the controller (the expert's moves), each call timed."""
     async def timed(coro: Any) -> Any:
         t0 = time.perf_counter()
@@ -89,7 +89,7 @@ async def _run_traffic(url: str, secret: str, until: asyncio.Event, latencies: d
     """Episodes back to back on a client that keeps its connections (`kept`: the rollout's pool; the workers'
     heartbeats and the controller's calls to its workers keep theirs too), and on one that opens a new
     connection for every call (`fresh`: a pool growing, a restarted rank)."""
-    async def loop(env: GatewayClient, times: list[float]) -> None:
+    async def loop(env: EnvClient, times: list[float]) -> None:
         try:
             while not until.is_set():
                 await _episode(env, times, errors)
@@ -97,13 +97,13 @@ async def _run_traffic(url: str, secret: str, until: asyncio.Event, latencies: d
         finally:
             await env.close()
 
-    kept = GatewayClient(url, secret=secret, timeout_s=10.0, keepalive_s=None)
+    kept = EnvClient(url, secret=secret, timeout_s=10.0, keepalive_s=None)
     fresh = _NewConnections(url, secret=secret, timeout_s=10.0, keepalive_s=None)
     await asyncio.gather(loop(kept, latencies["kept"]), loop(fresh, latencies["fresh"]))
 
 
-class _NewConnections(GatewayClient):
-    """A gateway client that opens a new connection for every call."""
+class _NewConnections(EnvClient):
+    """An env client that opens a new connection for every call."""
 
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None or self._http.closed:

@@ -230,7 +230,7 @@ class Registry:
 
 
 class LatencyStats:
-    """Wall time of the last `window` gateway calls, for /status p50/p99 (milliseconds)."""
+    """Wall time of the last `window` calls to the controller, for /status p50/p99 (milliseconds)."""
 
     def __init__(self, window: int = 10_000) -> None:
         self.samples: deque[float] = deque(maxlen=window)

@@ -1,4 +1,4 @@
-"""The env controller: the gateway the rollout talks to, in front of the env workers.
+"""The env controller: the server the rollout talks to, in front of the env workers.
 
 One asyncio process. It routes each new session to the live, non-draining worker of its task with
 the most free slots (a suspect worker, whose last call failed, only when no other has room),
@@ -11,7 +11,7 @@ Every infrastructure failure costs only the sessions it touches: a session whose
 or answered garbage ends as env_error (its next interact answers done=true, status "env_error"), and
 interact answers an HTTP error only for the caller's own mistake (unknown session, bad request).
 
-Idle means "nothing heard from the client": no call and no keep-alive (POST /touch, which the gateway
+Idle means "nothing heard from the client": no call and no keep-alive (POST /touch, which the env
 client sends for every session it holds). A session waiting for a slow generation or a weight sync
 therefore lives as long as its rollout process keeps its event loop running.
 
@@ -51,7 +51,7 @@ from aiohttp.typedefs import Middleware
 
 from agentrl.config import ControllerConfig
 from agentrl.serving.controller.registry import Ended, LatencyStats, Registry, WorkerEntry
-from agentrl.serving.controller.upstream import Failed, TimedOut, Unreachable, Upstream
+from agentrl.serving.controller.worker_client import Failed, TimedOut, Unreachable, WorkerClient
 from agentrl.serving.listener import GUARD_KEY, ConnectionGuard, ConnectionLimits, GuardedSite, runner_args
 from agentrl.serving.wire import Handler, auth_middleware, check_exposure, error_response, parse_json, read_body
 from agentrl.serving.wire_types import EnvError, InteractResult, require, shown
@@ -59,8 +59,8 @@ from agentrl.types import Status
 
 log = logging.getLogger(__name__)
 
-GATEWAY_ROUTES = ("/start_sample", "/interact", "/cancel", "/expert", "/indices", "/touch")
-UPSTREAM_S = web.RequestKey("upstream_s", float)
+SESSION_ROUTES = ("/start_sample", "/interact", "/cancel", "/expert", "/indices", "/touch")
+WORKER_S = web.RequestKey("worker_s", float)
 """Seconds a request's handler spent waiting on a worker (the rest is the controller's own overhead)."""
 MAX_TOUCH_IDS = 10_000
 STATUSES = frozenset(s.value for s in Status)
@@ -98,7 +98,7 @@ class Controller:
         """Connections by state (the listener closes what a flooder holds before the secret is seen)."""
         self.registry = Registry()
         self.latency = LatencyStats()
-        self.route_latency = {route: LatencyStats(window=2_000) for route in GATEWAY_ROUTES}
+        self.route_latency = {route: LatencyStats(window=2_000) for route in SESSION_ROUTES}
         self.overhead = LatencyStats()
         self.failures = {"start_failed": 0, "internal": 0}
         """Failures that are not a session ending (those are `registry.ended_by`)."""
@@ -107,7 +107,7 @@ class Controller:
         self.in_flight: set[str] = set()
         """Sessions with an interact or expert call being forwarded: one at a time."""
         self.indices_cache: dict[tuple[str, str], list[str]] = {}
-        self.upstream: Upstream | None = None
+        self.worker_client: WorkerClient | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._last_idle_sweep = time.monotonic()
 
@@ -118,15 +118,15 @@ class Controller:
     async def on_startup(self, app: web.Application) -> None:
         # A socket is held only while a call runs, so 1024 per worker cover 10,000 sessions with room
         # to spare; keep-alive reuses them, which is most of what makes a forwarded call cheap.
-        self.upstream = Upstream(timeout_s=self.cfg.request_timeout_s, limit=1024, secret=self.secret)
+        self.worker_client = WorkerClient(timeout_s=self.cfg.request_timeout_s, limit=1024, secret=self.secret)
         self._spawn(self._janitor())
 
     async def on_cleanup(self, app: web.Application) -> None:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
-        if self.upstream is not None:
-            self.upstream.close()
+        if self.worker_client is not None:
+            self.worker_client.close()
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.create_task(coro)
@@ -183,10 +183,10 @@ class Controller:
         `raw` is sent as the body unchanged (the hot path); else `body` is serialized.
         Raises WorkerUnreachable (connection refused) or WorkerFailed (timeout, dropped call, not JSON).
         """
-        assert self.upstream is not None
+        assert self.worker_client is not None
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
         try:
-            status, out = await self.upstream.request(worker.address, method,
+            status, out = await self.worker_client.request(worker.address, method,
                                                       f"{route}?{urlencode(params)}" if params else route, data)
         except Unreachable as e:
             raise WorkerUnreachable(f"worker {worker.worker_id} unreachable on {route}: {e}") from e
@@ -222,7 +222,7 @@ class Controller:
             return None, ended
         raise EnvError("unknown_session", f"no session {shown(sid)}")
 
-    # ---------------------------------------------------------------------------------- gateway
+    # ---------------------------------------------------------------------------------- sessions
     async def start_sample(self, request: web.Request) -> web.Response:
         try:
             return await self._start_sample(request)
@@ -237,7 +237,7 @@ class Controller:
         task, _ = require(body, "task"), require(body, "index")
         tried: set[str] = set()
         last: EnvError | None = None
-        upstream = 0.0
+        in_workers = 0.0
         while True:
             try:
                 worker = self.registry.pick(task, exclude=tried)
@@ -257,8 +257,8 @@ class Controller:
                 continue
             finally:
                 worker.pending -= 1
-                upstream += time.perf_counter() - t0
-                request[UPSTREAM_S] = upstream
+                in_workers += time.perf_counter() - t0
+                request[WORKER_S] = in_workers
             if status == 200 and _is_start_answer(data):
                 worker.failures = 0
                 if not worker.alive:  # declared dead while the call ran: the session is lost with it
@@ -316,7 +316,7 @@ class Controller:
             self._spawn(self._quiet_cancel(worker, sid))  # the episode's state there is unknown: free it
             return answer
         finally:
-            request[UPSTREAM_S] = time.perf_counter() - t0
+            request[WORKER_S] = time.perf_counter() - t0
         if status == 200 and _is_interact_answer(data):
             worker.failures = 0
             if data["done"] and data["status"] == Status.ENV_ERROR.value:  # the worker ended it: say so later too
@@ -358,7 +358,7 @@ class Controller:
                 self._worker_down(worker, e)
             except WorkerFailed as e:  # the session is gone here; the worker's idle check frees its slot
                 self._worker_failed(worker, e)
-            request[UPSTREAM_S] = time.perf_counter() - t0
+            request[WORKER_S] = time.perf_counter() - t0
         return web.json_response({"ok": True})
 
     async def expert(self, request: web.Request) -> web.Response:
@@ -384,7 +384,7 @@ class Controller:
             self._worker_failed(worker, e)
             raise
         finally:
-            request[UPSTREAM_S] = time.perf_counter() - t0
+            request[WORKER_S] = time.perf_counter() - t0
         if status != 200:
             raise EnvError.from_wire(data, status)
         if not (isinstance(data, dict) and isinstance(data.get("message"), dict)):
@@ -483,11 +483,11 @@ CONTROLLER_KEY = web.AppKey("controller", Controller)
 
 
 def _make_middleware(controller: Controller) -> Middleware:
-    timed = {route: controller.route_latency[route] for route in GATEWAY_ROUTES}
+    timed = {route: controller.route_latency[route] for route in SESSION_ROUTES}
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Time gateway calls; turn any failure into a JSON error for this request only."""
+        """Time session-route calls; turn any failure into a JSON error for this request only."""
         t0 = time.perf_counter()
         try:
             return await handler(request)
@@ -505,9 +505,9 @@ def _make_middleware(controller: Controller) -> Middleware:
                 ms = (time.perf_counter() - t0) * 1000.0
                 stats.record(ms)
                 controller.latency.record(ms)
-                upstream = request.get(UPSTREAM_S)
-                if upstream is not None:
-                    controller.overhead.record(ms - upstream * 1000.0)
+                in_workers = request.get(WORKER_S)
+                if in_workers is not None:
+                    controller.overhead.record(ms - in_workers * 1000.0)
     return middleware
 
 

@@ -8,7 +8,7 @@ x-axis is whole seconds since the controller started (the controller knows no tr
 
     env/active_sessions        sessions open now
     env/sessions/<task>        of them, per task
-    env/latency_p50, _p99      gateway call wall time over the last calls (ms; `LatencyStats`' window)
+    env/latency_p50, _p99      controller call wall time over the last calls (ms; `LatencyStats`' window)
     env/errors                 failures so far, each counted once (cumulative)
     env/errors/<class>         of them, by class (`Controller.errors_by_class`: causes of sessions ended as
                                env_error, failed starts, internal errors)
@@ -53,7 +53,7 @@ async def log_periodically(status: Callable[[], Mapping[str, Any]], monitor: Any
     def write() -> None:
         try:
             monitor.scalars(scalars_of(status(), tasks), int(clock() - t0))
-        except Exception:  # noqa: BLE001 - statistics must never take the gateway down
+        except Exception:  # noqa: BLE001 - statistics must never take the controller down
             log.exception("writing the controller's statistics failed")
 
     try:

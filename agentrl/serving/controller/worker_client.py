@@ -26,15 +26,15 @@ from agentrl.auth import auth_header
 HEADER_LIMIT = 64 * 1024
 
 
-class UpstreamError(Exception):
+class WorkerCallError(Exception):
     pass
 
 
-class Unreachable(UpstreamError):
+class Unreachable(WorkerCallError):
     """No connection could be made."""
 
 
-class Failed(UpstreamError):
+class Failed(WorkerCallError):
     """The call was sent (or the connection was open) but no well-formed answer came back in time."""
 
 
@@ -123,7 +123,7 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
-class Upstream:
+class WorkerClient:
     """Keep-alive connection pools per worker address ("http://host:port"), at most `limit` per worker."""
 
     def __init__(self, timeout_s: float, limit: int = 1024, idle_s: float = 15.0, secret: str | None = None) -> None:

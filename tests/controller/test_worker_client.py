@@ -1,4 +1,4 @@
-"""The controller's lean HTTP/1.1 client (agentrl/serving/controller/upstream.py) against real sockets: keep-alive
+"""The controller's lean HTTP/1.1 client (agentrl/serving/controller/worker_client.py) against real sockets: keep-alive
 reuse, its limit, and every malformed or missing answer ending as a clear Failed/Unreachable."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from agentrl.serving.controller.upstream import Failed, Unreachable, Upstream
+from agentrl.serving.controller.worker_client import Failed, Unreachable, WorkerClient
 
 
 def run(coro: Coroutine[Any, Any, None]) -> None:
@@ -50,17 +50,17 @@ def test_keep_alive_reuse_and_limit() -> None:
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         address = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        up = Upstream(timeout_s=5.0, limit=2)
+        client = WorkerClient(timeout_s=5.0, limit=2)
         for i in range(10):
-            assert await up.request(address, "POST", "/echo", b'"%d"' % i) == (200, b'{"got": "\\"%d\\"", "q": null}' % i)
+            assert await client.request(address, "POST", "/echo", b'"%d"' % i) == (200, b'{"got": "\\"%d\\"", "q": null}' % i)
         assert len(peers) == 1  # one connection, kept alive
-        status, body = await up.request(address, "GET", "/echo?x=1")
+        status, body = await client.request(address, "GET", "/echo?x=1")
         assert (status, body) == (200, b'{"got": "", "q": "1"}')
-        answers = await asyncio.gather(*(up.request(address, "POST", "/echo", b"1") for _ in range(12)))
+        answers = await asyncio.gather(*(client.request(address, "POST", "/echo", b"1") for _ in range(12)))
         assert {a[0] for a in answers} == {200} and most == 2 and len(peers) == 2  # never more than the limit
-        status, _ = await up.request(address, "POST", "/nowhere", b"{}")
+        status, _ = await client.request(address, "POST", "/nowhere", b"{}")
         assert status == 404
-        up.close()
+        client.close()
         await runner.cleanup()
     run(main())
 
@@ -88,11 +88,11 @@ def garbage(payload: bytes, close: bool = True) -> Callable[[asyncio.StreamReade
 def test_malformed_answers_fail(payload: bytes, says: str) -> None:
     async def main() -> None:
         server, address = await raw_server(garbage(payload))
-        up = Upstream(timeout_s=2.0)
+        client = WorkerClient(timeout_s=2.0)
         with pytest.raises(Failed) as e:
-            await up.request(address, "POST", "/interact", b"{}")
+            await client.request(address, "POST", "/interact", b"{}")
         assert says in str(e.value)
-        up.close()
+        client.close()
         server.close()
     run(main())
 
@@ -103,17 +103,17 @@ def test_timeout_and_unreachable() -> None:
             await asyncio.sleep(10)
 
         server, address = await raw_server(hang)
-        up = Upstream(timeout_s=0.2)
+        client = WorkerClient(timeout_s=0.2)
         with pytest.raises(Failed) as e:
-            await up.request(address, "POST", "/interact", b"{}")
+            await client.request(address, "POST", "/interact", b"{}")
         assert "timed out" in str(e.value)
         server.close()
         await server.wait_closed()
         with pytest.raises(Unreachable):
-            await up.request(address, "POST", "/interact", b"{}")  # nobody listens there now
+            await client.request(address, "POST", "/interact", b"{}")  # nobody listens there now
         with pytest.raises(Unreachable):
-            await up.request("ftp://127.0.0.1:1", "GET", "/")
-        up.close()
+            await client.request("ftp://127.0.0.1:1", "GET", "/")
+        client.close()
     run(main())
 
 
@@ -131,11 +131,11 @@ def test_a_pooled_connection_closed_by_the_worker_is_retried_once_on_a_fresh_one
             writer.close()
 
         server, address = await raw_server(once_then_close)
-        up = Upstream(timeout_s=2.0)
-        assert await up.request(address, "POST", "/x", b"{}") == (200, b"{}")
-        assert await up.request(address, "POST", "/x", b"{}") == (200, b"{}")
+        client = WorkerClient(timeout_s=2.0)
+        assert await client.request(address, "POST", "/x", b"{}") == (200, b"{}")
+        assert await client.request(address, "POST", "/x", b"{}") == (200, b"{}")
         assert served == 2
-        up.close()
+        client.close()
         server.close()
     run(main())
 
@@ -153,10 +153,10 @@ def test_connection_close_answers_are_not_pooled() -> None:
             writer.close()
 
         server, address = await raw_server(close_each)
-        up = Upstream(timeout_s=2.0)
+        client = WorkerClient(timeout_s=2.0)
         for _ in range(3):
-            assert await up.request(address, "POST", "/x", b"{}") == (200, b"{}")
+            assert await client.request(address, "POST", "/x", b"{}") == (200, b"{}")
         assert connections == 3
-        up.close()
+        client.close()
         server.close()
     run(main())

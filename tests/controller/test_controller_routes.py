@@ -11,7 +11,7 @@ import pytest
 from aio_helpers import run, wait_until
 
 from agentrl.config import ControllerConfig, EnvsConfig
-from agentrl.serving.client import GatewayClient
+from agentrl.serving.client import EnvClient
 from agentrl.serving.controller.server import RunningController, start_controller
 from agentrl.serving.worker import RunningWorker, start_worker
 from agentrl.tasks.api import EnvError
@@ -35,7 +35,7 @@ async def crash(worker: RunningWorker) -> None:
     await worker.runner.cleanup()
 
 
-async def expert_episode(env: GatewayClient, index: str) -> tuple[float, Status]:
+async def expert_episode(env: EnvClient, index: str) -> tuple[float, Status]:
     start = await env.start_sample("lookup", index)
     while True:
         result = await env.interact(start.session_id, await env.expert(start.session_id))
@@ -49,11 +49,11 @@ async def error_code(awaitable: Awaitable[Any]) -> str:
     return e.value.code
 
 
-def test_episodes_through_the_gateway() -> None:
+def test_episodes_through_the_controller() -> None:
     async def main() -> None:
         ctrl = await start_controller(FAST)
         worker = await add_worker(ctrl, "w0", slots=32)
-        async with GatewayClient(ctrl.url) as env:
+        async with EnvClient(ctrl.url) as env:
             start = await env.start_sample("lookup", "test-3")
             assert [m["role"] for m in start.messages] == ["system", "user"]
             assert [t["function"]["name"] for t in start.tools] == ["lookup", "submit_answer"]
@@ -77,7 +77,7 @@ def test_errors_are_per_request() -> None:
     async def main() -> None:
         ctrl = await start_controller(FAST)
         worker = await add_worker(ctrl, "w0")
-        async with GatewayClient(ctrl.url) as env:
+        async with EnvClient(ctrl.url) as env:
             start = await env.start_sample("lookup", "train-0")
             assert await error_code(env.interact("nope", {"role": "assistant", "content": ""})) == "unknown_session"
             assert await error_code(env.cancel("nope")) == "unknown_session"
@@ -110,7 +110,7 @@ def test_killed_worker_sessions_end_as_env_error() -> None:
         ctrl = await start_controller(FAST)
         w0 = await add_worker(ctrl, "w0", slots=8)
         w1 = await add_worker(ctrl, "w1", slots=4)
-        async with GatewayClient(ctrl.url) as env:
+        async with EnvClient(ctrl.url) as env:
             a = await env.start_sample("lookup", "train-0")  # w0 has the most free slots
             b = await env.start_sample("lookup", "train-1")
             assert ctrl.controller.registry.sessions[a.session_id].worker_id == "w0"
@@ -138,7 +138,7 @@ def test_silent_worker_is_declared_dead_after_missed_heartbeats() -> None:
     async def main() -> None:
         ctrl = await start_controller(FAST)
         w0 = await add_worker(ctrl, "w0")
-        async with GatewayClient(ctrl.url) as env:
+        async with EnvClient(ctrl.url) as env:
             a = await env.start_sample("lookup", "train-0")
             await w0.stop_heartbeats()  # hung: socket open, no heartbeats
             reg = ctrl.controller.registry
@@ -161,7 +161,7 @@ def test_routing_late_joiner_and_capacity() -> None:
         ctrl = await start_controller(FAST)
         reg = ctrl.controller.registry
         w0 = await add_worker(ctrl, "w0", slots=2)
-        async with GatewayClient(ctrl.url) as env:
+        async with EnvClient(ctrl.url) as env:
             s = [await env.start_sample("lookup", f"train-{i}") for i in range(2)]
             assert await error_code(env.start_sample("lookup", "train-2")) == "no_capacity"
             await env.cancel(s[0].session_id)
@@ -191,7 +191,7 @@ def test_most_free_slots_wins() -> None:
         ctrl = await start_controller(FAST)
         reg = ctrl.controller.registry
         workers = [await add_worker(ctrl, "w0", slots=4), await add_worker(ctrl, "w1", slots=8)]
-        async with GatewayClient(ctrl.url) as env:
+        async with EnvClient(ctrl.url) as env:
             starts = await asyncio.gather(*(env.start_sample("lookup", f"train-{i}") for i in range(12)))
             owners = [reg.sessions[s.session_id].worker_id for s in starts]
             assert owners.count("w0") == 4 and owners.count("w1") == 8
@@ -211,7 +211,7 @@ def test_a_stalled_controller_counts_the_stall_against_no_worker_or_session() ->
         ctrl = await start_controller(cfg)
         w0 = await add_worker(ctrl, "w0", cfg=cfg)
         reg = ctrl.controller.registry
-        async with GatewayClient(ctrl.url) as env:
+        async with EnvClient(ctrl.url) as env:
             a = await env.start_sample("lookup", "train-0")
             time.sleep(2.0)  # blocks the one loop: controller, worker and client alike
             for _ in range(10):  # half a second of sweeps once it runs again
@@ -232,7 +232,7 @@ def test_idle_sessions_expire_on_controller_and_worker() -> None:
         cfg = ControllerConfig(heartbeat_s=0.05, dead_after_s=0.4, session_idle_s=0.3, request_timeout_s=5.0)
         ctrl = await start_controller(cfg)
         w0 = await add_worker(ctrl, "w0", cfg=cfg)
-        async with GatewayClient(ctrl.url) as env:
+        async with EnvClient(ctrl.url) as env:
             a = await env.start_sample("lookup", "train-0")
             await wait_until(lambda: a.session_id not in w0.worker.sessions)
             r = await env.interact(a.session_id, {"role": "assistant", "content": ""})
@@ -244,7 +244,7 @@ def test_idle_sessions_expire_on_controller_and_worker() -> None:
 
 def test_client_connection_failure_is_env_error() -> None:
     async def main() -> None:
-        async with GatewayClient("http://127.0.0.1:9", timeout_s=2.0) as env:
+        async with EnvClient("http://127.0.0.1:9", timeout_s=2.0) as env:
             assert await error_code(env.status()) == "env_error"
     run(main())
 
@@ -254,7 +254,7 @@ def test_indices_wait_for_the_first_worker() -> None:
     no_capacity; `indices` waits for a worker instead of failing, up to its bound."""
     async def main() -> None:
         ctrl = await start_controller(FAST)
-        async with GatewayClient(ctrl.url) as env:
+        async with EnvClient(ctrl.url) as env:
             assert await error_code(env.indices("lookup", "train", wait_s=0.2, poll_s=0.05)) == "no_capacity"
             asked = asyncio.create_task(env.indices("lookup", "train", wait_s=30.0, poll_s=0.05))
             await asyncio.sleep(0.3)
