@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     device = init_distributed(env, timeout_s=cfg.cluster.trainer.collective_timeout)
     par = Parallel(cfg.trainer.parallel, env, device, cfg.trainer.mixed_precision)
     monitor = make_monitor(run_dir, "trainer", cfg.monitor.tensorboard, rank=par.rank)
-    write_config(monitor, cfg)  # the resolved config as text at step 0 (rank 0's monitor; a null one elsewhere)
+    write_config(monitor, cfg)  # the resolved config as text at step 0 (the hub's monitor; a null one elsewhere)
     # Outside Slurm a SIGTERM keeps its plain meaning (the local launcher stops the MPI world).
     preemption = Preemption().install() if slurm_env.job_id() else None
     try:

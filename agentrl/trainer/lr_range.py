@@ -183,7 +183,7 @@ def no_rate_message(points: Sequence[RatePoint], where: str) -> str:
 
 def auto_rates(model: torch.nn.Module, demos: list[Trajectory], t: TrainerConfig, pad_id: int, par: Parallel,
                seed: int) -> TrainerConfig:
-    """`t` with `sft_lr: auto` measured on `demos` by the range test (`run_range`, `pick_rate`; rank 0's pick on
+    """`t` with `sft_lr: auto` measured on `demos` by the range test (`run_range`, `pick_rate`; the hub's pick on
     every rank) and `lr: auto` set to `RL_FRACTION` of the warm start's rate. A few steps of a few demonstrations
     per rate: as many steps as the warm start takes, at most `RangeSpec.steps`."""
     sft_lr = t.sft_lr

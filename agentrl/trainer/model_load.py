@@ -7,9 +7,9 @@
                keeps a whole replica per rank by design).
     reference  the frozen KL model, in the compute dtype (bf16 under `trainer.mixed_precision=bf16`), sharded
                and read like the policy; not built at all when `algo.kl_coef` is 0.
-    publishing `gather_tensors`: the whole tensors on rank 0 one at a time, each rank's shard cast to the
+    publishing `gather_tensors`: the whole tensors on the hub one at a time, each rank's shard cast to the
                published dtype before it is sent, for a writer that streams them to a file
-               (`weights.stage_model_dir`); rank 0 holds one whole tensor beyond its shards, the others none.
+               (`weights.stage_model_dir`); the hub holds one whole tensor beyond its shards, the others none.
 
 What this is not: tensor or pipeline parallelism (one layer of a 70B model still fits one GPU under FSDP2).
 """
@@ -213,11 +213,11 @@ def _unwrapped(model: torch.nn.Module, par: Parallel) -> torch.nn.Module:
 
 def gather_tensors(model: torch.nn.Module, par: Parallel, dtype: torch.dtype | None = None
                    ) -> Iterator[tuple[str, torch.Tensor]]:
-    """The whole tensors of `model`'s state dict on CPU, one at a time, yielded on rank 0 (nothing is yielded
+    """The whole tensors of `model`'s state dict on CPU, one at a time, yielded on the hub (nothing is yielded
     on the other ranks, which must still run the iterator to its end: it is collective under FSDP2).
 
-    Each rank casts its own shard to `dtype` and sends it to rank 0, which receives it into the whole tensor's
-    rows: rank 0 holds one whole tensor (in `dtype`) beyond its shards, the others nothing beyond theirs. Tied
+    Each rank casts its own shard to `dtype` and sends it to the hub, which receives it into the whole tensor's
+    rows: the hub holds one whole tensor (in `dtype`) beyond its shards, the others nothing beyond theirs. Tied
     names are yielded each (a separate gather and a separate tensor each, as safetensors wants).
     """
     import torch.distributed as dist

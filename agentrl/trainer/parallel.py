@@ -178,6 +178,7 @@ class Parallel:
 
     @property
     def is_main(self) -> bool:
+        """Whether this rank is the hub: trainer rank 0, which alone talks to the rollout ranks (glossary: §11)."""
         return self.env.rank == 0
 
     @property
@@ -285,7 +286,7 @@ class Parallel:
 
     # ------------------------------------------------------------------------------------ state
     def full_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-        """Whole (unsharded, unwrapped) weights on CPU on rank 0; an empty dict on the other ranks. Collective."""
+        """Whole (unsharded, unwrapped) weights on CPU on the hub; an empty dict on the other ranks. Collective."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
