@@ -116,8 +116,9 @@ class RolloutConfig:
     engine: Literal["vllm", "expert"] = "vllm"
     """vllm | expert (the task's scripted expert, served by the env worker)."""
     prompts_per_step: int = 8
+    """Samples of each task started per step (the key's "prompt" is a sample: docs/architecture.md §11)."""
     samples_per_prompt: int = 8
-    """n: one GRPO group per prompt."""
+    """n, the group size: episodes of each sample, one GRPO group (the key's "sample" is an episode)."""
     temperature: float = 1.0
     top_p: float = 1.0
     max_turns: int = 0

@@ -1,4 +1,4 @@
-"""The one progress helper: a long piece of work (the warm start's SFT steps, the expert's demonstrations, each
+"""The one progress helper: a long piece of work (the warm start's steps, the expert's demonstrations, each
 task of an evaluation) as a tqdm bar on a terminal, plain periodic lines where stdout is not one (Slurm logs,
 pipes), never a bar's carriage returns.
 

@@ -1,4 +1,4 @@
-"""One optimizer step: the RL update (advantages → task normalization → PPO [+ KL]) and the SFT warm-start step.
+"""One optimizer step: the RL update (advantages → task normalization → PPO [+ KL]) and one warm-start step.
 
 The math comes from `agentrl.algorithms`; this module arranges it over micro-batches (padded or packed) and
 data-parallel ranks so that the summed gradient equals the gradient of the whole batch's token-mean loss:
