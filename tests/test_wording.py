@@ -23,3 +23,25 @@ def test_no_dated_words() -> None:
     found = [f"{p.relative_to(ROOT)}:{n}: {m.group(0)}" for p in _files()
              for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1) for m in DATED.finditer(line)]
     assert found == [], f"{len(found)} dated references (history belongs in docs/history.md):\n" + "\n".join(found)
+
+
+OLD_NAMES = re.compile(r"\bgateway|\bupstream", re.I)
+"""The controller was also 'the gateway' and the env worker 'the upstream': one name per thing now
+(docs/architecture.md §11, the glossary, which alone names the old words)."""
+GLOSSARY = ROOT / "docs" / "architecture.md"
+
+
+def _outside_glossary(p: Path) -> list[tuple[int, str]]:
+    lines = list(enumerate(p.read_text(errors="replace").splitlines(), 1))
+    if p == GLOSSARY:
+        start = next(n for n, line in lines if line.startswith("## 11. Glossary"))
+        nxt = [n for n, line in lines if n > start and line.startswith("## ")]
+        lines = [(n, line) for n, line in lines if not start <= n < (nxt[0] if nxt else len(lines) + 1)]
+    return lines
+
+
+def test_one_name_per_thing() -> None:
+    here = Path(__file__).resolve()
+    found = [f"{p.relative_to(ROOT)}:{n}: {m.group(0)}" for p in _files() if p != here
+             for n, line in _outside_glossary(p) for m in OLD_NAMES.finditer(line)]
+    assert found == [], f"{len(found)} old names (the controller, the env worker: see the glossary):\n" + "\n".join(found)
