@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import signal
 import sys
@@ -120,7 +121,7 @@ def main() -> int:
     # SIGTERM (Slurm's, a scheduler's, kill) and SIGINT end the run through `finally`: every role is stopped
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _stop_on_signal)
-    timeout = cfg.cluster.role_timeout_s
+    timeout = cfg.cluster.time_limit_s or math.inf  # the run's wall time; each role bounds its own waits
     try:
         # one MPI world, or (files) separate roles (docs/pipeline.md); the synchronous baseline alike
         ends = start_pipeline(launcher, cfg.envs.workers, build_model, cfg.cluster.rollout.ranks,

@@ -219,9 +219,12 @@ class ClusterConfig:
     launcher: Literal["local", "slurm"] = "local"
     """local: roles as processes on this machine | slurm: one Slurm job through submitit (jobs.launch)."""
     role_timeout_s: float = 3600.0
-    """How long one role waits for another: the local launcher stops the run if a role has not finished by
-    then; the trainer waits this long for a step's groups, for the expert's demonstrations and for the rollout
-    ranks to close their channels; a rollout rank this long for new weights."""
+    """How long one role waits for another: the trainer this long for a step's groups, for the expert's
+    demonstrations and for the rollout ranks to close their channels; a rollout rank this long for new weights.
+    A bound on each wait, not on the run: a run of many hours waits no longer for any one thing."""
+    time_limit_s: float = 0.0
+    """The local launcher's limit on the whole run's wall time: it stops the run past it (0: none; each role's
+    waits are bounded by `role_timeout_s` anyway). Under Slurm the job's `slurm.time` is the limit."""
     max_restarts: int = 3
     """Times a dead env worker is started again (per worker) before it counts as failed: by the local launcher
     (which also restarts the asynchronous MPI world as often) and by the rendered Slurm scripts (each worker
@@ -270,6 +273,7 @@ class ClusterConfig:
             _check("\n" not in line and line.strip() != "", f"{p}.setup[{i}]", "must be one non-empty shell line")
         _check(self.engine_threads >= 1, f"{p}.engine_threads", "must be >= 1")
         _check(self.role_timeout_s > 0, f"{p}.role_timeout_s", "must be positive")
+        _check(self.time_limit_s >= 0, f"{p}.time_limit_s", "must be >= 0 (0: no limit)")
         _check(self.max_restarts >= 0, f"{p}.max_restarts", "must be >= 0")
         _check(self.signal_s >= 0, f"{p}.signal_s", "must be >= 0")
         _check(bool(self.python), f"{p}.python", "must name a Python")

@@ -21,7 +21,7 @@ def flat_config(d: dict, prefix: str = "") -> dict[str, object]:
 # Fields a continued run may change: more steps extend it; how long roles may wait, restarts, and the engines'
 # KV-cache size (how many episodes fit at once, not what they sample) are the operator's business. Anything else
 # would make the second half a different experiment.
-RESUME_MAY_CHANGE = ("trainer.steps", "cluster.role_timeout_s", "cluster.max_restarts",
+RESUME_MAY_CHANGE = ("trainer.steps", "cluster.role_timeout_s", "cluster.time_limit_s", "cluster.max_restarts",
                      "cluster.rollout.kv_cache_gib")
 
 
