@@ -16,7 +16,7 @@ Each run is `python -m jobs.train --preset P seed=S trainer.threads=T` in its ow
 exceeds the warm start's by at least --min-gain (absolute) and by more than --min-sigmas standard errors.
 Prints a table and writes runs/bench/demo_seeds.json; exits 1 if any run or task misses the gate. A control
 run (`trainer.update=sft`: the same warm start as the RL run, continued for as many updates, no RL, each of
-`trainer.control_batch` demonstrations; --control for the first seed, --control all for each; it starts from the
+`trainer.control_batch` demonstrations, its rollout playing no training episode; --control for the first seed, --control all for each; it starts from the
 RL run's own warm start and evaluation before RL, `trainer.warm_start_from`, unless --own-warm-start) is reported;
 with --gate-control each run's sampled success after RL must also exceed its seed's control's by more than
 --min-sigmas standard errors (binomial, over both evaluations' episodes). --ablate adds, on the first seed, the RL run

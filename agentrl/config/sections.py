@@ -229,7 +229,8 @@ class TrainerConfig:
     """Successful demonstrations per task held out of the warm start for `sft_target` (at most a quarter)."""
     update: Literal["rl", "sft"] = "rl"
     """What each of the `steps` does: rl (train on the rollout's batch) | sft (one more warm-start update on the
-    expert's demonstrations instead: a control run, to tell RL's gain from more imitation)."""
+    expert's demonstrations instead: a control run, to tell RL's gain from more imitation; its rollout ranks play no
+    training episode, only the evaluations)."""
     threads: int = 2
     seed: int = 0
     """Added to the run's `seed` for the trainer's own draws (warm-start batches, held-out demonstrations)."""

@@ -238,9 +238,10 @@ class RolloutLoop:
             self.ch.poll_notices()
             if self.ch.stopped:
                 break
-            await self._maybe_swap()
+            if self.spec.train:  # a control run's ranks play nothing until the stop: no weights to take either
+                await self._maybe_swap()
             hold = self.place.inflight == "drain" and self._swap_pending()
-            while not hold and self.started_groups < self._admit_limit() and self._has_room():
+            while self.spec.train and not hold and self.started_groups < self._admit_limit() and self._has_room():
                 self._start_group(train_idx)
             self._reap()
             self._flush()

@@ -30,6 +30,9 @@ class RolloutSpec:
     seed: int
     poll_s: float
     eval_sampled: int
+    train: bool
+    """Whether the ranks play training episodes: not in a control run (`trainer.update=sft`), whose steps imitate the
+    demonstrations; its ranks only evaluate (rank 0: before and after)."""
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> RolloutSpec:
@@ -43,4 +46,5 @@ class RolloutSpec:
             temperature=r.temperature, top_p=r.top_p,
             limits=EpisodeLimits(r.max_turns, r.max_model_len, r.max_new_tokens),
             retry=Retry(max_retries=r.env_retries, capacity_wait_s=r.env_wait_s),
-            wait_timeout_s=cfg.cluster.role_timeout_s, seed=cfg.seed, poll_s=cfg.transport.poll_s)
+            wait_timeout_s=cfg.cluster.role_timeout_s, seed=cfg.seed, poll_s=cfg.transport.poll_s,
+            train=cfg.trainer.update == "rl")

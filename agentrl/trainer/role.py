@@ -167,15 +167,16 @@ def _loop(run_dir: Path, learner: Learner, q: TrajectoryQueue, ch: TrainerChanne
     keepalive_s = cfg.cluster.trainer.collective_timeout / 4
     while state.step < shape.steps:
         report.waiting()
-        groups = _next_groups(q, ch, shape, cfg.cluster.role_timeout_s, cfg.transport.poll_s, publisher, keepalive,
-                              keepalive_s)
+        groups = (_no_groups(q, ch, publisher) if learner.control else
+                  _next_groups(q, ch, shape, cfg.cluster.role_timeout_s, cfg.transport.poll_s, publisher, keepalive,
+                               keepalive_s))
         report.got(groups, state.policy_version)
         trajs = [t for g in groups for t in g]
         usable, rewards, counts = select_training_data(trajs, state.policy_version, shape.max_staleness,
                                                        shape.lagging_max_staleness, a.fail_penalty,
                                                        a.drop_uniform_groups)
-        if learner.control:  # the control run: imitation instead of RL, the same number of updates
-            counts["dropped_control"] = len(usable)  # the rollout's episodes are left out, and counted
+        if learner.control:  # imitation instead of RL: an episode that reached it anyway is left out, and counted
+            counts["dropped_control"] = len(usable)
             usable, rewards = [], []
         par.broadcast_object((usable, rewards))  # the other trainer ranks' batch (see _follow)
         lr = learner.lr  # the rate this step uses
@@ -219,6 +220,15 @@ def _next_groups(q: TrajectoryQueue, ch: TrainerChannel, shape: PipelineShape, t
             raise TimeoutError(f"trainer: fewer than {shape.min_groups} complete groups for {timeout_s:g}s "
                                f"(queue {q.depth}, open rollout ranks {ch.open_ranks})")
         time.sleep(poll_s)
+
+
+def _no_groups(q: TrajectoryQueue, ch: TrainerChannel, publisher: Publisher) -> list[list[Trajectory]]:
+    """A control run's step waits for nothing: its rollout ranks play no training episode (`RolloutSpec.train`),
+    so its steps cost what the imitation updates cost. The channel is still read and the last version announced."""
+    publisher.announce(ch)
+    for _, batch in ch.poll():
+        q.put_many(batch)
+    return []
 
 
 def _count_left(q: TrajectoryQueue, late: list[Trajectory]) -> Counter[str]:

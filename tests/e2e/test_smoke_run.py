@@ -134,4 +134,8 @@ def test_a_control_run_starts_from_the_runs_warm_start_instead_of_repeating_it(r
     assert mine["success_before_rl"] == source["success_before_rl"]
     assert mine["sampled_success_before_rl"] == source["sampled_success_before_rl"]
     trainer = json.loads((control / "report" / "trainer.json").read_text())
-    assert trainer["sft_steps"] == 5 and trainer["steps_done"] == 2 and trainer["dropped_control"] > 0
+    assert trainer["sft_steps"] == 5 and trainer["steps_done"] == 2
+    # its steps imitate: the rollout played no training episode, so none waited in its steps or was dropped
+    assert trainer.get("trajectories_trained", 0) == 0 and trainer.get("dropped_control", 0) == 0
+    assert json.loads((control / "report" / "rollout-0.json").read_text())["trajectories"] == 0
+    assert not list((control / "shards" / "rollout-0").glob("*.h5"))

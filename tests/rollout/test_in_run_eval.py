@@ -51,7 +51,7 @@ def test_env_errors_stay_in_the_denominator(lookup_format, tmp_path: Path) -> No
     spec = RolloutSpec(tasks=("lookup",), steps=1, prompts_per_step=1, samples_per_prompt=1, expert_samples=0,
                        eval_split="test", eval_samples=4, concurrency=2, temperature=1.0, top_p=1.0,
                        limits=EpisodeLimits(4, 512, 48), retry=Retry(max_retries=1, backoff_s=0.001),
-                       wait_timeout_s=60.0, seed=0, poll_s=0.05, eval_sampled=0)
+                       wait_timeout_s=60.0, seed=0, poll_s=0.05, eval_sampled=0, train=True)
     mon = Recorder()
     m, per_task = asyncio.run(evaluate(client, ExpertEngine(client), lookup_format, spec, 5, tmp_path, mon))
     assert client.starts["test-3"] == 2  # tried, retried once, then reported
@@ -72,7 +72,7 @@ def test_expert_demonstrations_show_progress(lookup_format, tmp_path: Path, caps
     spec = RolloutSpec(tasks=("lookup",), steps=1, prompts_per_step=1, samples_per_prompt=1, expert_samples=3,
                        eval_split="test", eval_samples=0, concurrency=2, temperature=1.0, top_p=1.0,
                        limits=EpisodeLimits(4, 512, 48), retry=Retry(), wait_timeout_s=60.0, seed=0, poll_s=0.05,
-                       eval_sampled=0)
+                       eval_sampled=0, train=True)
     asyncio.run(expert_demos(tmp_path, client, lookup_format, spec, Recorder()))
     out = capsys.readouterr().out.splitlines()  # not a terminal: plain lines, the last at the end
     assert out[-1].startswith("expert demonstrations: 3/3 (100%) | last lookup |")

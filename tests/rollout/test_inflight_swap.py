@@ -89,7 +89,7 @@ def _run(tmp_path: Path, tok, inflight: str) -> tuple[list, Engine]:
     spec = RolloutSpec(tasks=("lookup",), steps=2, prompts_per_step=2, samples_per_prompt=2, expert_samples=0,
                      eval_split="test", eval_samples=0, concurrency=8, temperature=1.0, top_p=1.0,
                      limits=EpisodeLimits(0, 512, 16), retry=Retry(), wait_timeout_s=60.0, seed=0, poll_s=0.05,
-                     eval_sampled=0)
+                     eval_sampled=0, train=True)
     place = role.RankPlace(rank=0, ranks=1, max_staleness=1, inflight=inflight)
     ch = Channel(engine, stop_after=8)
 
@@ -157,7 +157,7 @@ def test_the_report_says_when_the_staleness_window_binds(tmp_path: Path, lookup_
     spec = RolloutSpec(tasks=("lookup",), steps=2, prompts_per_step=2, samples_per_prompt=2, expert_samples=0,
                        eval_split="test", eval_samples=0, concurrency=concurrency, temperature=1.0, top_p=1.0,
                        limits=EpisodeLimits(0, 512, 16), retry=Retry(), wait_timeout_s=60.0, seed=0, poll_s=0.05,
-                       eval_sampled=0)
+                       eval_sampled=0, train=True)
     ch = StuckChannel(engine, window=8, hold_s=1.0)
 
     async def main() -> role.RolloutLoop:

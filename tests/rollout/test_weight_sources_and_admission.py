@@ -18,7 +18,7 @@ def _spec(prompts: int, tasks: tuple[str, ...]) -> RolloutSpec:
     return RolloutSpec(tasks=tasks, steps=3, prompts_per_step=prompts, samples_per_prompt=4, expert_samples=0,
                 eval_split="test", eval_samples=1, concurrency=8, temperature=1.0, top_p=1.0,
                 limits=EpisodeLimits(0, 64, 8), retry=Retry(), wait_timeout_s=60.0, seed=0, poll_s=0.05,
-                eval_sampled=0)
+                eval_sampled=0, train=True)
 
 
 @pytest.mark.parametrize(("prompts", "tasks", "ranks", "shares"), [
