@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 Message = dict[str, Any] | Callable[[list[dict[str, Any]], list[dict[str, Any]]], dict[str, Any]]
@@ -51,3 +52,13 @@ def calls(named: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
 
 def text(content: str) -> dict[str, Any]:
     return {"role": "assistant", "content": content}
+
+
+def host_file_table_problems() -> list[str]:
+    """What a probe reports about the host's open-file table while an attack holds what it could: a problem when
+    it is more than 90 % full (the kernel's own count, /proc/sys/fs/file-nr); none when it cannot be read."""
+    try:
+        used, _, limit = (int(x) for x in Path("/proc/sys/fs/file-nr").read_text().split())
+    except (OSError, ValueError):
+        return []
+    return [f"the host's file table is {used} of {limit}"] if used > 0.9 * limit else []

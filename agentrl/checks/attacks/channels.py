@@ -16,10 +16,9 @@ The verdicts are the probes' (`runner`): "" when all held. Not here: the defence
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
-from agentrl.checks.attacks.attack import Attack, call
+from agentrl.checks.attacks.attack import Attack, call, host_file_table_problems
 
 PROC_SNAPSHOT = r"""python3 - <<'EOF'
 import ctypes, hashlib, os
@@ -175,13 +174,7 @@ def _parked_probe(task: Any) -> str:
     from agentrl.sandbox import Shell
     from agentrl.sandbox.config import SCM_MAX_FD
 
-    problems: list[str] = []
-    try:
-        used, _, limit = (int(x) for x in Path("/proc/sys/fs/file-nr").read_text().split())
-        if used > 0.9 * limit:
-            problems.append(f"the host's file table is {used} of {limit}")
-    except (OSError, ValueError):
-        pass
+    problems = host_file_table_problems()
     cfg = task.sandbox
     budget = getattr(task, "budget", None)
     slot = budget.acquire() if budget is not None else 1

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentrl.checks.attacks.attack import Attack, call, calls, text
+from agentrl.checks.attacks.attack import Attack, call, calls, host_file_table_problems, text
 from agentrl.checks.attacks.channels import os_channel_attacks
 
 log = logging.getLogger(__name__)
@@ -282,13 +282,7 @@ def _table_probe(task: Any) -> str:
     host's counts of them. "" when all holds, else what did not."""
     from agentrl.sandbox import Shell
 
-    problems = []
-    try:
-        used, _, limit = (int(x) for x in Path("/proc/sys/fs/file-nr").read_text().split())
-        if used > 0.9 * limit:
-            problems.append(f"the host's file table is {used} of {limit}")
-    except (OSError, ValueError):
-        pass
+    problems = host_file_table_problems()
     try:
         os.close(os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY))
     except OSError as e:
