@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import re
@@ -160,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ends = start_pipeline(launcher, cfg.envs.workers, True, 1, cfg.cluster.engine_threads, channel="files")
         killer.start()
-        failed = launcher.watch(ends, cfg.cluster.role_timeout_s, restartable=("env_worker-", TRAINER, ROLLOUT_PREFIX),
+        # the run's wall time, as jobs.train has it (each role bounds its own waits by role_timeout_s)
+        failed = launcher.watch(ends, cfg.cluster.time_limit_s or math.inf,
+                                restartable=("env_worker-", TRAINER, ROLLOUT_PREFIX),
                                 max_restarts=cfg.cluster.max_restarts,
                                 # the dead trainer's channel must not be joined by the restarted rollout rank
                                 before_restart=lambda name: name == TRAINER and rendezvous.remove(
