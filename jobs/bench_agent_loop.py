@@ -90,7 +90,7 @@ class Bench:
         self.engine = VLLMEngine(str(model_dir), self.spec.limits.max_model_len, max_num_seqs=concurrency,
                                  kv_cache_gib=cfg.cluster.rollout.cpu_kv_cache_gib, seed=cfg.seed,
                                  devices="" if own_process else None)
-        self.sampling = SamplingConfig(self.spec.limits.max_new_tokens, self.spec.temperature, self.spec.top_p,
+        self.sampling = SamplingConfig(self.spec.limits.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p,
                                        self.fmt.stop_ids)
         self.tasks = list(tasks)
         self.episodes = episodes

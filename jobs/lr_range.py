@@ -58,8 +58,8 @@ async def expert_demos(cfg: RunConfig, model_dir: Path, per_task: int) -> list:
     for task in spec.tasks:
         train = await client.indices(task, "train")
         reqs += [(task, i, f"expert-{task}-{i}") for i in rng.sample(train, min(per_task, len(train)))]
-    sampling = SamplingConfig(spec.limits.max_new_tokens, spec.temperature, spec.top_p, fmt.stop_ids)
-    trajs, _ = await collect(client, ExpertEngine(client), fmt, reqs, sampling, spec.limits, spec.concurrency,
+    sampling = SamplingConfig(spec.limits.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p, fmt.stop_ids)
+    trajs, _ = await collect(client, ExpertEngine(client), fmt, reqs, sampling, spec.limits, cfg.rollout.concurrency,
                              Retry(max_retries=spec.retry.max_retries))
     return trajs
 

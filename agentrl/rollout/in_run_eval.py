@@ -28,15 +28,16 @@ async def evaluate(client: Any, engine: Engine, fmt: ChatFormat, spec: RolloutSp
     per-task evaluation (`eval_summary.task_eval`: success, episodes, stderr, env errors, status counts).
     Success is over every episode, an env error (after the rollout's retries) counting as a failure, as in
     `jobs.eval`; `<name>/env_errors` and `<name>/env_error_rate` say how many there were."""
-    name, repeat = ("eval_sampled", spec.eval_sampled) if sampled else ("eval", 1)
+    r = spec.rollout
+    name, repeat = ("eval_sampled", r.eval_sampled) if sampled else ("eval", 1)
     reqs = []
     for task in spec.tasks:
-        idx = (await client.indices(task, spec.eval_split))[: spec.eval_samples]
+        idx = (await client.indices(task, r.eval_split))[: r.eval_samples]
         reqs += [(task, i, f"{name}-{task}-{i}") for i in idx for _ in range(repeat)]
-    temperature, top_p = (spec.temperature, spec.top_p) if sampled else (0.0, 1.0)
+    temperature, top_p = (r.temperature, r.top_p) if sampled else (0.0, 1.0)
     sampling = SamplingConfig(spec.limits.max_new_tokens, temperature, top_p, fmt.stop_ids)
     t0 = time.perf_counter()
-    trajs, _ = await collect(client, engine, fmt, reqs, sampling, spec.limits, spec.concurrency, spec.retry)
+    trajs, _ = await collect(client, engine, fmt, reqs, sampling, spec.limits, r.concurrency, spec.retry)
     m = rollout_metrics(trajs, prefix=name)
     # as jobs.eval scores: `collect` has retried env errors; those left are failures in the success rate
     # (never left out of its denominator) and are reported beside it as their own count and rate

@@ -69,7 +69,7 @@ class RankPlace:
 
     def groups_per_step(self, spec: RolloutSpec) -> int:
         """This rank's share of one synchronous step's groups (prompts_per_step × tasks over the ranks)."""
-        total = spec.prompts_per_step * len(spec.tasks)
+        total = spec.rollout.prompts_per_step * len(spec.tasks)
         return total // self.ranks + (self.rank < total % self.ranks)
 
 
@@ -94,15 +94,16 @@ async def expert_demos(run_dir: Path, client: Any, fmt: ChatFormat, spec: Rollou
         log.info("expert: demonstrations already written (a resumed run)")
         return
     rng = random.Random(spec.seed)
-    sampling = SamplingConfig(spec.limits.max_new_tokens, spec.temperature, spec.top_p, fmt.stop_ids)
+    r = spec.rollout
+    sampling = SamplingConfig(spec.limits.max_new_tokens, r.temperature, r.top_p, fmt.stop_ids)
     reqs = []
     for task in spec.tasks:
         train = await client.indices(task, "train")
-        reqs += [(task, i, f"expert-{task}-{i}") for i in rng.sample(train, min(spec.expert_samples, len(train)))]
+        reqs += [(task, i, f"expert-{task}-{i}") for i in rng.sample(train, min(r.expert_samples, len(train)))]
     bar = StepProgress(len(reqs), "expert demonstrations")
     try:
         trajs, _ = await collect(client, ExpertEngine(client), fmt, reqs, sampling, spec.limits,
-                                 spec.concurrency, spec.retry, on_done=lambda t: bar.update(1, last=t.task))
+                                 r.concurrency, spec.retry, on_done=lambda t: bar.update(1, last=t.task))
     finally:
         bar.close()
     ShardWriter(run_dir / "shards" / "expert-0").write(trajs)
@@ -117,14 +118,15 @@ class RolloutLoop:
                  channel: RolloutChannel, weights: WeightSource, monitor) -> None:
         self.client, self.fmt, self.engine, self.spec, self.place = client, fmt, engine, spec, place
         self.ch, self.weights, self.monitor = channel, weights, monitor
-        self.sampling = SamplingConfig(spec.limits.max_new_tokens, spec.temperature, spec.top_p, fmt.stop_ids)
+        self.sampling = SamplingConfig(spec.limits.max_new_tokens, spec.rollout.temperature, spec.rollout.top_p,
+                                       fmt.stop_ids)
         self.writer = ShardWriter(shard_dir(run_dir, "rollout", place.rank))
         self.incarnation = next_incarnation(shard_dir(run_dir, "rollout", place.rank))
         self.base_version = engine.version  # the version this life of the rank started on
         self.rng = random.Random((spec.seed * 1000 + place.rank) * 1000 + self.incarnation)
         self.per_step = place.groups_per_step(spec)
         if self.per_step < 1:  # it would never start an episode
-            total = spec.prompts_per_step * len(spec.tasks)
+            total = spec.rollout.prompts_per_step * len(spec.tasks)
             raise ValueError(f"cluster.rollout.ranks={place.ranks} exceeds the {total} groups of a step"
                              f" (prompts_per_step x tasks): rank {place.rank} would have nothing to do")
         self.running: dict[asyncio.Task[Trajectory], tuple[str, str, str]] = {}
@@ -143,14 +145,14 @@ class RolloutLoop:
 
     def _has_room(self) -> bool:
         """Another group fits under `concurrency`."""
-        return len(self.running) + self.spec.samples_per_prompt <= self.spec.concurrency
+        return len(self.running) + self.spec.rollout.samples_per_prompt <= self.spec.rollout.concurrency
 
     def _start_group(self, train_idx: dict[str, list[str]]) -> None:
         k = self.started_groups
         task = self.spec.tasks[k % len(self.spec.tasks)]
         index = self.rng.choice(train_idx[task])
         group = f"r{self.place.rank}i{self.incarnation}-g{k}-{task}-{index}"
-        for _ in range(self.spec.samples_per_prompt):
+        for _ in range(self.spec.rollout.samples_per_prompt):
             self._start_episode((task, index, group))
         self.started_groups += 1
 
@@ -275,7 +277,7 @@ async def run(run_dir: Path, client: Any, fmt: ChatFormat, make_engine: Callable
               place: RankPlace, monitor, channel_factory: Callable[[], RolloutChannel],
               weights_factory: Callable[[RolloutChannel], WeightSource]) -> dict[str, Any]:
     """One rollout rank, start to stop. Returns this rank's statistics (rank 0: with the summary)."""
-    if place.rank == 0 and spec.expert_samples > 0:
+    if place.rank == 0 and spec.demonstrations:
         await expert_demos(run_dir, client, fmt, spec, monitor)
     ch = await asyncio.to_thread(channel_factory)  # waits through the trainer's warm start
     weights = weights_factory(ch)
@@ -328,7 +330,7 @@ async def _before_rl(client: Any, engine: Any, fmt: ChatFormat, spec: RolloutSpe
         return saved["before"], saved["task_before"], saved["sampled_before"]
     before, task_before = await evaluate(client, engine, fmt, spec, engine.version, report, monitor)
     sampled_before = None
-    if spec.eval_sampled:
+    if spec.rollout.eval_sampled:
         m, sampled_before = await evaluate(client, engine, fmt, spec, engine.version, report, monitor,
                                                 sampled=True)
         before.update(m)
@@ -350,7 +352,7 @@ async def _final_report(client: Any, engine: Any, fmt: ChatFormat, spec: Rollout
         "steps": int(trainer_report.get("steps", version)), "final_version": version,
         "rl_steps": int(trainer_report.get("rl_steps", version)), "trainer": trainer_report}
     sampled_after = None
-    if spec.eval_sampled:
+    if spec.rollout.eval_sampled:
         m, sampled_after = await evaluate(client, engine, fmt, spec, version, report, monitor, sampled=True)
         after.update(m)
         summary.update({"sampled_success_before_rl": before["eval_sampled/success"],

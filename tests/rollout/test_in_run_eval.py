@@ -6,12 +6,13 @@ expert's demonstrations: a progress line, the shard written."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
-from agentrl.rollout.agent_loop import EpisodeLimits
+from agentrl.config import RolloutConfig, RunConfig
 from agentrl.rollout.collect import Retry
 from agentrl.rollout.engine import ExpertEngine
 from agentrl.rollout.in_run_eval import evaluate
@@ -48,10 +49,8 @@ class Recorder:
 
 def test_env_errors_stay_in_the_denominator(lookup_format, tmp_path: Path) -> None:
     client = Broken()
-    spec = RolloutSpec(tasks=("lookup",), steps=1, prompts_per_step=1, samples_per_prompt=1, expert_samples=0,
-                       eval_split="test", eval_samples=4, concurrency=2, temperature=1.0, top_p=1.0,
-                       limits=EpisodeLimits(4, 512, 48), retry=Retry(max_retries=1, backoff_s=0.001),
-                       wait_timeout_s=60.0, seed=0, poll_s=0.05, eval_sampled=0, train=True)
+    spec = RolloutSpec.from_config(RunConfig(rollout=RolloutConfig(eval_samples=4, concurrency=2, max_turns=4)))
+    spec = dataclasses.replace(spec, retry=Retry(max_retries=1, backoff_s=0.001))  # a short pause before the retry
     mon = Recorder()
     m, per_task = asyncio.run(evaluate(client, ExpertEngine(client), lookup_format, spec, 5, tmp_path, mon))
     assert client.starts["test-3"] == 2  # tried, retried once, then reported
@@ -69,10 +68,7 @@ def test_expert_demonstrations_show_progress(lookup_format, tmp_path: Path, caps
     from agentrl.transport.shards import ShardReader
 
     client = InProcessClient({"lookup": get_task("lookup")})
-    spec = RolloutSpec(tasks=("lookup",), steps=1, prompts_per_step=1, samples_per_prompt=1, expert_samples=3,
-                       eval_split="test", eval_samples=0, concurrency=2, temperature=1.0, top_p=1.0,
-                       limits=EpisodeLimits(4, 512, 48), retry=Retry(), wait_timeout_s=60.0, seed=0, poll_s=0.05,
-                       eval_sampled=0, train=True)
+    spec = RolloutSpec.from_config(RunConfig(rollout=RolloutConfig(expert_samples=3, concurrency=2, max_turns=4)))
     asyncio.run(expert_demos(tmp_path, client, lookup_format, spec, Recorder()))
     out = capsys.readouterr().out.splitlines()  # not a terminal: plain lines, the last at the end
     assert out[-1].startswith("expert demonstrations: 3/3 (100%) | last lookup |")

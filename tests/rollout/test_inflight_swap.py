@@ -13,14 +13,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from agentrl.config import RolloutConfig, RunConfig
 from agentrl.rollout import role
-from agentrl.rollout.agent_loop import EpisodeLimits
-from agentrl.rollout.collect import Retry
 from agentrl.rollout.engine import Generation, SamplingConfig
 from agentrl.rollout.env_latency import SlowClient
 from agentrl.rollout.spec import RolloutSpec
 from agentrl.serving.inprocess import InProcessClient
 from agentrl.tasks import get_task
+
+
+def _spec(concurrency: int) -> RolloutSpec:
+    """One task (lookup), groups of 2 episodes, 2 groups per step, 16 new tokens a turn."""
+    rollout = RolloutConfig(prompts_per_step=2, samples_per_prompt=2, eval_samples=0, concurrency=concurrency,
+                            max_new_tokens=16)
+    return RolloutSpec.from_config(RunConfig(rollout=rollout))
 
 
 class Engine:
@@ -86,10 +92,7 @@ def _run(tmp_path: Path, tok, inflight: str) -> tuple[list, Engine]:
 
     engine.generate = generate
     client = SlowClient(InProcessClient({"lookup": get_task("lookup")}), 0.05, 0.0, seed=0)
-    spec = RolloutSpec(tasks=("lookup",), steps=2, prompts_per_step=2, samples_per_prompt=2, expert_samples=0,
-                     eval_split="test", eval_samples=0, concurrency=8, temperature=1.0, top_p=1.0,
-                     limits=EpisodeLimits(0, 512, 16), retry=Retry(), wait_timeout_s=60.0, seed=0, poll_s=0.05,
-                     eval_sampled=0, train=True)
+    spec = _spec(concurrency=8)
     place = role.RankPlace(rank=0, ranks=1, max_staleness=1, inflight=inflight)
     ch = Channel(engine, stop_after=8)
 
@@ -154,10 +157,7 @@ def test_the_report_says_when_the_staleness_window_binds(tmp_path: Path, lookup_
     engine = Engine(lookup_format)
     engine.turns_started = 0
     client = SlowClient(InProcessClient({"lookup": get_task("lookup")}), 0.02, 0.0, seed=0)
-    spec = RolloutSpec(tasks=("lookup",), steps=2, prompts_per_step=2, samples_per_prompt=2, expert_samples=0,
-                       eval_split="test", eval_samples=0, concurrency=concurrency, temperature=1.0, top_p=1.0,
-                       limits=EpisodeLimits(0, 512, 16), retry=Retry(), wait_timeout_s=60.0, seed=0, poll_s=0.05,
-                       eval_sampled=0, train=True)
+    spec = _spec(concurrency)
     ch = StuckChannel(engine, window=8, hold_s=1.0)
 
     async def main() -> role.RolloutLoop:

@@ -6,8 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl.rollout.agent_loop import EpisodeLimits
-from agentrl.rollout.collect import Retry
+from agentrl.config import EnvsConfig, RolloutConfig, RunConfig
 from agentrl.rollout.role import RankPlace
 from agentrl.rollout.spec import RolloutSpec
 from agentrl.rollout.weight_sources import DirWeights
@@ -15,14 +14,13 @@ from agentrl.transport import weights
 
 
 def _spec(prompts: int, tasks: tuple[str, ...]) -> RolloutSpec:
-    return RolloutSpec(tasks=tasks, steps=3, prompts_per_step=prompts, samples_per_prompt=4, expert_samples=0,
-                eval_split="test", eval_samples=1, concurrency=8, temperature=1.0, top_p=1.0,
-                limits=EpisodeLimits(0, 64, 8), retry=Retry(), wait_timeout_s=60.0, seed=0, poll_s=0.05,
-                eval_sampled=0, train=True)
+    cfg = RunConfig(envs=EnvsConfig(tasks=tasks), rollout=RolloutConfig(prompts_per_step=prompts))
+    return RolloutSpec.from_config(cfg)
 
 
 @pytest.mark.parametrize(("prompts", "tasks", "ranks", "shares"), [
-    (8, ("a", "b"), 1, [16]), (8, ("a", "b"), 3, [6, 5, 5]), (1, ("a",), 2, [1, 0]), (2, ("a",), 2, [1, 1])])
+    (8, ("lookup", "db"), 1, [16]), (8, ("lookup", "db"), 3, [6, 5, 5]), (1, ("lookup",), 2, [1, 0]),
+    (2, ("lookup",), 2, [1, 1])])
 def test_ranks_split_one_step_of_groups(prompts: int, tasks: tuple[str, ...], ranks: int, shares: list[int]) -> None:
     spec = _spec(prompts, tasks)
     got = [RankPlace(r, ranks, max_staleness=1).groups_per_step(spec) for r in range(ranks)]
