@@ -433,7 +433,7 @@ def summarize(target: Target, spec: SuiteSpec, plans: Sequence[FamilyPlan], out:
                 d[mode.name] = mode_result(target, p, mode, out)
                 partial |= d[mode.name]["unfinished"] > 0
         families[f.name] = d
-    reason = []
+    reason = [f"{p.family.name} not played" for p in plans if p.error]
     if stopped:
         reason.append(f"the {spec.budget_s / 60:g}-minute budget ran out at {stopped}")
     if interrupted:

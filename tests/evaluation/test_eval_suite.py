@@ -10,6 +10,7 @@ the same suite without a budget scores exactly them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -179,3 +180,51 @@ def test_a_budget_that_runs_out_inside_a_family_counts_the_rest_unfinished(tmp_p
     sessions = _sessions(tmp_path, "lookup", "eval-test-greedy")
     assert len(sessions) == 2 and sessions[1]["scored"] == 12 - r["episodes"]
     assert r2["wall_s"] == pytest.approx(sum(x["wall_s"] for x in sessions), abs=0.1)
+
+
+def test_a_local_model_plays_every_family_and_mode_on_one_engine(lookup_format, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local target: one engine for the suite, opened with its longest context and concurrency, each family and
+    mode played in the model's format under its own limits; a context that cannot hold a family's first prompts
+    leaves that family unplayed, with the reason, and the others played."""
+    from agentrl.evaluation.targets import Target
+    from agentrl.rollout.engine import ExpertEngine
+
+    client = InProcessClient({"lookup": get_task("lookup"), "unlock": get_task("unlock")})
+    opened: list[tuple[int, int]] = []
+
+    @contextlib.asynccontextmanager
+    async def engine(target: Any, settings: Settings, concurrency: int, fmt: Any = None) -> Any:
+        opened.append((settings.limits.max_model_len, concurrency))
+        yield ExpertEngine(client), lookup_format
+
+    monkeypatch.setattr(suite, "local_model", engine)
+    monkeypatch.setattr(suite, "load_format", lambda target, settings: lookup_format)
+    target = Target("tiny", model_dir=tmp_path / "model")
+    families = (suite.Family("lookup", "test"), suite.Family("unlock", "test"))
+
+    def play(context: int, out: Path) -> dict[str, Any]:
+        settings = Settings(0.0, 1.0, EpisodeLimits(0, context, 48), Retry(max_retries=0))
+        spec = suite.SuiteSpec(families, samples=3, sampled_runs=2, concurrency=3)
+
+        async def go() -> list[suite.FamilyPlan]:
+            plans = await suite.plan(client, spec, settings.limits)
+            await suite.run_suite(client, target, spec, settings, out, plans, False, lambda _: None)
+            return plans
+
+        plans = asyncio.run(go())
+        return suite.summarize(target, spec, plans, out, label="tiny", scale="", command="", wall_s=1.0,
+                               engine_s=0.0)
+
+    s = play(1024, tmp_path / "fits")
+    assert opened == [(1024, 3)]  # one engine for both families and both modes
+    for name in ("lookup", "unlock"):
+        fam = s["families"][name]
+        assert fam["max_model_len"] == 1024 and fam["greedy"]["episodes"] == 3 and fam["sampled"]["episodes"] == 6
+        assert fam["greedy"]["tokens"] > 0  # the expert's tokens, in the model's format
+    assert s["families"]["lookup"]["greedy"]["success"] == 1.0
+
+    opened.clear()
+    s = play(40, tmp_path / "too-short")  # no first prompt fits 40 tokens
+    assert opened == [] and all("cannot hold the first prompt" in d["error"] for d in s["families"].values())
+    assert s["partial"] and "not played: rollout.max_model_len: 40 tokens" in suite.markdown(s)
