@@ -551,10 +551,16 @@ def clear(out: Path, target: Target, spec: SuiteSpec) -> None:
 
 
 def device_line(target: Target, dtype: str) -> str:
-    """Where a local model runs: the GPU when the engine has one, else this process's CPU cores."""
+    """Where a local model runs: the GPU torch sees, else this process's CPU cores."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    if target.model_dir is not None and dtype != "float32":
-        return f"a GPU ({dtype}), {cores} CPU cores"
+    if target.model_dir is not None:
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                return f"a {torch.cuda.get_device_name(0)} ({dtype}), {cores} CPU cores"
+        except ImportError:
+            pass
     return f"{cores} CPU cores (vLLM's CPU engine, {dtype})"
 
 
