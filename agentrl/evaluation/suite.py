@@ -519,6 +519,10 @@ def markdown(s: Mapping[str, Any]) -> str:
         data = d["data"] + (f", {protocol}" if name != "bfcl" else "")
         lines.append(f"| {name} | {data} | {d['max_turns'] if d['max_turns'] is not None else '?'} | "
                      f"{d['max_model_len']} | {d['max_new_tokens']} | {d['concurrency']} | {opts} |")
+    if "sampled" in modes:
+        lines += ["", "The sampled rows' Wilson interval treats each episode as independent; the runs of one index "
+                      "are not, so suite.json also gives each family's t-interval over its runs "
+                      "(`t_interval_over_runs`)."]
     lines += ["", "BFCL's first prompts are 3.5-3.8k tokens, so it is given a context of its own (`--bfcl-context`), "
                   "never less than the others'.", "", "```", s["command"], "```", ""]
     return "\n".join(lines)
