@@ -52,7 +52,7 @@ def overrides(quick: bool, latency: float, sigma: float, steps: int = 0, prompts
     """What both schedules share: the smoke model, a short warm start, the same batch and step count, the
     episodes a rank keeps in flight (the sync schedule's step holds fewer: one step's groups)."""
     steps, prompts = steps or (5 if quick else 10), prompts or (4 if quick else 8)
-    return [f"trainer.steps={steps}", f"rollout.prompts_per_step={prompts}", "rollout.samples_per_prompt=4",
+    return [f"trainer.steps={steps}", f"rollout.groups_per_task={prompts}", "rollout.group_size=4",
             "rollout.max_turns=3", f"rollout.concurrency={concurrency}", "rollout.eval_samples=1",
             "rollout.eval_sampled=0",
             "trainer.checkpoint_every=0", "cluster.role_timeout_s=600", f"rollout.env_latency_s={latency}",
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", default="1",
                     help="rollout ranks of the async run (sync runs one); a list (1,2) runs one async side each")
     ap.add_argument("--steps", type=int, default=0, help="RL steps of each run (default: 5 quick, 10 full)")
-    ap.add_argument("--prompts", type=int, default=0, help="prompts per step (default: 4 quick, 8 full)")
+    ap.add_argument("--prompts", type=int, default=0, help="rollout.groups_per_task (default: 4 quick, 8 full)")
     ap.add_argument("--concurrency", type=int, default=64,
                     help="rollout.concurrency: episodes a rollout rank keeps in flight (the async side's admission "
                          "cap beside its staleness window; a sync step holds one step's groups, fewer than 64)")
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     from agentrl.config import load_config
 
     cfg = load_config("smoke", common)
-    per_step = cfg.rollout.prompts_per_step * len(cfg.envs.tasks) * cfg.rollout.samples_per_prompt
+    per_step = cfg.rollout.groups_per_task * len(cfg.envs.tasks) * cfg.rollout.group_size
 
     print(f"bench: {cfg.trainer.steps} steps x {per_step} trajectories, env latency lognormal median "
           f"{args.latency}s sigma {args.sigma}, {args.repeats} repeats of each schedule on CPUs {cpus}", flush=True)

@@ -15,9 +15,10 @@ Each run is `python -m jobs.train --preset P seed=S trainer.threads=T` in its ow
 (runs/demo-seeds/s<S>-t<T>/). The gate, per run and per task: the sampled held-out success after RL
 exceeds the warm start's by at least --min-gain (absolute) and by more than --min-sigmas standard errors.
 Prints a table and writes runs/bench/demo_seeds.json; exits 1 if any run or task misses the gate. A control
-run (`trainer.update=sft`: the same warm start as the RL run, continued for as many updates, no RL, each of
-`trainer.control_batch` demonstrations, its rollout playing no training episode; --control for the first seed, --control all for each; it starts from the
-RL run's own warm start and evaluation before RL, `trainer.warm_start_from`, unless --own-warm-start) is reported;
+run (`trainer.update=warm_start`: the same warm start as the RL run, continued for as many updates, no RL, each
+of `trainer.control_batch` demonstrations, its rollout playing no training episode; --control for the first seed,
+--control all for each; it starts from the RL run's own warm start and evaluation before RL,
+`trainer.warm_start_from`, unless --own-warm-start) is reported;
 with --gate-control each run's sampled success after RL must also exceed its seed's control's by more than
 --min-sigmas standard errors (binomial, over both evaluations' episodes). --ablate adds, on the first seed, the RL run
 again with other settings (the paper's ablation: algo.task_norm=false), from the same warm start, reported as
@@ -66,7 +67,7 @@ def read_run(root: Path, seed: int, threads: int, kind: str | bool) -> dict[str,
 def run_demo(root: Path, seed: int, threads: int, kind: str | bool, extra: list[str], preset: str = "demo",
              kind_extra: tuple[str, ...] = (), reuse: bool = False, share_warm_start: bool = True) -> dict[str, Any]:
     """One `jobs.train` run in root/<name> (--fresh), or with `reuse` the summary a finished one left there (an
-    unfinished one is continued). `kind`: rl, control (`trainer.update=sft` and `kind_extra`) or ablate (the RL
+    unfinished one is continued). `kind`: rl, control (`trainer.update=warm_start` and `kind_extra`) or ablate (the RL
     run with `kind_extra`). A control or an ablation starts from its seed's RL run's warm start and evaluation
     before RL when that run has them (`share_warm_start`: `trainer.warm_start_from`)."""
     kind = {True: "control", False: "rl"}.get(kind, kind) if isinstance(kind, bool) else kind
@@ -80,7 +81,7 @@ def run_demo(root: Path, seed: int, threads: int, kind: str | bool, extra: list[
         print(f"{name}: continuing the unfinished run in {root / name}", flush=True)
     cmd = [sys.executable, "-m", "jobs.train", "--preset", preset, "--name", name, *fresh, f"run_root={root}",
            f"seed={seed}", f"trainer.threads={threads}", *extra,
-           *(["trainer.update=sft"] if kind == "control" else []), *(kind_extra if kind != "rl" else ())]
+           *(["trainer.update=warm_start"] if kind == "control" else []), *(kind_extra if kind != "rl" else ())]
     source = root / run_name(seed, threads, "rl")
     if kind != "rl" and share_warm_start and (source / CKPT_DIR / "step-0" / WARM_FILE).is_file():
         cmd.append(f"trainer.warm_start_from={source}")  # the RL run's warm start and evaluation before RL
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-gain", type=float, default=0.15)
     ap.add_argument("--min-sigmas", type=float, default=3.0)
     ap.add_argument("--control", nargs="?", const="first", choices=("first", "all"),
-                    help="also run the control (trainer.update=sft): on the first seed, or on each (all)")
+                    help="also run the control (trainer.update=warm_start): on the first seed, or on each (all)")
     ap.add_argument("--gate-control", action="store_true",
                     help="gate each run's sampled success after RL on its seed's control's, too")
     ap.add_argument("--gate-mean", type=float, default=None, metavar="K",

@@ -8,11 +8,11 @@ demonstrations of the config's tasks (`agentrl.trainer.lr_range`: the rule is in
 
 The experts' episodes are played in this process through the model's own chat format (no workers, no engine:
 tasks that need a sandbox of their own, such as os, are left to --tasks), then, as the warm start would use them
-(`trainer.sft_successful_only`, the preset's freeze_layers, micro-batching and sft_all_tokens), each rate of the
-grid takes `--steps` updates from a fresh copy of the weights and one fixed held-out batch is scored before and
-after. Prints the table and the `trainer.sft_lr=... trainer.lr=...` to pass (`trainer.sft_lr=auto` runs the same
-test at the start of a run's warm start); writes the measurements as JSON. Exit status 1 when no rate qualifies,
-2 on bad settings.
+(`trainer.warm_start_successful_only`, the preset's freeze_layers, micro-batching and warm_start_all_tokens), each
+rate of the grid takes `--steps` updates from a fresh copy of the weights and one fixed held-out batch is scored
+before and after. Prints the table and the `trainer.warm_start_lr=... trainer.lr=...` to pass
+(`trainer.warm_start_lr=auto` runs the same test at the start of a run's warm start); writes the measurements as
+JSON. Exit status 1 when no rate qualifies, 2 on bad settings.
 """
 from __future__ import annotations
 
@@ -112,10 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     demos = asyncio.run(expert_demos(cfg, model_dir, args.demos))
     usable = warm_start_share(demos, cfg)
     print(f"model      {model_dir}\ndemos      {len(usable)} of {len(demos)} expert episodes of "
-          f"{', '.join(cfg.envs.tasks)} ({'successful only' if t.sft_successful_only else 'all'}; "
+          f"{', '.join(cfg.envs.tasks)} ({'successful only' if t.warm_start_successful_only else 'all'}; "
           f"{time.monotonic() - t0:.0f} s)\nsettings   {spec.steps} steps of {spec.batch} demonstrations per rate, "
           f"{min(spec.heldout, len(usable) // 2)} held out; freeze_layers {t.freeze_layers}, micro_batch_tokens "
-          f"{t.micro_batch_tokens}, sft_all_tokens {t.sft_all_tokens}", flush=True)
+          f"{t.micro_batch_tokens}, warm_start_all_tokens {t.warm_start_all_tokens}", flush=True)
     if len(usable) < 2:
         print("jobs.lr_range: fewer than 2 demonstrations to train on (how they ended: python -m jobs.eval expert)",
               file=sys.stderr)
@@ -137,13 +137,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if picked == max(spec.rates):  # nothing above it was tried: a higher rate might qualify too
         print(f"note       {picked:g} is the grid's highest rate: --high extends it", file=sys.stderr)
-    print(f"trainer.sft_lr={picked:g} trainer.lr={rl_rate(picked):g}   (lr: {RL_FRACTION:.3g} x sft_lr)")
+    print(f"trainer.warm_start_lr={picked:g} trainer.lr={rl_rate(picked):g}   (lr: {RL_FRACTION:.3g} x warm_start_lr)")
     return 0
 
 
 def warm_start_share(demos: list[Trajectory], cfg: RunConfig) -> list[Trajectory]:
     """The demonstrations the warm start would train on (`warm_start.split_demos`: successful ones only unless
-    `trainer.sft_successful_only` is off; the held-out `sft_target` ones left out)."""
+    `trainer.warm_start_successful_only` is off; the held-out `warm_start_target` ones left out)."""
     from agentrl.trainer.warm_start import split_demos
 
     return split_demos(demos, cfg.trainer, cfg.seed + cfg.trainer.seed)[0]

@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq-tokens-per-s", type=float, default=0.0,
                     help="one sequence's decode speed cap (makes the engine curve: n x this up to the engine's rate)")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                    help="config overrides of the preset, e.g. 'envs.tasks=[webshop]' rollout.prompts_per_step=64")
+                    help="config overrides of the preset, e.g. 'envs.tasks=[webshop]' rollout.groups_per_task=64")
     ap.add_argument("--trainer-tokens-per-s-per-gpu", type=float, default=3000.0,
                     help="trained tokens/s of one trainer GPU (forward+backward, all tokens of a trajectory)")
     ap.add_argument("--step-fixed-s", type=float, default=0.0, help="a trainer step's fixed cost, seconds")

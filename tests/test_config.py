@@ -14,7 +14,7 @@ def test_demo_preset_loads_and_overrides_apply() -> None:
     assert cfg.rollout.temperature == pytest.approx(0.7)
     assert cfg.envs.tasks == ("unlock", "lookup")
     assert cfg.name == "x" and cfg.run_dir == Path("runs/x")
-    assert cfg.rollout.samples_per_prompt == 8  # from the preset, not the dataclass default
+    assert cfg.rollout.group_size == 8  # from the preset, not the dataclass default
     with pytest.raises(AttributeError):
         cfg.trainer.lr = 1.0  # type: ignore[misc]  # frozen
 
@@ -60,8 +60,8 @@ def test_override_needs_equals() -> None:
 
 
 @pytest.mark.parametrize("overrides, field", [
-    (["trainer.sft_steps=10", "rollout.expert_samples=0"], "rollout.expert_samples"),
-    (["rollout.samples_per_prompt=1"], "rollout.samples_per_prompt"),
+    (["trainer.warm_start_steps=10", "rollout.expert_samples=0"], "rollout.expert_samples"),
+    (["rollout.group_size=1"], "rollout.group_size"),
     (["rollout.max_model_len=4096"], "rollout.max_model_len"),
     (["rollout.top_p=0.9"], "rollout.top_p"),
     (["name=.."], "name"),
@@ -74,11 +74,11 @@ def test_fields_that_only_make_sense_together(overrides: list[str], field: str) 
 
 
 def test_numbers_typed_on_the_command_line_stay_text_in_string_fields() -> None:
-    cfg = load_config("smoke", ["model.path=3.10", "trainer.lr=1e-5", "trainer.sft_target=1",
+    cfg = load_config("smoke", ["model.path=3.10", "trainer.lr=1e-5", "trainer.warm_start_target=1",
                                "envs.task_options.lookup.expert_skill=0.25"])
     assert cfg.model.path == "3.10" and type(cfg.model.path) is str  # not 3.1
     assert cfg.trainer.lr == 1e-5 and isinstance(cfg.trainer.lr, float)
-    assert cfg.trainer.sft_target == 1.0
+    assert cfg.trainer.warm_start_target == 1.0
     assert cfg.envs.task_options["lookup"]["expert_skill"] == 0.25  # a number for the task, not the text
     with pytest.raises(ConfigError, match="trainer.steps: expected an integer"):
         load_config("demo", ["trainer.steps=1.5"])
@@ -97,7 +97,7 @@ def test_the_synchronous_schedule_is_the_pipeline_with_fixed_numbers() -> None:
     drain, exactly one step's groups), the asynchronous schedule's follow `transport` and `algo`."""
     # the demo preset's algo.max_staleness is 1: the baseline of any preset is `cluster.schedule=sync` alone
     sync = load_config("demo", ["cluster.schedule=sync", "transport.inflight=swap"]).pipeline
-    step_groups = 8 * 2  # the demo's prompts_per_step x its two tasks
+    step_groups = 8 * 2  # the demo's groups_per_task x its two tasks
     assert (sync.max_staleness, sync.inflight, sync.min_groups, sync.max_groups) == (0, "drain", step_groups,
                                                                                      step_groups)
     asy = load_config("demo", ["algo.max_staleness=2", "transport.max_groups=40", "transport.inflight=abort",
@@ -116,3 +116,34 @@ def test_the_synchronous_schedule_is_the_pipeline_with_fixed_numbers() -> None:
 def test_contradictions_of_the_schedule_fail_at_load_naming_the_field(overrides: list[str], field: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(field)):
         load_config("demo", overrides)
+
+
+def test_a_renamed_key_is_read_under_its_new_name_with_a_warning(caplog) -> None:
+    """`typed.RENAMED`: an old key from the command line or a YAML file loads as the new one; the warning names
+    the new key (tests/launch/test_renamed_keys.py: run dirs written before the rename)."""
+    new = load_config("smoke", ["rollout.group_size=3", "rollout.groups_per_task=5", "trainer.warm_start_lr=1e-3",
+                                "trainer.update=warm_start"])
+    with caplog.at_level("WARNING", logger="agentrl.config"):
+        old = load_config("smoke", ["rollout.samples_per_prompt=3", "rollout.prompts_per_step=5",
+                                    "trainer.sft_lr=1e-3", "trainer.update=sft"])
+    assert old == new and old.trainer.update == "warm_start"
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("the command line: old names read under their new ones:")
+    for said in ("rollout.samples_per_prompt as rollout.group_size", "rollout.prompts_per_step as "
+                 "rollout.groups_per_task", "trainer.sft_lr as trainer.warm_start_lr",
+                 "trainer.update=sft as trainer.update=warm_start"):
+        assert said in line
+    # a preset's key (here the new name) is overridden by the command line's, under either name
+    assert load_config("smoke", ["trainer.sft_steps=9"]).trainer.warm_start_steps == 9
+
+
+def test_a_key_set_under_its_old_and_its_new_name_fails_naming_both(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^trainer.sft_steps, trainer.warm_start_steps: the command line sets both"):
+        load_config("smoke", ["trainer.sft_steps=3", "trainer.warm_start_steps=4"])
+    (tmp_path / "p.yaml").write_text("rollout: {samples_per_prompt: 4, group_size: 4}\n")
+    with pytest.raises(ConfigError, match=r"^rollout.samples_per_prompt, rollout.group_size: .*p.yaml sets both"):
+        load_config(str(tmp_path / "p.yaml"))
+    with pytest.raises(ConfigError, match=r"rollout.prompts_per_step, rollout.groups_per_task: the config sets both"):
+        config_from_dict({"rollout": {"prompts_per_step": 2, "groups_per_task": 2}})
+    with pytest.raises(ConfigError, match="trainer.update: unknown value 'imitate'"):  # only the listed old values
+        load_config("smoke", ["trainer.update=imitate"])

@@ -6,8 +6,8 @@ without a cluster; it does not run a model.
 What it follows from the code:
     admission     `RolloutLoop._admit_limit`: group k starts only while
                   k < (max_staleness + engine_version − base + 1) × groups_per_step_of_rank
-                  and running + samples_per_prompt ≤ concurrency (`admit_limit`, `may_admit` below)
-    groups        samples_per_prompt episodes; complete groups enter the trainer's queue in completion order
+                  and running + group_size ≤ concurrency (`admit_limit`, `may_admit` below)
+    groups        group_size episodes; complete groups enter the trainer's queue in completion order
     trainer       `trainer.role._loop`: waits for min_groups complete groups, takes up to max_groups (oldest
                   first), drops trajectories more than max_staleness versions old, trains a + b·tokens seconds
     weights       a version is visible publish_s after its step ends; a rank takes the newest by `inflight`:
@@ -32,9 +32,9 @@ from dataclasses import dataclass, field, replace
 from agentrl.algorithms.staleness import admit_limit, version_staleness
 
 
-def may_admit(started: int, limit: int, running: int, samples_per_prompt: int, concurrency: int) -> bool:
+def may_admit(started: int, limit: int, running: int, group_size: int, concurrency: int) -> bool:
     """`RolloutLoop.run`'s admission test for the next group."""
-    return started < limit and running + samples_per_prompt <= concurrency
+    return started < limit and running + group_size <= concurrency
 
 
 def groups_of_rank(total_groups: int, ranks: int, rank: int) -> int:
@@ -118,9 +118,9 @@ class Layout:
     ranks: int = 1
     engines_per_rank: int = 1
     concurrency: int = 64
-    samples_per_prompt: int = 4
+    group_size: int = 4
     step_groups: int = 4
-    """prompts_per_step × tasks: one synchronous step's groups."""
+    """groups_per_task × tasks: one synchronous step's groups."""
     min_groups: int = 4
     max_groups: int = 4
     max_staleness: int = 0
@@ -128,10 +128,10 @@ class Layout:
     steps: int = 10
 
     @classmethod
-    def sync(cls, step_groups: int, samples_per_prompt: int, concurrency: int, steps: int, ranks: int = 1,
+    def sync(cls, step_groups: int, group_size: int, concurrency: int, steps: int, ranks: int = 1,
              engines_per_rank: int = 1) -> Layout:
         """The synchronous schedule (`PipelineShape` with schedule sync): staleness 0, drain, one step's groups."""
-        return cls(ranks, engines_per_rank, concurrency, samples_per_prompt, step_groups, step_groups, step_groups,
+        return cls(ranks, engines_per_rank, concurrency, group_size, step_groups, step_groups, step_groups,
                    0, "drain", steps)
 
 
@@ -263,13 +263,13 @@ class _Sim:
         hold = L.inflight == "drain" and (rank.swapping or self.published > rank.version)
         while not hold and may_admit(rank.started, admit_limit(L.max_staleness, rank.version, rank.base,
                                                                rank.per_step),
-                                     len(rank.running), L.samples_per_prompt, L.concurrency):
+                                     len(rank.running), L.group_size, L.concurrency):
             g = self.next_group
             self.next_group += 1
             rank.started += 1
-            self.group_left[g] = L.samples_per_prompt
+            self.group_left[g] = L.group_size
             self.group_eps[g] = []
-            for _ in range(L.samples_per_prompt):
+            for _ in range(L.group_size):
                 self._start_episode(rank, g)
         self._idle_mark(rank)
 

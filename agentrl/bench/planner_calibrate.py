@@ -49,8 +49,8 @@ def layout_of(cfg: RunConfig) -> Layout:
     shape, pool = cfg.pipeline, cfg.cluster.rollout
     ranks = 1 if cfg.cluster.schedule == "sync" else pool.ranks
     return Layout(ranks=ranks, engines_per_rank=pool.engines_per_rank + pool.lagging_engines_per_rank,
-                  concurrency=cfg.rollout.concurrency, samples_per_prompt=shape.group_size,
-                  step_groups=cfg.rollout.prompts_per_step * len(cfg.envs.tasks), min_groups=shape.min_groups,
+                  concurrency=cfg.rollout.concurrency, group_size=shape.group_size,
+                  step_groups=cfg.rollout.groups_per_task * len(cfg.envs.tasks), min_groups=shape.min_groups,
                   max_groups=shape.max_groups, max_staleness=shape.max_staleness, inflight=shape.inflight,
                   steps=shape.steps)
 

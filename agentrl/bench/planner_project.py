@@ -55,7 +55,7 @@ def layout_for(cfg: RunConfig, rollout_gpus: int, steps: int) -> Layout:
     engines = max(rollout_gpus // max(pool.tensor_parallel_size, 1), 1)
     ranks = max(engines // per_rank, 1)
     return Layout(ranks=ranks, engines_per_rank=max(engines // ranks, 1), concurrency=cfg.rollout.concurrency,
-                  samples_per_prompt=shape.group_size, step_groups=cfg.rollout.prompts_per_step * len(cfg.envs.tasks),
+                  group_size=shape.group_size, step_groups=cfg.rollout.groups_per_task * len(cfg.envs.tasks),
                   min_groups=shape.min_groups, max_groups=shape.max_groups, max_staleness=shape.max_staleness,
                   inflight=shape.inflight, steps=steps)
 

@@ -9,8 +9,9 @@ Every role takes the whole `RunConfig` and reads a setting where it uses it (the
 By place: `model` (the model and its conversation format), `sections` (controller, envs, rollout, trainer, algo,
 transport, monitor), `cluster` (where the roles run: schedule, topology, Slurm), `run` (`RunConfig`, the checks
 across sections and the derived `PipelineShape`), `load` (presets, overrides, dumping), `typed` (a value read
-against its field's annotation), `task_options` (each task's options checked against the dataclass it declares,
-the message budget and the worker's deadline for a call, the task names a rank plays). Import from here.
+against its field's annotation; the keys that moved or were renamed), `task_options` (each task's options checked
+against the dataclass it declares, the message budget and the worker's deadline for a call, the task names a rank
+plays). Import from here. A key renamed (`RENAMED`) is still read under its old name, with a warning.
 """
 from agentrl.config.cluster import (
     ClusterConfig,
@@ -51,11 +52,13 @@ from agentrl.config.sections import (
     TrainerConfig,
     TransportConfig,
 )
+from agentrl.config.typed import RENAMED, RENAMED_VALUES, new_names
 
 __all__ = [
-    "OWN_TOOLS", "PRESETS_DIR", "PRETRAINED_DEFAULTS", "SCRATCH_TUNED", "TEMPLATES_DIR", "AlgoConfig", "ClusterConfig",
-    "ConfigError", "ControllerConfig", "EnvTopology", "EnvsConfig", "ModelConfig", "MonitorConfig", "PipelineShape",
-    "RolloutConfig", "RolloutTopology", "RunConfig", "Scalar", "SlurmGroupConfig", "TrainerConfig", "TrainerTopology",
-    "TransportConfig", "chat_template_file", "chat_template_names", "chat_template_text", "config_from_dict",
-    "dump_config", "load_config", "own_tools", "parse_override", "slurm_seconds", "to_dict",
+    "OWN_TOOLS", "PRESETS_DIR", "PRETRAINED_DEFAULTS", "RENAMED", "RENAMED_VALUES", "SCRATCH_TUNED", "TEMPLATES_DIR",
+    "AlgoConfig", "ClusterConfig", "ConfigError", "ControllerConfig", "EnvTopology", "EnvsConfig", "ModelConfig",
+    "MonitorConfig", "PipelineShape", "RolloutConfig", "RolloutTopology", "RunConfig", "Scalar", "SlurmGroupConfig",
+    "TrainerConfig", "TrainerTopology", "TransportConfig", "chat_template_file", "chat_template_names",
+    "chat_template_text", "config_from_dict", "dump_config", "load_config", "new_names", "own_tools", "parse_override",
+    "slurm_seconds", "to_dict",
 ]

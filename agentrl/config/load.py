@@ -11,7 +11,7 @@ import yaml
 from agentrl.config.errors import ConfigError, _check
 from agentrl.config.run import RunConfig
 from agentrl.config.task_options import checked_task_options
-from agentrl.config.typed import Scalar, _build, _looks_numeric
+from agentrl.config.typed import Scalar, _build, _looks_numeric, new_names
 
 PRESETS_DIR = Path(__file__).parent.parent / "presets"
 
@@ -41,9 +41,9 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 # Where the model comes from decides the scale of its learning rates. The dataclass defaults train our tiny
 # model from scratch (a warm start at 3e-3); the same rates destroy a pretrained model within a few steps.
-PRETRAINED_DEFAULTS: dict[str, Any] = {"trainer.lr": 1e-6, "trainer.sft_lr": 1e-5}
+PRETRAINED_DEFAULTS: dict[str, Any] = {"trainer.lr": 1e-6, "trainer.warm_start_lr": 1e-5}
 """What a run from a pretrained `model.path` gets for the fields neither its preset nor its overrides set."""
-SCRATCH_TUNED = ("trainer.lr", "trainer.sft_lr", "trainer.sft_all_tokens")
+SCRATCH_TUNED = ("trainer.lr", "trainer.warm_start_lr", "trainer.warm_start_all_tokens")
 """Fields a preset for the tiny model tunes to its scale: with another `model.path` they must be set again."""
 
 
@@ -58,9 +58,9 @@ def _get_dotted(tree: dict[str, Any], dotted: str) -> Any:
 
 def config_from_dict(data: dict[str, Any]) -> RunConfig:
     """The config of `data` (a preset's tree with overrides). A pretrained `model.path` gets
-    `PRETRAINED_DEFAULTS` for the fields `data` does not set."""
+    `PRETRAINED_DEFAULTS` for the fields `data` does not set. Renamed keys are read under their new names."""
+    data = new_names(data, "the config")  # a copy, its sections too
     if _get_dotted(data, "model.path"):
-        data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
         for key, value in PRETRAINED_DEFAULTS.items():
             if _get_dotted(data, key) is None:
                 _set_dotted(data, key, value)
@@ -80,11 +80,11 @@ def _check_source(preset: str, preset_data: dict[str, Any], overrides: dict[str,
     _check(not tuned, ", ".join(tuned),
            f"preset {preset!r} sets {', '.join(f'{k}={_get_dotted(preset_data, k)}' for k in tuned)} for the tiny "
            f"model it trains from scratch; with model.path={overrides['model.path']} set them for a pretrained model "
-           "(e.g. trainer.lr=1e-6 trainer.sft_lr=1e-5 trainer.sft_all_tokens=false), or use a preset that leaves "
-           "them to the pretrained defaults (smoke, smollm2-135m)")
+           "(e.g. trainer.lr=1e-6 trainer.warm_start_lr=1e-5 trainer.warm_start_all_tokens=false), or use a preset "
+           "that leaves them to the pretrained defaults (smoke, smollm2-135m)")
 
 
-OWN_MODEL_RATES = ("trainer.lr", "trainer.sft_lr")
+OWN_MODEL_RATES = ("trainer.lr", "trainer.warm_start_lr")
 """Fields a preset for a pretrained model tunes to that model: with another `model.path` they must be set again."""
 
 
@@ -96,8 +96,8 @@ def _same_model(a: str, b: str) -> bool:
 
 def _check_rates_carry(preset: str, preset_data: dict[str, Any], overrides: dict[str, Any]) -> None:
     """A preset that names its own `model.path` run with another one: the learning rates it sets were chosen for
-    its model and do not carry to another (a base model under smollm2-135m's sft_lr 3e-4 went from loss 1.39 to 5.62
-    in 4 steps), so the command line must set them: `auto` measures them (`agentrl.trainer.lr_range`)."""
+    its model and do not carry to another (a base model under smollm2-135m's warm_start_lr 3e-4 went from loss 1.39 to
+    5.62 in 4 steps), so the command line must set them: `auto` measures them (`agentrl.trainer.lr_range`)."""
     own, other = _get_dotted(preset_data, "model.path"), overrides.get("model.path")
     if not own or not other or _same_model(str(own), str(other)):
         return
@@ -105,9 +105,9 @@ def _check_rates_carry(preset: str, preset_data: dict[str, Any], overrides: dict
     _check(not tuned, ", ".join(tuned),
            f"preset {preset!r} sets {', '.join(f'{k}={_get_dotted(preset_data, k)}' for k in tuned)} for its own "
            f"model ({own}); learning rates do not carry from one model to another, so with model.path={other} set "
-           "them on the command line: trainer.sft_lr=auto trainer.lr=auto (a short range test on the warm start's "
-           f"demonstrations picks them), or measure first with python -m jobs.lr_range {other} --preset {preset} "
-           "and pass the rates it prints")
+           "them on the command line: trainer.warm_start_lr=auto trainer.lr=auto (a short range test on the warm "
+           f"start's demonstrations picks them), or measure first with python -m jobs.lr_range {other} --preset "
+           f"{preset} and pass the rates it prints")
 
 
 def load_config(preset: str | None = None, overrides: list[str] | tuple[str, ...] = (), *,
@@ -125,7 +125,8 @@ def load_config(preset: str | None = None, overrides: list[str] | tuple[str, ...
             raise ConfigError(f"preset: no preset {preset!r} (known: {', '.join(known)})")
         data = yaml.safe_load(path.read_text()) or {}
         _check(isinstance(data, dict), "preset", f"{path} is not a mapping")
-    given = dict(parse_override(item) for item in overrides)
+        data = new_names(data, str(path))  # a preset or a run dir's config.yaml written before a rename
+    given = new_names(dict(parse_override(item) for item in overrides), "the command line")
     if preset:
         _check_source(preset, data, given)
         if trains:

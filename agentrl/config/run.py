@@ -69,14 +69,14 @@ class RunConfig:
     def pipeline(self) -> PipelineShape:
         """The pipeline's derived numbers (see `PipelineShape`); the synchronous schedule's are fixed."""
         r, t, a, pool = self.rollout, self.transport, self.algo, self.cluster.rollout
-        step_groups = r.prompts_per_step * len(self.envs.tasks)
+        step_groups = r.groups_per_task * len(self.envs.tasks)
         sync = self.cluster.schedule == "sync"
         min_groups = step_groups if sync else t.min_groups or step_groups
         max_groups = min_groups if sync else t.max_groups or min_groups
         staleness = 0 if sync else a.max_staleness
         return PipelineShape(
-            group_size=r.samples_per_prompt, min_groups=min_groups, max_groups=max_groups,
-            capacity=t.queue_capacity or 4 * max_groups * r.samples_per_prompt, max_staleness=staleness,
+            group_size=r.group_size, min_groups=min_groups, max_groups=max_groups,
+            capacity=t.queue_capacity or 4 * max_groups * r.group_size, max_staleness=staleness,
             lagging_max_staleness=staleness + (pool.lagging_refresh_steps if pool.lagging_engines_per_rank else 0),
             inflight="drain" if sync else t.inflight, group_timeout_s=t.group_timeout_s, steps=self.trainer.steps)
 
@@ -90,11 +90,11 @@ class RunConfig:
         # each task's options against the dataclass it declares, its time limits within the message budget
         checked_task_options(self.envs, self.controller)
         # fields that only make sense together
-        _check(self.trainer.sft_steps == 0 or self.rollout.expert_samples > 0, "rollout.expert_samples",
-               "must be > 0 when trainer.sft_steps > 0 (the warm start trains on the expert's episodes)")
-        _check(self.trainer.update == "rl" or self.trainer.sft_steps > 0, "trainer.update",
-               "sft (the control run) continues the warm start: it needs trainer.sft_steps > 0")
-        _check(self.trainer.steps == 0 or self.rollout.samples_per_prompt >= 2, "rollout.samples_per_prompt",
+        _check(self.trainer.warm_start_steps == 0 or self.rollout.expert_samples > 0, "rollout.expert_samples",
+               "must be > 0 when trainer.warm_start_steps > 0 (the warm start trains on the expert's episodes)")
+        _check(self.trainer.update == "rl" or self.trainer.warm_start_steps > 0, "trainer.update",
+               "warm_start (the control run) continues the warm start: it needs trainer.warm_start_steps > 0")
+        _check(self.trainer.steps == 0 or self.rollout.group_size >= 2, "rollout.group_size",
                "must be >= 2 for RL: group advantages of a group of one are 0")
         _check(self.rollout.lagging_prob == 0.0 or self.cluster.rollout.lagging_engines_per_rank >= 1,
                "rollout.lagging_prob", f"is {self.rollout.lagging_prob} but cluster.rollout.lagging_engines_per_rank "
@@ -108,10 +108,10 @@ class RunConfig:
         if self.cluster.schedule == "sync":
             _check(self.transport.min_groups == 0 and self.transport.max_groups == 0, "transport.min_groups",
                    "min_groups and max_groups must be 0 with cluster.schedule=sync (each step takes one step's "
-                   "groups: rollout.prompts_per_step x tasks)")
+                   "groups: rollout.groups_per_task x tasks)")
         shape = self.pipeline
         _check(shape.capacity >= shape.min_groups * shape.group_size, "transport.queue_capacity",
-               f"must be 0 or >= min_groups x rollout.samples_per_prompt ({shape.min_groups * shape.group_size}): "
+               f"must be 0 or >= min_groups x rollout.group_size ({shape.min_groups * shape.group_size}): "
                "a full queue must hold a batch, or the trainer stops receiving with none to take")
         # Trainer and rollout ranks start, stop and requeue together: one MPMD srun step across het groups (MPI
         # channel), or steps of the same job (file channel). Jobs of their own (cluster.hetjob=false) need the

@@ -94,7 +94,7 @@ class EnvsConfig:
     """Whether workers answer /expert (the task's scripted expert hands out answers): auto | enabled |
     disabled (words YAML keeps as strings; `on`/`off` would turn into booleans).
     auto: on exactly when the run plays the expert (rollout.engine: expert, or a warm start with
-    trainer.sft_steps > 0 and rollout.expert_samples > 0); see `agentrl.serving.process.expert_route_on`."""
+    trainer.warm_start_steps > 0 and rollout.expert_samples > 0); see `agentrl.serving.process.expert_route_on`."""
 
     def validate(self, p: str) -> None:
         _check(len(self.tasks) > 0, f"{p}.tasks", "must name at least one task")
@@ -115,10 +115,10 @@ class EnvsConfig:
 class RolloutConfig:
     engine: Literal["vllm", "expert"] = "vllm"
     """vllm | expert (the task's scripted expert, served by the env worker)."""
-    prompts_per_step: int = 8
-    """Samples of each task started per step (the key's "prompt" is a sample: docs/architecture.md §11)."""
-    samples_per_prompt: int = 8
-    """n, the group size: episodes of each sample, one GRPO group (the key's "sample" is an episode)."""
+    groups_per_task: int = 8
+    """Samples of each task started per step, each one group (the words: docs/architecture.md §11)."""
+    group_size: int = 8
+    """n, the group size: episodes of one sample, one GRPO group."""
     temperature: float = 1.0
     top_p: float = 1.0
     max_turns: int = 0
@@ -168,8 +168,7 @@ class RolloutConfig:
         _check(self.env_latency_s >= 0 and self.env_latency_sigma >= 0, f"{p}.env_latency_s",
                "env_latency_s and env_latency_sigma must be >= 0")
         _check(self.max_turns >= 0, f"{p}.max_turns", "must be >= 0 (0: each task's own limit)")
-        for name in ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "max_model_len",
-                     "concurrency"):
+        for name in ("groups_per_task", "group_size", "max_new_tokens", "max_model_len", "concurrency"):
             _check(getattr(self, name) >= 1, f"{p}.{name}", "must be >= 1")
         _check(self.env_retries >= 0, f"{p}.env_retries", "must be >= 0")
         _check(self.env_wait_s >= 0, f"{p}.env_wait_s", "must be >= 0")
@@ -191,46 +190,46 @@ class TrainerConfig:
     lr: float | Literal["auto"] = 1e-4
     """RL learning rate. This default is tuned for the tiny model trained from scratch; a run from a pretrained
     `model.path` that sets none gets `PRETRAINED_DEFAULTS`' (1e-6, the paper's). auto: a fixed fraction of the
-    warm start's rate (`agentrl.trainer.lr_range.RL_FRACTION`, 1/20), measured when `sft_lr` is auto too."""
+    warm start's rate (`agentrl.trainer.lr_range.RL_FRACTION`, 1/20), measured when `warm_start_lr` is auto too."""
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     micro_batch_tokens: int = 8192
     """Gradient accumulation: micro-batches of at most this many tokens."""
-    sft_steps: int = 200
+    warm_start_steps: int = 200
     """Warm-start optimizer steps on the scripted expert's trajectories (0: none)."""
-    sft_lr: float | Literal["auto"] = 3e-3
+    warm_start_lr: float | Literal["auto"] = 3e-3
     """Warm-start learning rate; tuned for the tiny model from scratch, 1e-5 for a pretrained `model.path` that
     sets none (`PRETRAINED_DEFAULTS`). auto: measured at the start of the warm start by a short range test on its
     demonstrations (`agentrl.trainer.lr_range`; `python -m jobs.lr_range` prints the same table beforehand)."""
-    sft_batch: int = 32
+    warm_start_batch: int = 32
     """Demonstrations per warm-start step."""
     control_batch: int = 0
-    """Demonstrations per step of the control run (`update=sft`) after its warm start; 0: `sft_batch`. Set it to
-    the RL step's episodes (prompts_per_step × samples_per_prompt) for a control that imitates as many
+    """Demonstrations per step of the control run (`update=warm_start`) after its warm start; 0: `warm_start_batch`.
+    Set it to the RL step's episodes (groups_per_task × tasks × group_size) for a control that imitates as many
     trajectories per step as RL trains on, from the same warm start as the RL run."""
-    sft_warmup_steps: int = 10
+    warm_start_warmup_steps: int = 10
     """Warm-start learning rate: linear warm-up over this many steps, then constant (0 or 1: constant from the
     first step). 10 suits the tiny model's long warm start; a few steps on a pretrained model want none."""
-    sft_all_tokens: bool = False
+    warm_start_all_tokens: bool = False
     """Warm start on every token of the demonstrations (prompt and observations too), not only the
     actions. For a random-init model this doubles as pre-training on the task's text, which is what
     lets it learn to copy names and values out of its context; leave it off for a pretrained model."""
-    sft_successful_only: bool = True
+    warm_start_successful_only: bool = True
     """Warm start on the expert's successful episodes only (rejection sampling). false: imitate all of them,
     mistakes included (the demo's imperfect expert: RL then has to do better than its teacher)."""
-    sft_target: float = 0.0
-    """Stop the warm start before `sft_steps` once, for every task, this share of held-out successful
-    demonstrations is reproducible (each action token at probability >= sft_min_token_prob); 0: run all
-    `sft_steps`. Makes the warm start end after the copy skills form, wherever that lands on a machine."""
-    sft_min_token_prob: float = 0.2
-    sft_check_every: int = 50
-    """Warm-start steps between two checks of `sft_target`."""
-    sft_holdout: int = 32
-    """Successful demonstrations per task held out of the warm start for `sft_target` (at most a quarter)."""
-    update: Literal["rl", "sft"] = "rl"
-    """What each of the `steps` does: rl (train on the rollout's batch) | sft (one more warm-start update on the
-    expert's demonstrations instead: a control run, to tell RL's gain from more imitation; its rollout ranks play no
-    training episode, only the evaluations)."""
+    warm_start_target: float = 0.0
+    """Stop the warm start before `warm_start_steps` once, for every task, this share of held-out successful
+    demonstrations is reproducible (each action token at probability >= warm_start_min_token_prob); 0: run all
+    `warm_start_steps`. Makes the warm start end after the copy skills form, wherever that lands on a machine."""
+    warm_start_min_token_prob: float = 0.2
+    warm_start_check_every: int = 50
+    """Warm-start steps between two checks of `warm_start_target`."""
+    warm_start_holdout: int = 32
+    """Successful demonstrations per task held out of the warm start for `warm_start_target` (at most a quarter)."""
+    update: Literal["rl", "warm_start"] = "rl"
+    """What each of the `steps` does: rl (train on the rollout's batch) | warm_start (one more warm-start update on
+    the expert's demonstrations instead: a control run, to tell RL's gain from more imitation; its rollout ranks play
+    no training episode, only the evaluations)."""
     threads: int = 2
     seed: int = 0
     """Added to the run's `seed` for the trainer's own draws (warm-start batches, held-out demonstrations)."""
@@ -266,29 +265,30 @@ class TrainerConfig:
     """Another run's directory (same seed, model, tasks and warm-start and evaluation settings: what may differ is
     `agentrl.launch.fork.MAY_DIFFER`) whose warm start a fresh run starts from instead of repeating it: its step-0
     checkpoint, expert demonstrations and evaluation before RL are copied in. A seed's control run
-    (`update=sft`) and ablations (`algo.*`) so share its RL run's warm start and before-RL numbers."""
+    (`update=warm_start`) and ablations (`algo.*`) so share its RL run's warm start and before-RL numbers."""
 
     def validate(self, p: str) -> None:
         _check(self.steps >= 0, f"{p}.steps", "must be >= 0")
-        _check(self.sft_steps >= 0, f"{p}.sft_steps", "must be >= 0")
-        for name in ("lr", "sft_lr", "micro_batch_tokens", "sft_batch", "threads"):
+        _check(self.warm_start_steps >= 0, f"{p}.warm_start_steps", "must be >= 0")
+        for name in ("lr", "warm_start_lr", "micro_batch_tokens", "warm_start_batch", "threads"):
             _check(getattr(self, name) == "auto" or getattr(self, name) > 0, f"{p}.{name}", "must be positive")
-        # lr: auto is a fraction of the warm start's rate: with sft_lr auto that rate is measured by the warm start
-        _check(not (self.lr == "auto" and self.sft_lr == "auto" and self.sft_steps == 0), f"{p}.lr",
-               "auto with sft_lr auto takes the rate the warm start measures, and sft_steps=0 runs none: set "
-               "trainer.lr (or trainer.sft_lr) to a number")
+        # lr: auto is a fraction of the warm start's rate: with warm_start_lr auto that rate is measured by the warm
+        # start
+        _check(not (self.lr == "auto" and self.warm_start_lr == "auto" and self.warm_start_steps == 0), f"{p}.lr",
+               "auto with warm_start_lr auto takes the rate the warm start measures, and warm_start_steps=0 runs none: "
+               "set trainer.lr (or trainer.warm_start_lr) to a number")
         _check(self.grad_clip >= 0, f"{p}.grad_clip", "must be >= 0 (0 disables clipping)")
-        _check(0 <= self.sft_target <= 1, f"{p}.sft_target", "must be in [0, 1] (0: off)")
-        _check(0 < self.sft_min_token_prob < 1, f"{p}.sft_min_token_prob", "must be in (0, 1)")
-        _check(self.sft_check_every >= 1, f"{p}.sft_check_every", "must be >= 1")
-        _check(self.sft_holdout >= 1, f"{p}.sft_holdout", "must be >= 1")
+        _check(0 <= self.warm_start_target <= 1, f"{p}.warm_start_target", "must be in [0, 1] (0: off)")
+        _check(0 < self.warm_start_min_token_prob < 1, f"{p}.warm_start_min_token_prob", "must be in (0, 1)")
+        _check(self.warm_start_check_every >= 1, f"{p}.warm_start_check_every", "must be >= 1")
+        _check(self.warm_start_holdout >= 1, f"{p}.warm_start_holdout", "must be >= 1")
         _check(self.warmup_steps >= 0, f"{p}.warmup_steps", "must be >= 0")
-        _check(self.control_batch >= 0, f"{p}.control_batch", "must be >= 0 (0: sft_batch)")
-        _check(self.sft_warmup_steps >= 0, f"{p}.sft_warmup_steps", "must be >= 0")
+        _check(self.control_batch >= 0, f"{p}.control_batch", "must be >= 0 (0: warm_start_batch)")
+        _check(self.warm_start_warmup_steps >= 0, f"{p}.warm_start_warmup_steps", "must be >= 0")
         _check(self.checkpoint_every >= 0, f"{p}.checkpoint_every", "must be >= 0 (0: never)")
         _check(self.keep_checkpoints >= 1, f"{p}.keep_checkpoints", "must be >= 1")
-        _check(not self.warm_start_from or self.sft_steps > 0, f"{p}.warm_start_from",
-               "starts from another run's warm start: that run's trainer.sft_steps (> 0) must be set here too")
+        _check(not self.warm_start_from or self.warm_start_steps > 0, f"{p}.warm_start_from",
+               "starts from another run's warm start: that run's trainer.warm_start_steps (> 0) must be set here too")
 
 
 @dataclass(frozen=True)
@@ -334,7 +334,7 @@ class TransportConfig:
     """How engines get new weights. dir: versioned safetensors directories (also
     what restarts read); broadcast: the in-job gloo/NCCL broadcast, with the directory still written."""
     min_groups: int = 0
-    """Complete GRPO groups a step waits for; 0: one synchronous step's worth (prompts_per_step × tasks), which
+    """Complete GRPO groups a step waits for; 0: one synchronous step's worth (groups_per_task × tasks), which
     is what `cluster.schedule=sync` always takes (there it must stay 0)."""
     max_groups: int = 0
     """The most complete groups one step takes (the dynamic batch); 0: min_groups."""

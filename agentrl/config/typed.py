@@ -1,14 +1,18 @@
 """Reading a value against its field's annotation: what `load_config` builds every section with, and what a
 task's options (`agentrl.config.task_options`) are checked with. Every problem is a `ConfigError` naming the
-dotted field."""
+dotted field. Keys that moved (`MOVED`) fail at load naming their new place; keys and values that were renamed
+(`RENAMED`, `RENAMED_VALUES`) are read under their new names (`new_names`)."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import types
 import typing
 from typing import Any, Literal
 
 from agentrl.config.errors import ConfigError, _check
+
+log = logging.getLogger("agentrl.config")
 
 
 class Scalar(str):
@@ -109,6 +113,53 @@ MOVED = {"cluster.rollout.lagging_prob": "rollout.lagging_prob", "cluster.rollou
          "cluster.rollout.kv_cache_memory_gib": "cluster.rollout.kv_cache_gib"}
 """Fields that moved, old place → new: a config that still sets the old one fails at load naming both (sampling
 settings live in `rollout`; the topology and the engines' memory in `cluster`, with one KV-cache size)."""
+
+WARM_START_KEYS = ("steps", "lr", "batch", "warmup_steps", "all_tokens", "successful_only", "target", "min_token_prob",
+                   "check_every", "holdout")
+RENAMED = {"rollout.samples_per_prompt": "rollout.group_size", "rollout.prompts_per_step": "rollout.groups_per_task",
+           **{f"trainer.sft_{k}": f"trainer.warm_start_{k}" for k in WARM_START_KEYS}}
+"""Keys renamed, old name → new (one name per thing: docs/architecture.md §11). An old key, in a preset, a run
+dir's config.yaml written before the rename, or on the command line, is read as the new one with a warning; the
+old and the new key set together (in one file, or both on the command line) fail at load naming both."""
+RENAMED_VALUES = {"trainer.update": {"sft": "warm_start"}}
+"""Values renamed, per key: old value → new, read the same way (the control run was `trainer.update=sft`)."""
+
+
+def _find(tree: dict[str, Any], dotted: str) -> tuple[dict[str, Any], str] | None:
+    """Where `tree` sets `dotted`: (the mapping, its key there), as a dotted key of its own (the command line's
+    overrides) or one level down (a YAML tree); None if it does not."""
+    if dotted in tree:
+        return tree, dotted
+    section, _, key = dotted.rpartition(".")
+    node = tree.get(section)
+    return (node, key) if isinstance(node, dict) and key in node else None
+
+
+def new_names(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """`data` (a YAML tree, or dotted keys from the command line) with its renamed keys and values (`RENAMED`,
+    `RENAMED_VALUES`) under their new names, and one warning line that names each; `source` says where `data`
+    comes from. Raises ConfigError naming both when `data` sets a key under its old and its new name."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    read = []
+    for old, new in RENAMED.items():
+        found = _find(out, old)
+        if found is None:
+            continue
+        _check(_find(out, new) is None, f"{old}, {new}",
+               f"{source} sets both; {old} is the old name of {new}: keep {new} only")
+        node, key = found
+        new_key = new if key == old else new.rpartition(".")[2]  # the whole dotted key, or the field in its section
+        node[new_key] = node.pop(key)
+        read.append(f"{old} as {new}")
+    for dotted, values in RENAMED_VALUES.items():
+        found = _find(out, dotted)
+        if found is not None and isinstance(found[0][found[1]], str) and found[0][found[1]] in values:
+            node, key = found
+            read.append(f"{dotted}={node[key]} as {dotted}={values[node[key]]}")
+            node[key] = values[node[key]]
+    if read:
+        log.warning("%s: old names read under their new ones: %s", source, "; ".join(read))
+    return out
 
 
 def _build(cls: type, data: dict[str, Any], path: str) -> Any:

@@ -1,6 +1,6 @@
 """Start a run from another run's warm start (`trainer.warm_start_from`) instead of repeating it.
 
-A seed's RL run, its same-compute control (`trainer.update=sft`) and its ablations (`algo.*`) all begin with the
+A seed's RL run, its same-compute control (`trainer.update=warm_start`) and its ablations (`algo.*`) all begin with the
 same warm start and the same evaluation of its weights; on 2 CPU cores those take about an hour of a multi-task
 run. A fresh run dir given `trainer.warm_start_from=<the first run's dir>` gets, before any role starts:
 
@@ -30,7 +30,7 @@ MAY_DIFFER_PREFIXES = ("algo.", "cluster.", "controller.", "transport.", "monito
 MAY_DIFFER = ("name", "run_root", "trainer.warm_start_from", "trainer.steps", "trainer.update", "trainer.lr",
               "trainer.warmup_steps", "trainer.weight_decay", "trainer.grad_clip", "trainer.control_batch",
               "trainer.micro_batch_tokens", "trainer.checkpoint_every", "trainer.keep_checkpoints",
-              "trainer.activation_checkpointing", "rollout.prompts_per_step", "rollout.samples_per_prompt",
+              "trainer.activation_checkpointing", "rollout.groups_per_task", "rollout.group_size",
               "rollout.lagging_prob", "rollout.concurrency", "rollout.linger_ms", "rollout.env_retries",
               "rollout.env_wait_s", "rollout.env_latency_s", "rollout.env_latency_sigma", "envs.workers",
               "envs.slots", "envs.drain_s")

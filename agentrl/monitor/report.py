@@ -25,9 +25,9 @@ from agentrl.monitor.run_data import RunData
 CONFIG_HIGHLIGHTS: tuple[tuple[str, str], ...] = (
     ("tasks", "envs.tasks"), ("model", "model.path"), ("schedule", "cluster.schedule"),
     ("RL steps", "trainer.steps"),
-    ("prompts x samples per step", "rollout.prompts_per_step*rollout.samples_per_prompt"),
+    ("groups per task x group size", "rollout.groups_per_task*rollout.group_size"),
     ("temperature", "rollout.temperature"), ("max turns", "rollout.max_turns"),
-    ("max model len", "rollout.max_model_len"), ("lr", "trainer.lr"), ("warm-start steps", "trainer.sft_steps"),
+    ("max model len", "rollout.max_model_len"), ("lr", "trainer.lr"), ("warm-start steps", "trainer.warm_start_steps"),
     ("clip (low, high), dual clip", "algo.eps_low|algo.eps_high|algo.dual_clip"), ("KL coef", "algo.kl_coef"),
     ("task normalization", "algo.task_norm"), ("max staleness", "algo.max_staleness"),
     ("lagging prob (cross-policy)", "rollout.lagging_prob"), ("seed", "seed"),

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from agentrl.config import new_names
 from agentrl.types import Trajectory
 
 EVAL_NAME = re.compile(r"^(eval[a-z_]*)-v(\d+)\.json$")  # report/eval-v0.json, report/eval_sampled-v30.json
@@ -122,7 +123,8 @@ def load_run(run_dir: str | Path, trajectories: Iterable[Trajectory] = ()) -> Ru
     missing: list[str] = []
     config: dict[str, Any] = {}
     if (run_dir / "config.yaml").is_file():
-        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+        # a run written before a key was renamed shows its highlights under the new names
+        config = new_names(yaml.safe_load((run_dir / "config.yaml").read_text()) or {}, f"{run_dir}/config.yaml")
     else:
         missing.append("config.yaml: missing, so no config highlights")
     scalars: dict[str, Series] = {}

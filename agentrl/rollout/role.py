@@ -68,8 +68,8 @@ class RankPlace:
         return cls(rank, cfg.cluster.rollout.ranks, shape.max_staleness, shape.inflight)
 
     def groups_per_step(self, spec: RolloutSpec) -> int:
-        """This rank's share of one synchronous step's groups (prompts_per_step × tasks over the ranks)."""
-        total = spec.rollout.prompts_per_step * len(spec.tasks)
+        """This rank's share of one synchronous step's groups (groups_per_task × tasks over the ranks)."""
+        total = spec.rollout.groups_per_task * len(spec.tasks)
         return total // self.ranks + (self.rank < total % self.ranks)
 
 
@@ -126,9 +126,9 @@ class RolloutLoop:
         self.rng = random.Random((spec.seed * 1000 + place.rank) * 1000 + self.incarnation)
         self.per_step = place.groups_per_step(spec)
         if self.per_step < 1:  # it would never start an episode
-            total = spec.rollout.prompts_per_step * len(spec.tasks)
+            total = spec.rollout.groups_per_task * len(spec.tasks)
             raise ValueError(f"cluster.rollout.ranks={place.ranks} exceeds the {total} groups of a step"
-                             f" (prompts_per_step x tasks): rank {place.rank} would have nothing to do")
+                             f" (groups_per_task x tasks): rank {place.rank} would have nothing to do")
         self.running: dict[asyncio.Task[Trajectory], tuple[str, str, str]] = {}
         self.finished: list[Trajectory] = []
         self.window: list[Trajectory] = []
@@ -145,14 +145,14 @@ class RolloutLoop:
 
     def _has_room(self) -> bool:
         """Another group fits under `concurrency`."""
-        return len(self.running) + self.spec.rollout.samples_per_prompt <= self.spec.rollout.concurrency
+        return len(self.running) + self.spec.rollout.group_size <= self.spec.rollout.concurrency
 
     def _start_group(self, train_idx: dict[str, list[str]]) -> None:
         k = self.started_groups
         task = self.spec.tasks[k % len(self.spec.tasks)]
         index = self.rng.choice(train_idx[task])
         group = f"r{self.place.rank}i{self.incarnation}-g{k}-{task}-{index}"
-        for _ in range(self.spec.rollout.samples_per_prompt):
+        for _ in range(self.spec.rollout.group_size):
             self._start_episode((task, index, group))
         self.started_groups += 1
 

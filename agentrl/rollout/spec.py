@@ -21,10 +21,10 @@ class RolloutSpec:
     """The names the workers serve `envs.tasks` under (learned from the config, never by importing the tasks)."""
     demonstrations: bool
     """Whether rank 0 first plays the scripted expert on `rollout.expert_samples` training samples of each task: only
-    for a warm start (`trainer.sft_steps` > 0)."""
+    for a warm start (`trainer.warm_start_steps` > 0)."""
     train: bool
-    """Whether the ranks play training episodes: not in a control run (`trainer.update=sft`), whose steps imitate the
-    demonstrations; its ranks only evaluate (rank 0: before and after)."""
+    """Whether the ranks play training episodes: not in a control run (`trainer.update=warm_start`), whose steps
+    imitate the demonstrations; its ranks only evaluate (rank 0: before and after)."""
     limits: EpisodeLimits
     retry: Retry
     wait_timeout_s: float
@@ -36,9 +36,9 @@ class RolloutSpec:
     @classmethod
     def from_config(cls, cfg: RunConfig) -> RolloutSpec:
         """The rollout's slice of the run config."""
-        r = cfg.rollout
+        r, t = cfg.rollout, cfg.trainer
         return cls(
-            rollout=r, tasks=task_names(cfg.envs), demonstrations=cfg.trainer.sft_steps > 0 and r.expert_samples > 0,
-            train=cfg.trainer.update == "rl", limits=EpisodeLimits(r.max_turns, r.max_model_len, r.max_new_tokens),
+            rollout=r, tasks=task_names(cfg.envs), demonstrations=t.warm_start_steps > 0 and r.expert_samples > 0,
+            train=t.update == "rl", limits=EpisodeLimits(r.max_turns, r.max_model_len, r.max_new_tokens),
             retry=Retry(max_retries=r.env_retries, capacity_wait_s=r.env_wait_s),
             wait_timeout_s=cfg.cluster.role_timeout_s, seed=cfg.seed, poll_s=cfg.transport.poll_s)

@@ -41,10 +41,10 @@ def expert_route_on(cfg: RunConfig) -> bool:
     """Whether this run's workers answer /expert.
 
     The scripted expert hands out answers, so the route is off unless the run plays it: `auto` (the
-    default) turns it on for `rollout.engine: expert` and for a warm start (`trainer.sft_steps > 0`
+    default) turns it on for `rollout.engine: expert` and for a warm start (`trainer.warm_start_steps > 0`
     with `rollout.expert_samples > 0`, the rollout's ExpertEngine playing train samples).
     """
     choice = cfg.envs.expert_route
     if choice != "auto":
         return choice == "enabled"
-    return cfg.rollout.engine == "expert" or (cfg.trainer.sft_steps > 0 and cfg.rollout.expert_samples > 0)
+    return cfg.rollout.engine == "expert" or (cfg.trainer.warm_start_steps > 0 and cfg.rollout.expert_samples > 0)

@@ -7,7 +7,7 @@
                                     ledger of consumed trajectory ids (written last)
     ckpt/step-<N>/warm_start.json   the warm start's schedule, draws and rates (its optimizer's tensors are in
                                     state/ as `warm_optim`): in the step-0 checkpoint a warm start ends with, and
-                                    in every checkpoint of a control run (`trainer.update=sft`)
+                                    in every checkpoint of a control run (`trainer.update=warm_start`)
 
 N counts completed RL steps. Every rank writes into `ckpt/.tmp-step-<N>`; once all have finished, rank 0
 writes trainer.json, fsyncs, and renames the directory to `step-<N>`, so a crash at any moment leaves

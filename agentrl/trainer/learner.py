@@ -105,11 +105,12 @@ class Learner:
         self.warm: WarmStart | None = None
         sft_done = 0
         # a control run resumed, or started from its RL run's warm start: it continues the saved warm start
-        warm_saved = checkpoint.warm_state(self.resume) if self.resume is not None and t.update == "sft" else None
-        if (self.resume is None and t.sft_steps > 0) or warm_saved is not None:
+        control_resumed = self.resume is not None and t.update == "warm_start"
+        warm_saved = checkpoint.warm_state(self.resume) if control_resumed else None
+        if (self.resume is None and t.warm_start_steps > 0) or warm_saved is not None:
             demos = ShardReader(run_dir / "shards" / "expert-0").wait(0, timeout_s=cfg.cluster.role_timeout_s,
                                                                        poll_s=cfg.transport.poll_s)
-        if self.resume is None and t.sft_steps > 0:  # every rank: each runs its share of the same batches
+        if self.resume is None and t.warm_start_steps > 0:  # every rank: each runs its share of the same batches
             log.info("warm start on %d expert trajectories", len(demos))
             self.warm = WarmStart(self.model, demos, t, seed, self.pad_id, par)
             sft_done = int(self.warm.run(monitor)["sft_steps_done"])
@@ -118,8 +119,8 @@ class Learner:
         elif warm_saved is not None:  # the rates it measured, not a new range test; its state after `load`
             self.warm = WarmStart(self.model, demos, t, seed, self.pad_id, par,
                                   rates=(float(warm_saved["sft_lr"]), float(warm_saved["lr"])))
-        self.ref_model = (reference_model(run_dir, model_dir, t.threads, par, t.sft_steps > 0, t.attn_implementation)
-                          if cfg.algo.kl_coef > 0 else None)
+        self.ref_model = (reference_model(run_dir, model_dir, t.threads, par, t.warm_start_steps > 0,
+                                          t.attn_implementation) if cfg.algo.kl_coef > 0 else None)
         lr = rl_lr(self.warm.t if self.warm is not None else t)  # `lr: auto`: from the rate the warm start measured
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=t.weight_decay)
         warmup = max(t.warmup_steps, 1)
@@ -139,8 +140,8 @@ class Learner:
 
     @property
     def control(self) -> bool:
-        """The control run (`trainer.update=sft`): every step is another warm-start step instead of RL."""
-        return self.warm is not None and self.t.update == "sft"
+        """The control run (`trainer.update=warm_start`): every step is another warm-start step instead of RL."""
+        return self.warm is not None and self.t.update == "warm_start"
 
     @property
     def lr(self) -> float:

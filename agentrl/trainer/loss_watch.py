@@ -2,7 +2,7 @@
 the run, naming the learning rate.
 
 A rate fit for one model destroys another within a few steps: a base model under the smollm2-135m preset's
-`sft_lr` 3e-4 went from loss 1.39 to 5.62 (token accuracy 0.84 to 0.49) in its 4 steps, and the run went on to RL
+`warm_start_lr` 3e-4 went from loss 1.39 to 5.62 (token accuracy 0.84 to 0.49) in its 4 steps, and the run went on to RL
 from a broken model without a word. Two checks, both on the demonstrations the warm start trains on:
 
     during    each step's loss (measured before its update, on its own batch) against the first step's: a rise
@@ -28,7 +28,7 @@ WORSE_FACTOR, WORSE_MARGIN = 1.25, 0.05
 
 
 class WarmStartDiverged(RuntimeError):
-    """The warm start made the model worse on its own demonstrations (`trainer.sft_lr` too high for it)."""
+    """The warm start made the model worse on its own demonstrations (`trainer.warm_start_lr` too high for it)."""
 
 
 @dataclass(frozen=True)
@@ -57,23 +57,25 @@ def demo_fit(model: torch.nn.Module, demos: list[Trajectory], pad_id: int) -> De
     return DemoFit(float(-logp.sum()) / n, float(top.sum()) / n)
 
 
-def _stop(what: str, before: float, after: float, acc: str, steps: int, sft_lr: float) -> WarmStartDiverged:
+def _stop(what: str, before: float, after: float, acc: str, steps: int, warm_start_lr: float) -> WarmStartDiverged:
     return WarmStartDiverged(
         f"warm start: {what} rose from {before:.3f} to {after:.3f}{acc} in {steps} step(s) at "
-        f"trainer.sft_lr={sft_lr:g}: the warm start is making the model worse at its own demonstrations, so that "
-        "learning rate is too high for this model. Lower trainer.sft_lr (python -m jobs.lr_range measures one on "
-        "these demonstrations; trainer.sft_steps=0 skips the warm start)")
+        f"trainer.warm_start_lr={warm_start_lr:g}: the warm start is making the model worse at its own demonstrations, "
+        "so that learning rate is too high for this model. Lower trainer.warm_start_lr (python -m jobs.lr_range "
+        "measures one on these demonstrations; trainer.warm_start_steps=0 skips the warm start)")
 
 
-def check_step(first: dict[str, float], now: dict[str, float], step: int, sft_lr: float) -> None:
+def check_step(first: dict[str, float], now: dict[str, float], step: int, warm_start_lr: float) -> None:
     """Raise WarmStartDiverged when step `step`'s loss (before its update) rose far past the first step's."""
     if now["sft_loss"] > RISE_FACTOR * first["sft_loss"] + RISE_MARGIN:
         acc = f" (token accuracy {first['sft_token_acc']:.2f} -> {now['sft_token_acc']:.2f})"
-        raise _stop("the loss of each step's demonstrations", first["sft_loss"], now["sft_loss"], acc, step, sft_lr)
+        raise _stop("the loss of each step's demonstrations", first["sft_loss"], now["sft_loss"], acc, step,
+                    warm_start_lr)
 
 
-def check_end(before: DemoFit, after: DemoFit, steps: int, sft_lr: float) -> None:
+def check_end(before: DemoFit, after: DemoFit, steps: int, warm_start_lr: float) -> None:
     """Raise WarmStartDiverged when the same demonstrations' loss is higher after the warm start than before."""
     if after.loss > WORSE_FACTOR * before.loss + WORSE_MARGIN:
         acc = f" (token accuracy {before.token_acc:.2f} -> {after.token_acc:.2f})"
-        raise _stop("the loss of a fixed batch of its demonstrations", before.loss, after.loss, acc, steps, sft_lr)
+        raise _stop("the loss of a fixed batch of its demonstrations", before.loss, after.loss, acc, steps,
+                    warm_start_lr)

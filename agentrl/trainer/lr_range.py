@@ -1,4 +1,5 @@
-"""The warm start's learning-rate range test: which `trainer.sft_lr` suits *this* model on *these* demonstrations.
+"""The warm start's learning-rate range test: which `trainer.warm_start_lr` suits *this* model on *these*
+demonstrations.
 
 A rate fit for one model destroys another (a base model under the smollm2-135m preset's 3e-4 went from loss 1.39
 to 5.62 in 4 steps), so a pretrained model's rate is measured, not copied from a preset. For each rate of a
@@ -17,7 +18,7 @@ of demonstrations is scored before and after (`loss_watch.demo_fit`). The rule (
 The RL rate is a fixed fraction of the warm start's (`RL_FRACTION`, from the one pair measured to work on a real
 model: see docs/models.md, "Learning rates follow the model's source").
 
-`python -m jobs.lr_range` runs it on a model directory; `trainer.sft_lr: auto` runs it at the start of the warm
+`python -m jobs.lr_range` runs it on a model directory; `trainer.warm_start_lr: auto` runs it at the start of the warm
 start (`warm_start.WarmStart`). This module is the rule and the runner; it plays no episodes (the demonstrations
 come from the caller).
 """
@@ -47,10 +48,11 @@ MIN_DROP = 0.10
 BEST_SHARE = 0.5
 """A clear drop: at least this share of the best drop on the grid."""
 RL_FRACTION = 1 / 20
-"""`trainer.lr` = this x `trainer.sft_lr` (`lr: auto`). SmolLM2-135M-Instruct is the one real model RL has been shown
-to work on, at lr 5e-5 (+0.45 over its warm start, 7.4 s.e. above the imitation control); on its demonstrations this
-range test picks 1e-3 (docs/models.md), and 5e-5 / 1e-3 = 1/20. (Its preset's own pair, sft_lr 3e-4 and lr 5e-5, was
-set by hand; the RL rate is the one that was measured to work, so the fraction is taken against the test's pick.)"""
+"""`trainer.lr` = this x `trainer.warm_start_lr` (`lr: auto`). SmolLM2-135M-Instruct is the one real model RL has been
+shown to work on, at lr 5e-5 (+0.45 over its warm start, 7.4 s.e. above the imitation control); on its demonstrations
+this range test picks 1e-3 (docs/models.md), and 5e-5 / 1e-3 = 1/20. (Its preset's own pair, warm_start_lr 3e-4 and lr
+5e-5, was set by hand; the RL rate is the one that was measured to work, so the fraction is taken against the test's
+pick.)"""
 
 
 def geometric_grid(low: float, high: float, points: int) -> tuple[float, ...]:
@@ -170,44 +172,44 @@ def format_table(points: Sequence[RatePoint], picked: float | None) -> str:
     return "\n".join(lines)
 
 
-def rl_rate(sft_lr: float) -> float:
+def rl_rate(warm_start_lr: float) -> float:
     """The RL rate that goes with a warm-start rate (`RL_FRACTION`), to 2 significant digits."""
-    return float(f"{sft_lr * RL_FRACTION:.2g}")
+    return float(f"{warm_start_lr * RL_FRACTION:.2g}")
 
 
 def no_rate_message(points: Sequence[RatePoint], where: str) -> str:
     return (f"{where}: no learning rate of the range test lowered the held-out demonstrations' loss clearly (by "
             f"{MIN_DROP:.0%} of it and half the best drop) before one raised it:\n{format_table(points, None)}\n"
-            "try lower rates (python -m jobs.lr_range --low ...), more steps, or set trainer.sft_lr to a number")
+            "try lower rates (python -m jobs.lr_range --low ...), more steps, or set trainer.warm_start_lr to a number")
 
 
 def auto_rates(model: torch.nn.Module, demos: list[Trajectory], t: TrainerConfig, pad_id: int, par: Parallel,
                seed: int) -> TrainerConfig:
-    """`t` with `sft_lr: auto` measured on `demos` by the range test (`run_range`, `pick_rate`; the hub's pick on
+    """`t` with `warm_start_lr: auto` measured on `demos` by the range test (`run_range`, `pick_rate`; the hub's pick on
     every rank) and `lr: auto` set to `RL_FRACTION` of the warm start's rate. A few steps of a few demonstrations
     per rate: as many steps as the warm start takes, at most `RangeSpec.steps`."""
-    sft_lr = t.sft_lr
-    if sft_lr == "auto":
-        spec = RangeSpec(steps=max(1, min(t.sft_steps, RangeSpec.steps)), batch=min(t.sft_batch, RangeSpec.batch),
-                         seed=seed)
-        log.info("trainer.sft_lr=auto: range test of %d rates (%g..%g), %d steps of %d demonstrations each",
+    warm_start_lr = t.warm_start_lr
+    if warm_start_lr == "auto":
+        spec = RangeSpec(steps=max(1, min(t.warm_start_steps, RangeSpec.steps)),
+                         batch=min(t.warm_start_batch, RangeSpec.batch), seed=seed)
+        log.info("trainer.warm_start_lr=auto: range test of %d rates (%g..%g), %d steps of %d demonstrations each",
                  len(spec.rates), min(spec.rates), max(spec.rates), spec.steps, spec.batch)
         points = run_range(model, demos, t, spec, pad_id, par)
         picked = par.broadcast_object(pick_rate(points))
         if picked is None:
-            raise WarmStartDiverged(no_rate_message(points, "trainer.sft_lr=auto"))
-        log.info("trainer.sft_lr=auto picked %g:\n%s", picked, format_table(points, picked))
-        sft_lr = picked
-    lr = rl_rate(float(sft_lr)) if t.lr == "auto" else t.lr
+            raise WarmStartDiverged(no_rate_message(points, "trainer.warm_start_lr=auto"))
+        log.info("trainer.warm_start_lr=auto picked %g:\n%s", picked, format_table(points, picked))
+        warm_start_lr = picked
+    lr = rl_rate(float(warm_start_lr)) if t.lr == "auto" else t.lr
     if t.lr == "auto":
-        log.info("trainer.lr=auto: %g (%.3g x trainer.sft_lr %g)", lr, RL_FRACTION, sft_lr)
-    return replace(t, sft_lr=float(sft_lr), lr=lr)
+        log.info("trainer.lr=auto: %g (%.3g x trainer.warm_start_lr %g)", lr, RL_FRACTION, warm_start_lr)
+    return replace(t, warm_start_lr=float(warm_start_lr), lr=lr)
 
 
 def rl_lr(t: TrainerConfig) -> float:
-    """The rate to build the RL optimizer with: `t.lr`, or for `lr: auto` `RL_FRACTION` x a numeric `sft_lr`. With
-    both auto and no warm start to measure (a resumed run) a stand-in: the checkpoint's optimizer state replaces
+    """The rate to build the RL optimizer with: `t.lr`, or for `lr: auto` `RL_FRACTION` x a numeric `warm_start_lr`.
+    With both auto and no warm start to measure (a resumed run) a stand-in: the checkpoint's optimizer state replaces
     it with the rate the run measured."""
     if t.lr != "auto":
         return float(t.lr)
-    return rl_rate(float(t.sft_lr)) if t.sft_lr != "auto" else 0.0
+    return rl_rate(float(t.warm_start_lr)) if t.warm_start_lr != "auto" else 0.0

@@ -170,14 +170,14 @@ def rl_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Tra
 
 def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch, trainer: TrainerConfig,
              par: Parallel | None = None) -> dict[str, float]:
-    """Cross-entropy on action tokens, or on every real token if `trainer.sft_all_tokens` (token mean over the
+    """Cross-entropy on action tokens, or on every real token if `trainer.warm_start_all_tokens` (token mean over the
     batch), laid out as `rl_step` lays out its batch (`trainer.micro_batch_tokens`, `trainer.packing`) and clipped
     at `trainer.grad_clip`.
 
     `sft_token_acc` is measured on the action tokens either way.
     """
     par = par or Parallel()
-    loss_mask = batch.attention[:, 1:].float() if trainer.sft_all_tokens else batch.mask  # [B, T-1]
+    loss_mask = batch.attention[:, 1:].float() if trainer.warm_start_all_tokens else batch.mask  # [B, T-1]
     total = max(float(loss_mask.sum()), 1.0)
 
     def loss_fn(mb: MicroBatch, out: HeadOut) -> tuple[torch.Tensor, torch.Tensor]:

@@ -57,7 +57,7 @@ class TrajectoryQueue:
     """Complete, fresh, never-seen-before GRPO groups for the trainer.
 
     Args:
-        group_size: members per group (`samples_per_prompt`).
+        group_size: members per group (`rollout.group_size`).
         capacity: trajectories in complete groups at which `full` turns true (>= group_size).
         max_staleness: versions a trajectory's oldest action token of the current pool may lag; None
             disables the filter.

@@ -13,7 +13,7 @@ from agentrl.bench.planner_calibrate import fit_engine_rate
 
 # 4 groups of 4: 16 episodes of 3 turns x 10 tokens on one engine of 100 tokens/s -> 4.8 s of generation
 WORK = Workload(turns=3, gen_tokens=10, episode_tokens=100)
-SYNC = Layout.sync(step_groups=4, samples_per_prompt=4, concurrency=64, steps=30)
+SYNC = Layout.sync(step_groups=4, group_size=4, concurrency=64, steps=30)
 ROLLOUT_S = 16 * 3 * 10 / 100.0
 
 
@@ -74,7 +74,7 @@ def test_admission_is_the_rollout_loops(staleness: int, version: int, base: int,
 def test_groups_split_over_ranks_as_the_rank_plan() -> None:
     from agentrl.rollout.role import RankPlace
 
-    spec = SimpleNamespace(prompts_per_step=7, tasks=["a", "b"])
+    spec = SimpleNamespace(rollout=SimpleNamespace(groups_per_task=7), tasks=["a", "b"])
     for ranks in (1, 3, 4):
         got = [groups_of_rank(14, ranks, r) for r in range(ranks)]
         assert got == [RankPlace(r, ranks, 1).groups_per_step(spec) for r in range(ranks)]  # type: ignore[arg-type]
@@ -119,7 +119,7 @@ def small_run(tmp_path_factory):
     from agentrl.monitor.tensorboard import Monitor
 
     run = tmp_path_factory.mktemp("run")
-    cfg = load_config("smoke", ["trainer.steps=5", "rollout.prompts_per_step=4", "rollout.concurrency=64",
+    cfg = load_config("smoke", ["trainer.steps=5", "rollout.groups_per_task=4", "rollout.concurrency=64",
                                 "rollout.env_latency_s=0.3", "rollout.max_turns=3"])
     (run / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
     (run / "report").mkdir()

@@ -15,7 +15,7 @@ WORK = Workload(turns=3, gen_tokens=30, episode_tokens=300, env_call_frac=0.5)
 # an engine whose throughput grows with its batch: 100 tokens/s alone, 1,000 from 40 requests on
 TRUTH = Rates(engine_tokens_per_s=1000.0, engine_curve=((1, 0.1), (40, 1.0)), trainer_step_b_s=1 / 5000,
               env_median_s=0.3, env_sigma=0.99, start_s=2.0)
-ASYNC = Layout(ranks=1, engines_per_rank=1, concurrency=64, samples_per_prompt=4, step_groups=4, min_groups=4,
+ASYNC = Layout(ranks=1, engines_per_rank=1, concurrency=64, group_size=4, step_groups=4, min_groups=4,
                max_groups=4, max_staleness=1, inflight="swap", steps=12)
 
 
@@ -94,7 +94,7 @@ def _run_dir(path, staleness: int, step_walls: list[float]):
 
     path.mkdir(parents=True)
     cfg = load_config("smoke", ["cluster.schedule=async", f"algo.max_staleness={staleness}", "trainer.steps=10",
-                                "rollout.prompts_per_step=4", "rollout.concurrency=64", "rollout.env_latency_s=0.3",
+                                "rollout.groups_per_task=4", "rollout.concurrency=64", "rollout.env_latency_s=0.3",
                                 "rollout.max_turns=3"])
     work = Workload(turns=3, gen_tokens=30, episode_tokens=300, env_call_frac=2 / 3)
     busy = sum(simulate(layout_of(cfg), TRUTH, work, s).rollout_busy_tokens_per_s for s in SEEDS) / len(SEEDS)

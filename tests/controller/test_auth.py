@@ -79,10 +79,10 @@ def test_serving_without_a_secret_only_on_loopback() -> None:
 @pytest.mark.parametrize(("preset", "overrides", "on"), [
     ("demo", [], True),  # the warm start plays the expert
     ("smoke", [], True),
-    ("demo", ["trainer.sft_steps=0"], False),
-    ("demo", ["trainer.sft_steps=0", "rollout.engine=expert"], True),
+    ("demo", ["trainer.warm_start_steps=0"], False),
+    ("demo", ["trainer.warm_start_steps=0", "rollout.engine=expert"], True),
     ("demo", ["envs.expert_route=disabled"], False),
-    ("demo", ["trainer.sft_steps=0", "envs.expert_route=enabled"], True),
+    ("demo", ["trainer.warm_start_steps=0", "envs.expert_route=enabled"], True),
 ])
 def test_expert_route_follows_the_run(preset: str, overrides: list[str], on: bool) -> None:
     assert expert_route_on(load_config(preset, overrides)) is on

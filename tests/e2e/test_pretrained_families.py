@@ -24,9 +24,9 @@ from agentrl.transport.shards import ShardReader
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
 
-SHORT = ["rollout.max_model_len=1024", "rollout.template_check=strict", "trainer.steps=1", "trainer.sft_steps=2",
-         "trainer.sft_batch=8", "rollout.expert_samples=12", "rollout.eval_samples=4", "rollout.eval_sampled=0",
-         "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2", "rollout.max_new_tokens=24"]
+SHORT = ["rollout.max_model_len=1024", "rollout.template_check=strict", "trainer.steps=1", "trainer.warm_start_steps=2",
+         "trainer.warm_start_batch=8", "rollout.expert_samples=12", "rollout.eval_samples=4", "rollout.eval_sampled=0",
+         "rollout.groups_per_task=2", "rollout.group_size=2", "rollout.max_new_tokens=24"]
 
 
 @pytest.fixture(scope="module")

@@ -57,7 +57,7 @@ def test_trajectories_were_produced_with_per_token_provenance(run_dir: Path) -> 
     expert = ShardReader(run_dir / "shards" / "expert-0").read(0)
     assert len(expert) == 64 and all(t.reward == 1.0 for t in expert)
     written = _rollout_trajectories(run_dir)
-    assert len(written) == 2 * 2 * 4  # steps x prompts_per_step x samples_per_prompt: nothing sampled ahead
+    assert len(written) == 2 * 2 * 4  # steps x groups_per_task x group_size: nothing sampled ahead
     for step in range(2):
         trajs = [t for t in written if t.oldest_version() == step]
         assert len(trajs) == 2 * 4  # each step's groups, all sampled by weights v<step>
@@ -121,7 +121,7 @@ def test_a_control_run_starts_from_the_runs_warm_start_instead_of_repeating_it(r
     """`trainer.warm_start_from`: the seed's control continues the RL run's warm start (no warm start, no expert
     episodes, no evaluation before RL of its own) and reports the same numbers before RL."""
     proc = subprocess.run([sys.executable, "-m", "jobs.train", "--preset", "smoke", "--name", "smoke-control",
-                           f"run_root={run_dir.parent}", "trainer.update=sft", f"trainer.warm_start_from={run_dir}"],
+                           f"run_root={run_dir.parent}", "trainer.update=warm_start", f"trainer.warm_start_from={run_dir}"],
                           cwd=ROOT, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

@@ -29,9 +29,9 @@ from agentrl.types import LAGGING_ENGINE_BASE
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
 NAME = "SmolLM2-135M-Instruct"
-SHORT = ["rollout.template_check=strict", "trainer.steps=2", "trainer.sft_steps=1", "trainer.sft_batch=4",
-         "rollout.expert_samples=8", "rollout.eval_samples=2", "rollout.eval_sampled=1", "rollout.prompts_per_step=2",
-         "rollout.samples_per_prompt=2", "rollout.max_new_tokens=48", "rollout.concurrency=8", "trainer.freeze_layers=26",
+SHORT = ["rollout.template_check=strict", "trainer.steps=2", "trainer.warm_start_steps=1", "trainer.warm_start_batch=4",
+         "rollout.expert_samples=8", "rollout.eval_samples=2", "rollout.eval_sampled=1", "rollout.groups_per_task=2",
+         "rollout.group_size=2", "rollout.max_new_tokens=48", "rollout.concurrency=8", "trainer.freeze_layers=26",
          "trainer.checkpoint_every=1", "rollout.lagging_prob=0.5", "cluster.rollout.lagging_refresh_steps=1",
          # After one warm-start step most pairs of episodes score alike (often 0 and 0), and the trainer drops such
          # groups: without this, whether the 2 RL steps (and their in-place reloads) happen at all is chance.

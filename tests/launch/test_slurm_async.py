@@ -82,7 +82,7 @@ def test_async_smoke_run_as_one_hetjob(slurm, job_env, tmp_path: Path, monkeypat
     # both rollout ranks joined the trainer and were stopped by it
     assert {read_json(run_dir / "report" / f"rollout-{r}.json")["rank"] for r in range(2)} == {0, 1}
     ledger = reconcile(run_dir)
-    per_step = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
+    per_step = cfg.rollout.groups_per_task * cfg.rollout.group_size
     assert len(ledger.consumed) == taken(trainer) == cfg.trainer.steps * per_step  # each once
     # every rank distinct: its own shard directory and its own groups (ids carry the rank), none shared
     by_rank = shard_trajectories(run_dir)
@@ -117,8 +117,8 @@ def test_async_two_trainer_ranks_as_one_hetjob(slurm, job_env, tmp_path: Path,
     assert trainer["steps_done"] == cfg.trainer.steps == 2
     assert {read_json(run_dir / "report" / f"rollout-{r}.json")["rank"] for r in range(2)} == {0, 1}
     ledger = reconcile(run_dir)
-    assert len(ledger.consumed) == taken(trainer) == cfg.trainer.steps * cfg.rollout.prompts_per_step * \
-        cfg.rollout.samples_per_prompt
+    assert len(ledger.consumed) == taken(trainer) == cfg.trainer.steps * cfg.rollout.groups_per_task * \
+        cfg.rollout.group_size
     assert read_json(run_dir / "ckpt" / f"step-{cfg.trainer.steps}" / "trainer.json")["world_size"] == 2
     log = (run_dir / "logs" / "pipeline.log").read_text()
     assert "[trainer]" in log and "[trainer-1]" in log and "[rollout-0]" in log and "[rollout-1]" in log

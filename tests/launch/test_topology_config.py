@@ -71,7 +71,7 @@ def test_paper_presets(size: str, trainer_gpus: int, rollout_gpus: int) -> None:
     assert cfg.model.path == f"models/Qwen2.5-{size.upper()}-Instruct"
     assert cfg.envs.tasks == ("os", "db", "kg", "alfworld", "webshop")
     r, a, t = cfg.rollout, cfg.algo, cfg.trainer
-    assert (r.samples_per_prompt, r.temperature, r.max_turns, r.max_model_len) == (8, 0.8, 20, 8192)
+    assert (r.group_size, r.temperature, r.max_turns, r.max_model_len) == (8, 0.8, 20, 8192)
     assert (t.lr, a.eps_low, a.eps_high, a.dual_clip, a.kl_coef, a.fail_penalty) == (1e-6, 0.2, 0.2, 3.0, 1e-4, -0.2)
     assert (cfg.rollout.lagging_prob, c.rollout.lagging_refresh_steps) == (0.25, 25)
     assert c.trainer.nodes * c.trainer.gpus_per_node == trainer_gpus

@@ -51,7 +51,7 @@ def build_run(root: Path) -> Path:
     (run / "report").mkdir(parents=True)
     (run / "config.yaml").write_text(yaml.safe_dump({
         "name": "tiny", "seed": 3, "envs": {"tasks": ["alpha", "beta"]}, "cluster": {"schedule": "async"},
-        "trainer": {"steps": STEPS, "lr": 1e-5}, "rollout": {"prompts_per_step": 2, "samples_per_prompt": 4},
+        "trainer": {"steps": STEPS, "lr": 1e-5}, "rollout": {"groups_per_task": 2, "group_size": 4},
         "model": {"path": "/models/tiny"}}))
     trainer, rollout = Monitor(run / "tb", "trainer"), Monitor(run / "tb", "rollout")
     for step in range(STEPS):
@@ -163,7 +163,7 @@ def test_markdown_summary(rendered):
     run, _, report, _ = rendered
     md = (run / "report" / "report.md").read_text()
     assert md == report.markdown and "finished" in md.splitlines()[2]
-    assert "| tasks | ['alpha', 'beta'] |" in md and "| prompts x samples per step | 2 x 4 |" in md
+    assert "| tasks | ['alpha', 'beta'] |" in md and "| groups per task x group size | 2 x 4 |" in md
     lo, hi = wilson_interval(18, 20).lo, wilson_interval(18, 20).hi
     assert (f"| alpha | 0.200 (v0) → 0.900 [{lo:.2f}, {hi:.2f}] (v4, 20 ep.) | 0.100 (v0) → 0.700 [0.37, 0.90] "
             "(v4, 8 ep.) | 0.750 (step 4) | completed 8 |") in md

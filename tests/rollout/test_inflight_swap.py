@@ -24,7 +24,7 @@ from agentrl.tasks import get_task
 
 def _spec(concurrency: int) -> RolloutSpec:
     """One task (lookup), groups of 2 episodes, 2 groups per step, 16 new tokens a turn."""
-    rollout = RolloutConfig(prompts_per_step=2, samples_per_prompt=2, eval_samples=0, concurrency=concurrency,
+    rollout = RolloutConfig(groups_per_task=2, group_size=2, eval_samples=0, concurrency=concurrency,
                             max_new_tokens=16)
     return RolloutSpec.from_config(RunConfig(rollout=rollout))
 

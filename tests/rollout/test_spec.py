@@ -20,8 +20,8 @@ def test_the_spec_holds_the_section_and_derives_the_rest() -> None:
 
 
 def test_demonstrations_come_with_a_warm_start_and_training_episodes_with_rl() -> None:
-    assert not RolloutSpec.from_config(load_config("smoke", ["trainer.sft_steps=0"])).demonstrations
-    control = RolloutSpec.from_config(load_config("smoke", ["trainer.update=sft"]))
+    assert not RolloutSpec.from_config(load_config("smoke", ["trainer.warm_start_steps=0"])).demonstrations
+    control = RolloutSpec.from_config(load_config("smoke", ["trainer.update=warm_start"]))
     assert control.demonstrations and not control.train  # its steps imitate; its ranks only evaluate
 
 

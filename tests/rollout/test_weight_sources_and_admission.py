@@ -14,7 +14,7 @@ from agentrl.transport import weights
 
 
 def _spec(prompts: int, tasks: tuple[str, ...]) -> RolloutSpec:
-    cfg = RunConfig(envs=EnvsConfig(tasks=tasks), rollout=RolloutConfig(prompts_per_step=prompts))
+    cfg = RunConfig(envs=EnvsConfig(tasks=tasks), rollout=RolloutConfig(groups_per_task=prompts))
     return RolloutSpec.from_config(cfg)
 
 

@@ -31,19 +31,19 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _run_world(run_dir: Path, model_dir: Path, extra: list[str], broadcast: bool = False, trainer_ranks: int = 1,
-               sft_steps: int = 0, steps: int = STEPS, first: int = 0, delay_s: float = 0.0
+               warm_start_steps: int = 0, steps: int = STEPS, first: int = 0, delay_s: float = 0.0
                ) -> subprocess.CompletedProcess:
     """The trainer's `trainer_ranks` ranks and one scripted rollout rank in one mpiexec world (`first` > 0: the
     same run dir again, the rollout rank sending steps first..steps-1)."""
-    cfg = load_config(None, [f"model.path={model_dir}", f"trainer.steps={steps}", f"trainer.sft_steps={sft_steps}",
-                             "trainer.checkpoint_every=1", "trainer.threads=1", "trainer.lr=0.003", "trainer.sft_lr=0.003",
+    cfg = load_config(None, [f"model.path={model_dir}", f"trainer.steps={steps}", f"trainer.warm_start_steps={warm_start_steps}",
+                             "trainer.checkpoint_every=1", "trainer.threads=1", "trainer.lr=0.003", "trainer.warm_start_lr=0.003",
                              "trainer.warmup_steps=2", "trainer.micro_batch_tokens=64", "monitor.tensorboard=false",
                              "cluster.role_timeout_s=120", "transport.poll_s=0.02",
-                             "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "trainer.sft_batch=4",
+                             "rollout.groups_per_task=2", "rollout.group_size=4", "trainer.warm_start_batch=4",
                              f"cluster.trainer.ranks_per_node={trainer_ranks}", *extra])
     run_dir.mkdir(parents=True, exist_ok=bool(first))
     dump_config(cfg, run_dir / "config.yaml")
-    if sft_steps and not first:  # the expert's demonstrations
+    if warm_start_steps and not first:  # the expert's demonstrations
         (run_dir / "shards" / "expert-0").mkdir(parents=True)
         write_shard(run_dir / "shards" / "expert-0" / "000000.h5", step_batch(-1, 3))
     cmd = [mpiexec(), "-n", str(trainer_ranks), sys.executable, "-m", "mpi4py", "-m", "jobs.trainer",
@@ -163,7 +163,7 @@ def test_two_fsdp2_ranks_follow_one_rank_through_warm_start_and_kl(tmp_path: Pat
     for ranks, parallel in ((1, "none"), (2, "fsdp2")):
         run_dir = tmp_path / f"r{ranks}"
         proc = _run_world(run_dir, model_dir, [*extra, f"trainer.parallel={parallel}"], trainer_ranks=ranks,
-                          sft_steps=2)
+                          warm_start_steps=2)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         runs[ranks] = run_dir
     # the warm-started weights (the KL reference the hub saved), then the last version

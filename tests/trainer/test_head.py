@@ -143,7 +143,7 @@ def test_sft_step_equals_the_naive_update_and_counts_argmax_hits(all_tokens: boo
     m = copy.deepcopy(model)
     before = {k: v.clone() for k, v in m.state_dict().items()}
     stats = sft_step(m, torch.optim.SGD(m.parameters(), lr=1.0), batch,
-                     TrainerConfig(grad_clip=0.0, micro_batch_tokens=30, sft_all_tokens=all_tokens))
+                     TrainerConfig(grad_clip=0.0, micro_batch_tokens=30, warm_start_all_tokens=all_tokens))
     scale = max(float(v.abs().max()) for v in expected.values())
     for k, v in m.state_dict().items():
         torch.testing.assert_close(v - before[k], expected[k], rtol=1e-6, atol=1e-6 * scale, msg=k)

@@ -1,5 +1,5 @@
 """The learning-rate range test: its rule on hand-made loss curves, the runner on a tiny model (fresh weights for every
-rate, the same draws, the weights given back), `trainer.sft_lr: auto` in the warm start, and `jobs.lr_range` on a
+rate, the same draws, the weights given back), `trainer.warm_start_lr: auto` in the warm start, and `jobs.lr_range` on a
 stand-in of SmolLM2's family under the smollm2-135m preset (the preset's own model is another: the job measures
 rates, so it may run there)."""
 from __future__ import annotations
@@ -54,8 +54,8 @@ def test_the_rule_on_hand_made_curves(after, picked, why) -> None:
 def test_the_defaults() -> None:
     assert GRID == (1e-6, 3.16e-6, 1e-5, 3.16e-5, 1e-4, 3.16e-4, 1e-3, 3.16e-3, 1e-2)
     assert rl_rate(1e-3) == 5e-5  # SmolLM2-135M: the range test's 1e-3, RL's measured 5e-5
-    assert rl_lr(TrainerConfig(lr="auto", sft_lr=1e-3)) == 5e-5
-    assert rl_lr(TrainerConfig(lr=2e-6, sft_lr="auto")) == 2e-6
+    assert rl_lr(TrainerConfig(lr="auto", warm_start_lr=1e-3)) == 5e-5
+    assert rl_lr(TrainerConfig(lr=2e-6, warm_start_lr="auto")) == 2e-6
     table = format_table(_curve(0.95, 0.7, 0.4, 1.5), 1e-3)
     assert "0.001  1.000" in table and "<- picked" in table.splitlines()[3] and "rises" in table.splitlines()[4]
 
@@ -98,19 +98,19 @@ def _constant_demos(n: int) -> list[Trajectory]:
 
 
 def test_sft_lr_auto_is_measured_at_the_start_of_the_warm_start(tiny, caplog) -> None:
-    t = TrainerConfig(sft_steps=4, sft_lr="auto", lr="auto", sft_batch=16, sft_warmup_steps=0)
-    with pytest.raises(WarmStartDiverged, match=r"(?s)trainer.sft_lr=auto: no learning rate .*\n +rate .*set "
-                                                r"trainer.sft_lr to a number"):
+    t = TrainerConfig(warm_start_steps=4, warm_start_lr="auto", lr="auto", warm_start_batch=16, warm_start_warmup_steps=0)
+    with pytest.raises(WarmStartDiverged, match=r"(?s)trainer.warm_start_lr=auto: no learning rate .*\n +rate .*set "
+                                                r"trainer.warm_start_lr to a number"):
         WarmStart(load_model(tiny, 1), _demos(48), t, 0, 1)  # copying from scratch: 4 steps teach it too little
     with caplog.at_level("INFO", logger="agentrl.trainer"):
         warm = WarmStart(load_model(tiny, 1), _constant_demos(48), t, 0, 1)
-    assert warm.t.sft_lr == 1e-2, "34% of the loss gone at 1e-2 (the grid's top); 3.16e-3's 16.5% is under half"
-    assert warm.t.lr == rl_rate(warm.t.sft_lr) and warm.opt.param_groups[0]["lr"] == warm.t.sft_lr
-    assert f"trainer.sft_lr=auto picked {warm.t.sft_lr:g}" in caplog.text and "<- picked" in caplog.text
-    numeric = WarmStart(load_model(tiny, 1), _demos(48), TrainerConfig(sft_steps=4, sft_lr=3e-4, lr="auto"), 0, 1)
-    assert (numeric.t.sft_lr, numeric.t.lr) == (3e-4, 1.5e-5), "a numeric sft_lr is kept; lr: auto follows it"
-    kept = WarmStart(load_model(tiny, 1), _demos(48), TrainerConfig(sft_steps=4, sft_lr=3e-4, lr=2e-6), 0, 1)
-    assert kept.t == TrainerConfig(sft_steps=4, sft_lr=3e-4, lr=2e-6), "numbers are used unchanged"
+    assert warm.t.warm_start_lr == 1e-2, "34% of the loss gone at 1e-2 (the grid's top); 3.16e-3's 16.5% is under half"
+    assert warm.t.lr == rl_rate(warm.t.warm_start_lr) and warm.opt.param_groups[0]["lr"] == warm.t.warm_start_lr
+    assert f"trainer.warm_start_lr=auto picked {warm.t.warm_start_lr:g}" in caplog.text and "<- picked" in caplog.text
+    numeric = WarmStart(load_model(tiny, 1), _demos(48), TrainerConfig(warm_start_steps=4, warm_start_lr=3e-4, lr="auto"), 0, 1)
+    assert (numeric.t.warm_start_lr, numeric.t.lr) == (3e-4, 1.5e-5), "a numeric warm_start_lr is kept; lr: auto follows it"
+    kept = WarmStart(load_model(tiny, 1), _demos(48), TrainerConfig(warm_start_steps=4, warm_start_lr=3e-4, lr=2e-6), 0, 1)
+    assert kept.t == TrainerConfig(warm_start_steps=4, warm_start_lr=3e-4, lr=2e-6), "numbers are used unchanged"
 
 
 def test_jobs_lr_range_on_a_stand_in(tmp_path) -> None:
@@ -128,4 +128,4 @@ def test_jobs_lr_range_on_a_stand_in(tmp_path) -> None:
     assert [p["lr"] for p in data["points"]] == [1e-5, 3e-2, 30.0] and data["points"][2]["rises"]
     assert rc == (0 if data["sft_lr"] else 1)
     if data["sft_lr"]:
-        assert f"trainer.sft_lr={data['sft_lr']:g} trainer.lr={rl_rate(data['sft_lr']):g}" in text
+        assert f"trainer.warm_start_lr={data['sft_lr']:g} trainer.lr={rl_rate(data['sft_lr']):g}" in text

@@ -29,7 +29,7 @@ def test_a_warm_start_whose_every_demonstration_failed_says_how_they_ended() -> 
     demos = [_demo(i, "lookup", Status.CONTEXT_LIMIT, 384) for i in range(6)] + \
             [_demo(6, "kg", Status.TURN_LIMIT, 900), _demo(7, "kg", Status.CONTEXT_LIMIT, 1024)]
     with pytest.raises(RuntimeError) as e:
-        WarmStart(torch.nn.Linear(2, 2), demos, TrainerConfig(sft_steps=5), 0, 0)
+        WarmStart(torch.nn.Linear(2, 2), demos, TrainerConfig(warm_start_steps=5), 0, 0)
     msg = str(e.value)
     assert msg.startswith("warm start: none of the 8 expert demonstrations succeeded (0 successful). How they ended: "
                           "kg: 1 context_limit, 1 turn_limit (longest 1024 tokens); lookup: 6 context_limit (longest "
@@ -37,7 +37,7 @@ def test_a_warm_start_whose_every_demonstration_failed_says_how_they_ended() -> 
     assert "context_limit: the conversations outgrew rollout.max_model_len" in msg
     assert "turn_limit: the expert's calls did not come back through the model's format" in msg
     with pytest.raises(RuntimeError, match="the expert wrote no demonstrations"):
-        WarmStart(torch.nn.Linear(2, 2), [], TrainerConfig(sft_steps=5), 0, 0)
+        WarmStart(torch.nn.Linear(2, 2), [], TrainerConfig(warm_start_steps=5), 0, 0)
 
 
 @pytest.fixture(scope="module")

@@ -49,11 +49,11 @@ def test_hub_loop_in_process_makes_the_synchronous_update(tmp_path: Path, model_
     place (a kill right after the rename must not leave a checkpoint without it)."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    cfg = load_config(None, [f"model.path={model_dir}", f"trainer.steps={STEPS}", "trainer.sft_steps=0",
+    cfg = load_config(None, [f"model.path={model_dir}", f"trainer.steps={STEPS}", "trainer.warm_start_steps=0",
                              "trainer.checkpoint_every=2", "trainer.threads=1", "trainer.lr=0.003",
                              "trainer.warmup_steps=2", "trainer.micro_batch_tokens=64", "monitor.tensorboard=false",
                              "cluster.role_timeout_s=60", "transport.poll_s=0.005", "cluster.schedule=sync",
-                             "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4",
+                             "rollout.groups_per_task=2", "rollout.group_size=4",
                              f"trainer.activation_checkpointing={str(recompute).lower()}"])
     dump_config(cfg, run_dir / "config.yaml")
     world = MemoryWorld(1)

@@ -216,7 +216,7 @@ def test_sft_lowers_the_loss_of_its_batch(model, lookup_tokenizer) -> None:
         last = sft_step(m, opt, batch, t)["sft_loss"]
     assert last < first * 0.8
     all_tok = sft_step(copy.deepcopy(model), torch.optim.SGD(m.parameters(), lr=0.0), batch,
-                       dataclasses.replace(t, sft_all_tokens=True))
+                       dataclasses.replace(t, warm_start_all_tokens=True))
     assert all_tok["sft_loss"] != pytest.approx(first)  # a different (larger) set of targets
 
 

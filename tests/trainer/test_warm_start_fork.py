@@ -42,7 +42,7 @@ def _learner_parts(tokenizer, seed: int, t: TrainerConfig, demos: list, rates=No
 def test_a_warm_start_restored_from_a_checkpoint_takes_the_same_next_steps(tmp_path: Path, lookup_tokenizer) -> None:
     """Weights, the warm start's Adam moments, its schedule and its draws all come back: two more control steps
     after a restore give bit-identical weights to two more steps of the warm start that never stopped."""
-    t = TrainerConfig(sft_steps=3, sft_batch=4, control_batch=6, sft_lr=1e-2, sft_warmup_steps=5, update="sft")
+    t = TrainerConfig(warm_start_steps=3, warm_start_batch=4, control_batch=6, warm_start_lr=1e-2, warm_start_warmup_steps=5, update="warm_start")
     demos = _demos(40)
     model, warm, opt, sched = _learner_parts(lookup_tokenizer, 0, t, demos)
     warm.run(NullMonitor())
@@ -63,7 +63,7 @@ def test_a_warm_start_restored_from_a_checkpoint_takes_the_same_next_steps(tmp_p
 
 def test_a_warm_start_restored_without_its_optimizer_state_would_differ(tmp_path: Path, lookup_tokenizer) -> None:
     """The check above can fail: the same restore with fresh Adam moments ends elsewhere."""
-    t = TrainerConfig(sft_steps=3, sft_batch=4, control_batch=6, sft_lr=1e-2, sft_warmup_steps=0, update="sft")
+    t = TrainerConfig(warm_start_steps=3, warm_start_batch=4, control_batch=6, warm_start_lr=1e-2, warm_start_warmup_steps=0, update="warm_start")
     demos = _demos(40)
     model, warm, opt, sched = _learner_parts(lookup_tokenizer, 0, t, demos)
     warm.run(NullMonitor())
@@ -87,7 +87,7 @@ def test_the_warm_starts_step_0_outlives_pruning_and_an_rl_checkpoint_cannot_res
     (root / "step-0" / WARM_FILE).unlink()
     checkpoint._prune(root, 2)
     assert sorted(p.name for p in root.iterdir()) == ["step-2", "step-3"]
-    t = TrainerConfig(sft_steps=2, update="sft")
+    t = TrainerConfig(warm_start_steps=2, update="warm_start")
     with pytest.raises(ValueError, match="holds no warm-start state"):
         check_control_run(t, root / "step-3")
     (root / "step-3" / WARM_FILE).write_text("{}")
@@ -96,13 +96,13 @@ def test_the_warm_starts_step_0_outlives_pruning_and_an_rl_checkpoint_cannot_res
 
 def test_only_settings_after_the_warm_start_may_differ_from_its_source() -> None:
     source = load_config("smoke")
-    same = load_config("smoke", ["trainer.update=sft", "algo.task_norm=false", "trainer.steps=7",
+    same = load_config("smoke", ["trainer.update=warm_start", "algo.task_norm=false", "trainer.steps=7",
                                  "rollout.lagging_prob=0.5", "cluster.rollout.lagging_engines_per_rank=1",
                                  "trainer.warm_start_from=x"])
     assert mismatches(source, same) == []
-    other = load_config("smoke", ["trainer.sft_steps=6", "rollout.temperature=0.7", "seed=3"])
+    other = load_config("smoke", ["trainer.warm_start_steps=6", "rollout.temperature=0.7", "seed=3"])
     named = " ".join(mismatches(source, other))
-    assert "trainer.sft_steps (5 there, 6 here)" in named and "rollout.temperature" in named and "seed" in named
+    assert "trainer.warm_start_steps (5 there, 6 here)" in named and "rollout.temperature" in named and "seed" in named
 
 
 def _source_run(root: Path, warm: bool = True) -> Path:
@@ -122,7 +122,7 @@ def _source_run(root: Path, warm: bool = True) -> Path:
 
 def test_a_fork_copies_the_warm_start_and_its_evaluation_and_refuses_what_is_not_the_same(tmp_path: Path) -> None:
     src = _source_run(tmp_path)
-    cfg = load_config("smoke", ["name=control", f"run_root={tmp_path}", "trainer.update=sft",
+    cfg = load_config("smoke", ["name=control", f"run_root={tmp_path}", "trainer.update=warm_start",
                                 f"trainer.warm_start_from={src}"])
     dest = tmp_path / "control"
     dest.mkdir()
@@ -132,13 +132,13 @@ def test_a_fork_copies_the_warm_start_and_its_evaluation_and_refuses_what_is_not
     assert (dest / "shards" / "expert-0" / "part-0.h5").read_bytes() == b"demos"
     assert json.loads((dest / "report" / "before_rl.json").read_text()) == {"version": 0}
     assert checkpoint.latest(dest) == dest / "ckpt" / "step-0"  # the run resumes from it
-    other = load_config("smoke", ["name=x", f"run_root={tmp_path}", "trainer.sft_batch=8",
+    other = load_config("smoke", ["name=x", f"run_root={tmp_path}", "trainer.warm_start_batch=8",
                                   f"trainer.warm_start_from={src}"])
-    with pytest.raises(ValueError, match=r"different warm start .*trainer.sft_batch \(16 there, 8 here\)"):
+    with pytest.raises(ValueError, match=r"different warm start .*trainer.warm_start_batch \(16 there, 8 here\)"):
         fork_warm_start(other, tmp_path / "x")
     bare = _source_run(tmp_path / "b", warm=False)
     cfg = load_config("smoke", ["name=y", f"run_root={tmp_path / 'b'}", f"trainer.warm_start_from={bare}"])
     with pytest.raises(ValueError, match="no finished warm start"):
         fork_warm_start(cfg, tmp_path / "y")
     with pytest.raises(ValueError, match="must be set here too"):
-        load_config("smoke", ["trainer.sft_steps=0", "trainer.warm_start_from=x"])
+        load_config("smoke", ["trainer.warm_start_steps=0", "trainer.warm_start_from=x"])
