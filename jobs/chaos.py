@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     steps, every, max_kills = (8, (2.0, 6.0), 3) if args.quick else (args.steps, tuple(
         float(x) for x in args.kill_every.split(",")), args.max_worker_kills)
     cfg = load_config("smoke", [f"run_root={args.run_root}", "name=chaos", f"trainer.steps={steps}",
-                                "envs.workers=2", "rollout.prompts_per_step=8", "trainer.checkpoint_every=1",
+                                "envs.workers=2", "rollout.groups_per_task=8", "trainer.checkpoint_every=1",
                                 "transport.channel=files",
                                 "cluster.max_restarts=4", f"seed={args.seed}"])
     run_dir = cfg.run_dir.resolve()
