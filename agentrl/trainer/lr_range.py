@@ -3,7 +3,7 @@ demonstrations.
 
 A rate fit for one model destroys another (a base model under the smollm2-135m preset's 3e-4 went from loss 1.39
 to 5.62 in 4 steps), so a pretrained model's rate is measured, not copied from a preset. For each rate of a
-geometric grid, from the same starting weights each time, a few warm-start steps (`sft_step`: the warm start's
+geometric grid, from the same starting weights each time, a few warm-start steps (`warm_start_step`: the warm start's
 loss, micro-batching and frozen layers) are taken on the same draws of demonstrations, and one fixed held-out batch
 of demonstrations is scored before and after (`loss_watch.demo_fit`). The rule (`pick_rate`):
 
@@ -36,7 +36,7 @@ from agentrl.config import TrainerConfig
 from agentrl.trainer.batch import collate
 from agentrl.trainer.loss_watch import WarmStartDiverged, demo_fit
 from agentrl.trainer.parallel import Parallel
-from agentrl.trainer.step import sft_step
+from agentrl.trainer.step import warm_start_step
 from agentrl.types import Trajectory
 
 log = logging.getLogger("agentrl.trainer")
@@ -124,7 +124,7 @@ def run_range(model: torch.nn.Module, demos: list[Trajectory], t: TrainerConfig,
               par: Parallel | None = None, on_point: Callable[[RatePoint], None] | None = None) -> list[RatePoint]:
     """Measure each of `spec.rates` from `model`'s current weights, which it has again on return.
 
-    Every rank calls it alike under data parallelism (the same draws; `sft_step` and `demo_fit` are collectives).
+    Every rank calls it alike under data parallelism (the same draws; `warm_start_step` and `demo_fit` are collectives).
     Only the trainable parameters are copied and put back (the frozen ones never change): one more copy of them.
     Constant rate, no warm-up: the peak rate is what breaks a model, and the warm-up only lowers the first steps'.
     """
@@ -143,7 +143,7 @@ def run_range(model: torch.nn.Module, demos: list[Trajectory], t: TrainerConfig,
         for lr in sorted(spec.rates):
             opt = torch.optim.AdamW([p for p, _ in trainable], lr=lr, weight_decay=0.0)
             model.train()
-            losses = tuple(sft_step(model, opt, collate(d, [0.0] * len(d), pad_id), t, par)["sft_loss"]
+            losses = tuple(warm_start_step(model, opt, collate(d, [0.0] * len(d), pad_id), t, par)["sft_loss"]
                            for d in draws)
             point = RatePoint(lr, losses, before, demo_fit(model, held, pad_id).loss)
             points.append(point)

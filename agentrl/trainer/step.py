@@ -168,7 +168,7 @@ def rl_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Tra
     return out
 
 
-def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch, trainer: TrainerConfig,
+def warm_start_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch, trainer: TrainerConfig,
              par: Parallel | None = None) -> dict[str, float]:
     """Cross-entropy on action tokens, or on every real token if `trainer.warm_start_all_tokens` (token mean over the
     batch), laid out as `rl_step` lays out its batch (`trainer.micro_batch_tokens`, `trainer.packing`) and clipped

@@ -22,7 +22,7 @@ from agentrl.trainer.imitation import reproduced_share
 from agentrl.trainer.loss_watch import DemoFit, check_end, check_step, demo_fit
 from agentrl.trainer.lr_range import auto_rates
 from agentrl.trainer.parallel import Parallel
-from agentrl.trainer.step import sft_step
+from agentrl.trainer.step import warm_start_step
 from agentrl.types import Trajectory
 
 log = logging.getLogger("agentrl.trainer")
@@ -138,7 +138,7 @@ class WarmStart:
         picked = self.rng.sample(self.train, min(batch or self.t.warm_start_batch, len(self.train)))
         batch = collate(picked, [0.0] * len(picked), self.pad_id)
         self.model.train()
-        stats = sft_step(self.model, self.opt, batch, self.t, self.par)
+        stats = warm_start_step(self.model, self.opt, batch, self.t, self.par)
         self.sched.step()
         self.done += 1
         return stats

@@ -22,7 +22,7 @@ from agentrl.trainer.learner import publish_weights
 from agentrl.trainer.logprobs import token_logprobs
 from agentrl.trainer.model_load import load_model
 from agentrl.trainer.parallel import Parallel
-from agentrl.trainer.step import sft_step
+from agentrl.trainer.step import warm_start_step
 from agentrl.transport import weights
 from agentrl.transport.broadcast import WeightBroadcast, open_store
 from agentrl.types import Status, TrajectoryBuilder
@@ -39,7 +39,7 @@ def _trainer_update(model: torch.nn.Module, target: list[int]) -> None:
     t = b.build(traj_id="x", task="t", index="0", group_id="g", reward=0.0, status=Status.COMPLETED, num_turns=1)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for _ in range(5):
-        sft_step(model, opt, collate([t], [0.0], pad_id=1), TrainerConfig(grad_clip=1.0, micro_batch_tokens=4096))
+        warm_start_step(model, opt, collate([t], [0.0], pad_id=1), TrainerConfig(grad_clip=1.0, micro_batch_tokens=4096))
 
 
 def _hf_logprobs(model: torch.nn.Module, generated: list[int]) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """The RL and SFT losses the trainer must reproduce, written the naive way: one padded forward of the whole batch,
 the whole float32 (or float64) log-softmax over the vocabulary, the loss over every action token at once. Tests
-compare `rl_step` / `sft_step` (tiled head, micro-batches, packing, ranks) against the gradient of these, the tiled
+compare `rl_step` / `warm_start_step` (tiled head, micro-batches, packing, ranks) against the gradient of these, the tiled
 head (`trainer.head`) against `reference_head`, and the trainer's entropy against `entropy_from_logits`."""
 from __future__ import annotations
 

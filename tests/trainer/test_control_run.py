@@ -57,7 +57,7 @@ def test_control_steps_take_control_batch_demonstrations_and_warm_start_steps_wa
 
     sizes: list[int] = []
     monkeypatch.setattr(warm_start, "collate", lambda picked, rewards, pad: sizes.append(len(picked)) or picked)
-    monkeypatch.setattr(warm_start, "sft_step", lambda model, opt, batch, t, par: {"sft_loss": 0.0, "sft_token_acc": 1.0})
+    monkeypatch.setattr(warm_start, "warm_start_step", lambda model, opt, batch, t, par: {"sft_loss": 0.0, "sft_token_acc": 1.0})
     monkeypatch.setattr(warm_start, "demo_fit", lambda model, demos, pad: warm_start.DemoFit(0.0, 1.0))
     t = TrainerConfig(warm_start_steps=2, warm_start_batch=4, control_batch=8, update="warm_start", warm_start_warmup_steps=0)
     warm = warm_start.WarmStart(torch.nn.Linear(2, 2), _demos(20), t, 0, 0)

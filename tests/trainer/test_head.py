@@ -14,7 +14,7 @@ from agentrl.config import AlgoConfig, TrainerConfig
 from agentrl.trainer.batch import collate
 from agentrl.trainer.head import head_logprobs
 from agentrl.trainer.logprobs import full_vocab_logprobs, token_logprobs
-from agentrl.trainer.step import rl_step, sft_step
+from agentrl.trainer.step import rl_step, warm_start_step
 from agentrl.types import Status, TrajectoryBuilder
 
 TIGHT = {"rtol": 1e-6, "atol": 1e-9}
@@ -142,7 +142,7 @@ def test_sft_step_equals_the_naive_update_and_counts_argmax_hits(all_tokens: boo
     expected = naive_rl.update(model, loss)
     m = copy.deepcopy(model)
     before = {k: v.clone() for k, v in m.state_dict().items()}
-    stats = sft_step(m, torch.optim.SGD(m.parameters(), lr=1.0), batch,
+    stats = warm_start_step(m, torch.optim.SGD(m.parameters(), lr=1.0), batch,
                      TrainerConfig(grad_clip=0.0, micro_batch_tokens=30, warm_start_all_tokens=all_tokens))
     scale = max(float(v.abs().max()) for v in expected.values())
     for k, v in m.state_dict().items():

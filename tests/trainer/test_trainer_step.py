@@ -17,7 +17,7 @@ from agentrl.trainer import attention
 from agentrl.trainer.batch import collate, layout, padding_fraction, plan_micro_batches
 from agentrl.trainer.logprobs import entropy_from_log_probs, full_vocab_logprobs, head_outputs, token_logprobs
 from agentrl.trainer.select import shaped_rewards
-from agentrl.trainer.step import rl_step, sft_step
+from agentrl.trainer.step import rl_step, warm_start_step
 from agentrl.types import Status, Trajectory, TrajectoryBuilder, new_id
 
 
@@ -211,11 +211,11 @@ def test_sft_lowers_the_loss_of_its_batch(model, lookup_tokenizer) -> None:
     m = copy.deepcopy(model)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
     t = TrainerConfig(grad_clip=1.0, micro_batch_tokens=10_000)
-    first = sft_step(m, opt, batch, t)["sft_loss"]
+    first = warm_start_step(m, opt, batch, t)["sft_loss"]
     for _ in range(10):
-        last = sft_step(m, opt, batch, t)["sft_loss"]
+        last = warm_start_step(m, opt, batch, t)["sft_loss"]
     assert last < first * 0.8
-    all_tok = sft_step(copy.deepcopy(model), torch.optim.SGD(m.parameters(), lr=0.0), batch,
+    all_tok = warm_start_step(copy.deepcopy(model), torch.optim.SGD(m.parameters(), lr=0.0), batch,
                        dataclasses.replace(t, warm_start_all_tokens=True))
     assert all_tok["sft_loss"] != pytest.approx(first)  # a different (larger) set of targets
 

@@ -14,7 +14,7 @@ from agentrl.monitor.tensorboard import NullMonitor
 from agentrl.trainer.batch import collate
 from agentrl.trainer.loss_watch import DemoFit, WarmStartDiverged, check_end, check_step
 from agentrl.trainer.model_load import load_model
-from agentrl.trainer.step import sft_step
+from agentrl.trainer.step import warm_start_step
 from agentrl.trainer.warm_start import WarmStart
 from agentrl.types import Status, Trajectory, TrajectoryBuilder
 from tests.trainer.scripted_batches import scripted_model
@@ -57,7 +57,7 @@ def fitted(tmp_path_factory) -> tuple[Path, dict[str, torch.Tensor]]:
     demos = _demos(64)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for _ in range(60):
-        stats = sft_step(model, opt, collate(demos, [0.0] * len(demos), 1), TrainerConfig())
+        stats = warm_start_step(model, opt, collate(demos, [0.0] * len(demos), 1), TrainerConfig())
     assert stats["sft_loss"] < 0.2
     return model_dir, {k: v.clone() for k, v in model.state_dict().items()}
 
