@@ -316,6 +316,7 @@ async def run_suite(client: Any, target: Target, spec: SuiteSpec, settings: Sett
     deadline = t_start + spec.budget_s if spec.budget_s > 0 else math.inf
     done_run: dict[str, Any] = {"engine_s": 0.0, "stopped": ""}
     engine_len = max([p.limits.max_model_len for p in plans if not p.error] or [settings.limits.max_model_len])
+    rates = [0.0, 0.0]  # tokens generated and seconds spent scoring, by this command: the estimate's rate
     async with contextlib.AsyncExitStack() as stack:
         players = Players(stack, client, target, settings, spec.concurrency, engine_len)
         for p in plans:
@@ -324,13 +325,14 @@ async def run_suite(client: Any, target: Target, spec: SuiteSpec, settings: Sett
             fdir = out / p.family.name
             for mode in spec.modes:
                 keys = p.keys[mode.name]
+                keyset = set(keys)
                 path = fdir / f"{stem_of(target, p.family, mode)}.jsonl"
-                done = {e.key for e in read_results(path)}
+                done = {e.key for e in read_results(path)} & keyset
                 s = replace(settings, temperature=mode.temperature, top_p=mode.top_p, limits=p.limits)
                 at_once = p.family.at_once(spec.concurrency)
                 scope = EvalScope((p.family.name,), p.family.split, spec.samples, mode.runs, at_once)
                 fingerprint = s.fingerprint(scope, [target])
-                if all(k in done for k in keys):
+                if len(done) == len(keyset):
                     check_resumable(path.with_suffix(".meta.json"), fingerprint)
                     say(f"{p.family.name} {mode.name}: all {len(keys)} episodes already scored in {path}")
                     continue
@@ -345,8 +347,12 @@ async def run_suite(client: Any, target: Target, spec: SuiteSpec, settings: Sett
                     say(f"{p.family.name}: cannot be played: {e}")
                     break
                 done_run["engine_s"] = players.engine_s
-                say(f"{p.family.name} {mode.name}: scoring {len(keys) - len(done & set(keys))} of {len(keys)} "
-                    f"episodes into {path}")
+                left = len(keys) - len(done)
+                worst = p.worst_case(mode.name)["context_capped"] * left // max(1, len(keys))
+                rate = rates[0] / rates[1] if rates[1] > 0 and rates[0] > 0 else 0.0
+                say(f"{p.family.name} {mode.name}: scoring {left} of {len(keys)} episodes into {path}"
+                    + (f"; at the {rate:.0f} tokens/s this command measured so far, its {worst:,} tokens at most "
+                       f"would take {worst / rate / 60:.0f} min" if rate else ""))
                 t0, wall_t0 = time.monotonic(), time.time()
                 stopped = ""
                 try:
@@ -363,7 +369,10 @@ async def run_suite(client: Any, target: Target, spec: SuiteSpec, settings: Sett
                     stopped = "error or signal"
                     raise
                 finally:  # each session's wall time, however it ended
-                    scored = len({e.key for e in read_results(path)} & set(keys)) - len(done & set(keys))
+                    now = [e for e in read_results(path) if e.key in keyset and e.key not in done]
+                    scored = len(now)
+                    rates[0] += sum(e.tokens for e in now)
+                    rates[1] += time.monotonic() - t0
                     record_session(path, {"started": wall_t0, "wall_s": round(time.monotonic() - t0, 3),
                                           "scored": scored, "stopped": stopped})
                 if not stopped:

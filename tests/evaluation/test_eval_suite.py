@@ -203,13 +203,15 @@ def test_a_local_model_plays_every_family_and_mode_on_one_engine(lookup_format, 
     target = Target("tiny", model_dir=tmp_path / "model")
     families = (suite.Family("lookup", "test"), suite.Family("unlock", "test"))
 
+    said: list[str] = []
+
     def play(context: int, out: Path) -> dict[str, Any]:
         settings = Settings(0.0, 1.0, EpisodeLimits(0, context, 48), Retry(max_retries=0))
         spec = suite.SuiteSpec(families, samples=3, sampled_runs=2, concurrency=3)
 
         async def go() -> list[suite.FamilyPlan]:
             plans = await suite.plan(client, spec, settings.limits)
-            await suite.run_suite(client, target, spec, settings, out, plans, False, lambda _: None)
+            await suite.run_suite(client, target, spec, settings, out, plans, False, said.append)
             return plans
 
         plans = asyncio.run(go())
@@ -223,6 +225,8 @@ def test_a_local_model_plays_every_family_and_mode_on_one_engine(lookup_format, 
         assert fam["max_model_len"] == 1024 and fam["greedy"]["episodes"] == 3 and fam["sampled"]["episodes"] == 6
         assert fam["greedy"]["tokens"] > 0  # the expert's tokens, in the model's format
     assert s["families"]["lookup"]["greedy"]["success"] == 1.0
+    # after the first family, each one's worst case is also put in minutes at the rate measured so far
+    assert "tokens/s" not in said[0] and all("tokens/s this command measured so far" in x for x in said[1:])
 
     opened.clear()
     s = play(40, tmp_path / "too-short")  # no first prompt fits 40 tokens
