@@ -6,7 +6,7 @@ r"""One model on the paper's evaluation families, whole splits, one table beside
     python -m jobs.eval_suite expert --out /tmp/suite-expert                # the scripted experts: the ceilings
     python -m jobs.eval_suite expert --samples 2 --dry-run                  # the plan and its worst case only
 
-Families (agentrl/evaluation/suite.py::FAMILIES): db dev (AgentBench-FC's samples, faithful, MariaDB), os dev
+Families (agentrl/evaluation/suite_plan.py::FAMILIES): db dev (AgentBench-FC's samples, faithful, MariaDB), os dev
 (faithful), kg, alfworld and webshop on the generated test splits (faithful prompts; their original data is not
 here), BFCL multi_turn_base (all 200 cases). Each task's own turn limit; max_new_tokens and the context from the
 model's config (the run's config.yaml or --preset; --max-new-tokens, --max-model-len), BFCL a context of its own
@@ -33,7 +33,7 @@ from pathlib import Path
 import yaml
 
 from agentrl.config import ConfigError, load_config
-from agentrl.evaluation import suite
+from agentrl.evaluation import suite, suite_plan, suite_table
 from agentrl.evaluation.evaluate import Settings
 from agentrl.evaluation.services import eval_config
 from agentrl.evaluation.targets import resolve
@@ -51,8 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--api-key-env", default="OPENAI_API_KEY")
     ap.add_argument("--label", help="the model's name in the table")
     ap.add_argument("--preset", help="config preset or YAML for the model's settings (default: the run's config)")
-    ap.add_argument("--families", default=",".join(suite.FAMILY_NAMES),
-                    help=f"comma-separated, of {', '.join(suite.FAMILY_NAMES)} (default: all)")
+    ap.add_argument("--families", default=",".join(suite_plan.FAMILY_NAMES),
+                    help=f"comma-separated, of {', '.join(suite_plan.FAMILY_NAMES)} (default: all)")
     ap.add_argument("--split", action="append", default=[], metavar="FAMILY=SPLIT",
                     help="another split for a family (e.g. db=test: the generated one)")
     ap.add_argument("--task-option", action="append", default=[], metavar="TASK.KEY=VALUE",
@@ -63,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--temperature", type=float, help="of the sampled runs (default: the rollout's)")
     ap.add_argument("--max-model-len", type=int, help="the context (default: the config's rollout.max_model_len)")
     ap.add_argument("--max-new-tokens", type=int, help="a turn's tokens (default: rollout.max_new_tokens)")
-    ap.add_argument("--bfcl-context", type=int, default=suite.BFCL_CONTEXT,
+    ap.add_argument("--bfcl-context", type=int, default=suite_plan.BFCL_CONTEXT,
                     help="BFCL's context (never below --max-model-len; at most the model's own)")
     ap.add_argument("--budget-min", type=float, default=0.0, help="stop after this many minutes (0: no budget)")
     ap.add_argument("--concurrency", type=int, help="episodes at once (default: rollout.concurrency)")
@@ -101,8 +101,8 @@ def _pairs(items: list[str], chosen: list[str], flag: str, what: str) -> dict[st
     return out
 
 
-def _families(names: str, splits: list[str], at_once: list[str]) -> tuple[suite.Family, ...]:
-    known = {f.name: f for f in suite.FAMILIES}
+def _families(names: str, splits: list[str], at_once: list[str]) -> tuple[suite_plan.Family, ...]:
+    known = {f.name: f for f in suite_plan.FAMILIES}
     chosen = [n.strip() for n in names.split(",") if n.strip()]
     if bad := [n for n in chosen if n not in known]:
         raise ValueError(f"--families: unknown {', '.join(bad)} (the suite's: {', '.join(known)})")
@@ -136,9 +136,9 @@ def main(argv: list[str] | None = None) -> int:
             args.overrides.append(f"model.path={target.model_dir}")
         base = load_config(preset, args.overrides, trains=False)
         families = _families(args.families, args.split, args.family_concurrency)
-        options = suite.family_options(families, _options(args.task_option))
+        options = suite_plan.family_options(families, _options(args.task_option))
         families = tuple(replace(f, options=options[f.name]) for f in families)
-        name = suite.out_name(target)
+        name = suite_plan.out_name(target)
         out = (args.out or Path(base.run_root) / f"{name}-suite").resolve()
         cfg = eval_config(base, out.name, str(out.parent), [f.name for f in families], args.protocol, options,
                           args.workers, expert=target.expert)
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"jobs.eval_suite: {e}", file=sys.stderr)
         return 2
     r = cfg.rollout
-    own = suite.model_context(target.model_dir)
+    own = suite_plan.model_context(target.model_dir)
     bfcl = max(args.bfcl_context, args.max_model_len or r.max_model_len)
     if own is not None and bfcl > own:
         print(f"note: BFCL's context is the model's own {own} tokens, not {bfcl}", file=sys.stderr)
@@ -161,10 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         template_check=r.template_check, kv_cache_gib=cfg.cluster.rollout.cpu_kv_cache_gib, seed=cfg.seed,
         engine_options=(("dtype", args.dtype),))
     temperature = args.temperature if args.temperature is not None else r.temperature
-    spec_ = suite.SuiteSpec(families, args.samples, args.sampled_runs, temperature, 1.0, args.budget_min * 60,
-                            args.concurrency or r.concurrency, bfcl)
+    spec_ = suite_plan.SuiteSpec(families, args.samples, args.sampled_runs, temperature, 1.0,
+                                 args.budget_min * 60, args.concurrency or r.concurrency, bfcl)
     label = args.label or target.label
-    scale = suite.scale_line(target, suite.model_params(target.model_dir), suite.device_line(target, args.dtype))
+    scale = suite_plan.scale_line(target, suite_plan.model_params(target.model_dir),
+                                  suite_plan.device_line(target, args.dtype))
     state = suite.SuiteRun(target, spec_, settings, out, label, scale,
                            shlex.join(["python", "-m", "jobs.eval_suite", *argv]))
     if args.fresh:
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = asyncio.run(suite.run(cfg, state, args.inprocess, bars, args.dry_run))
     except (KeyboardInterrupt, SystemExit) as e:
         if state.plans:
-            suite.write(state.summary(interrupted=True), out)
+            suite_table.write(state.summary(interrupted=True), out)
         print(f"stopped; the episodes scored so far are in {out}/<family>/ (the table, partial, in {out}/suite.md): "
               "run the same command to go on", file=sys.stderr)
         return e.code if isinstance(e, SystemExit) and isinstance(e.code, int) else 130
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     if summary is None:
         return 0
     print("results (success % [Wilson 95%]):")
-    for line in suite.result_lines(summary):
+    for line in suite_table.result_lines(summary):
         print(line)
     print(f"table: {out}/suite.md, {out}/suite.json")
     return 0

@@ -8,7 +8,7 @@ it, `python -m jobs.x`, in a subprocess). `agentrl/auth.py` (the run's secret) i
 every role, the launcher included, may use it. The tasks (`agentrl.tasks`) import nothing of the serving
 layer (`agentrl.serving`) or the checks (`agentrl.checks`); the rollout learns task names from the config,
 never by importing the tasks. In the whole package imports flow one way: no module imports, even inside a
-function, a module that imports it back (0 circles).
+function, a module that imports it back (0 circles). And its files stay small: none over `MAX_LINES`.
 """
 from __future__ import annotations
 
@@ -236,6 +236,17 @@ def test_modules_import_one_way() -> None:
     """No circle anywhere in the package (a task package reads task -> faithful -> episode -> data, never back):
     an import inside a method that closes a circle counts too."""
     assert import_cycles(PKG.rglob("*.py"), ROOT) == []
+
+
+MAX_LINES = 600
+"""The most lines a .py file of the package may have."""
+
+
+def test_no_module_is_longer_than_max_lines() -> None:
+    """The package's files stay small and named for what they hold: none is longer than 600 lines (a module that
+    grows past it is split by what its parts hold, each part named for it, not cut at a line number)."""
+    long = {str(p.relative_to(PKG)): n for p in FILES if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}, f"over {MAX_LINES} lines: {long}"
 
 
 ROLLOUT_READS_OF_TASKS = {"agentrl.tasks.api", "agentrl.tasks.json_args"}

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from agentrl.evaluation import suite
+from agentrl.evaluation import suite, suite_plan, suite_table
 from agentrl.evaluation.evaluate import Settings
 from agentrl.evaluation.targets import resolve
 from agentrl.monitor.eval_results import read_results
@@ -89,7 +89,7 @@ def test_the_experts_suite_its_table_reuse_and_fresh(tmp_path: Path, checkout_en
             assert r["worst_case"]["tokens"] == episodes * d["max_turns"] * d["max_new_tokens"]
             assert r["sessions"] == 1 and r["wall_s"] >= 0
         assert "t_interval_over_runs" in d["sampled"]
-    assert fams["bfcl"]["max_model_len"] >= suite.BFCL_CONTEXT > fams["kg"]["max_model_len"]
+    assert fams["bfcl"]["max_model_len"] >= suite_plan.BFCL_CONTEXT > fams["kg"]["max_model_len"]
     assert fams["kg"]["greedy"]["success"] == 1.0  # the generated splits' experts solve them
     md = (out / "suite.md").read_text()
     assert "AgentRL Qwen2.5-7B (paper) | 91.5 | 63.7 | 57.8 | 40.8 | 56.1 | 62.0 | - |" in md
@@ -147,18 +147,18 @@ class SlowClient(InProcessClient):
 def test_a_budget_that_runs_out_inside_a_family_counts_the_rest_unfinished(tmp_path: Path) -> None:
     target = resolve("expert")
     settings = Settings(0.0, 1.0, EpisodeLimits(0, 1024, 32), Retry(max_retries=0))
-    family = suite.Family("lookup", "test")
-    spec = suite.SuiteSpec((family,), samples=12, budget_s=1.0, concurrency=1)
+    family = suite_plan.Family("lookup", "test")
+    spec = suite_plan.SuiteSpec((family,), samples=12, budget_s=1.0, concurrency=1)
     client = SlowClient(0.1)  # two turns an episode: ~0.2 s each, one at a time
 
-    async def go(spec: suite.SuiteSpec) -> tuple[list[suite.FamilyPlan], dict[str, Any]]:
-        plans = await suite.plan(client, spec, settings.limits)
+    async def go(spec: suite_plan.SuiteSpec) -> tuple[list[suite_plan.FamilyPlan], dict[str, Any]]:
+        plans = await suite_plan.plan(client, spec, settings.limits)
         return plans, await suite.run_suite(client, target, spec, settings, tmp_path, plans, False, lambda _: None)
 
     plans, done = asyncio.run(go(spec))
     assert done["stopped"] == "lookup greedy"
-    s = suite.summarize(target, spec, plans, tmp_path, label="x", scale="", command="", wall_s=1.0, engine_s=0.0,
-                        stopped=done["stopped"])
+    s = suite_table.summarize(target, spec, plans, tmp_path, label="x", scale="", command="", wall_s=1.0, engine_s=0.0,
+                              stopped=done["stopped"])
     r = s["families"]["lookup"]["greedy"]
     assert s["partial"] and 0 < r["episodes"] < 12 and r["episodes"] + r["unfinished"] == 12
     assert r["status"]["unfinished"] == r["unfinished"] and r["success"] == 1.0  # never counted as failures
@@ -166,14 +166,14 @@ def test_a_budget_that_runs_out_inside_a_family_counts_the_rest_unfinished(tmp_p
     sessions = _sessions(tmp_path, "lookup", "eval-test-greedy")
     assert [x["stopped"] for x in sessions] == ["budget"] and sessions[0]["scored"] == r["episodes"]
     assert 0.9 < sessions[0]["wall_s"] < 3
-    md = suite.markdown(s)
+    md = suite_table.markdown(s)
     assert f"{r['episodes']} of 12" in md and f"unfinished {r['unfinished']}" in md
 
-    unbounded = suite.SuiteSpec((family,), samples=12, concurrency=4)  # the same suite goes on without a budget
+    unbounded = suite_plan.SuiteSpec((family,), samples=12, concurrency=4)  # the same suite goes on without a budget
     plans, done = asyncio.run(go(unbounded))
     assert not done["stopped"]
-    s = suite.summarize(target, unbounded, plans, tmp_path, label="x", scale="", command="", wall_s=1.0,
-                        engine_s=0.0)
+    s = suite_table.summarize(target, unbounded, plans, tmp_path, label="x", scale="", command="", wall_s=1.0,
+                              engine_s=0.0)
     r2 = s["families"]["lookup"]["greedy"]
     assert (r2["episodes"], r2["unfinished"], r2["successes"]) == (12, 0, 12)
     assert s["partial_reason"] == "the first 12 indices of each split only"  # the budget no longer
@@ -201,22 +201,22 @@ def test_a_local_model_plays_every_family_and_mode_on_one_engine(lookup_format, 
     monkeypatch.setattr(suite, "local_model", engine)
     monkeypatch.setattr(suite, "load_format", lambda target, settings: lookup_format)
     target = Target("tiny", model_dir=tmp_path / "model")
-    families = (suite.Family("lookup", "test"), suite.Family("unlock", "test"))
+    families = (suite_plan.Family("lookup", "test"), suite_plan.Family("unlock", "test"))
 
     said: list[str] = []
 
     def play(context: int, out: Path) -> dict[str, Any]:
         settings = Settings(0.0, 1.0, EpisodeLimits(0, context, 48), Retry(max_retries=0))
-        spec = suite.SuiteSpec(families, samples=3, sampled_runs=2, concurrency=3)
+        spec = suite_plan.SuiteSpec(families, samples=3, sampled_runs=2, concurrency=3)
 
-        async def go() -> list[suite.FamilyPlan]:
-            plans = await suite.plan(client, spec, settings.limits)
+        async def go() -> list[suite_plan.FamilyPlan]:
+            plans = await suite_plan.plan(client, spec, settings.limits)
             await suite.run_suite(client, target, spec, settings, out, plans, False, said.append)
             return plans
 
         plans = asyncio.run(go())
-        return suite.summarize(target, spec, plans, out, label="tiny", scale="", command="", wall_s=1.0,
-                               engine_s=0.0)
+        return suite_table.summarize(target, spec, plans, out, label="tiny", scale="", command="", wall_s=1.0,
+                                     engine_s=0.0)
 
     s = play(1024, tmp_path / "fits")
     assert opened == [(1024, 3)]  # one engine for both families and both modes
@@ -231,4 +231,4 @@ def test_a_local_model_plays_every_family_and_mode_on_one_engine(lookup_format, 
     opened.clear()
     s = play(40, tmp_path / "too-short")  # no first prompt fits 40 tokens
     assert opened == [] and all("cannot hold the first prompt" in d["error"] for d in s["families"].values())
-    assert s["partial"] and "not played: rollout.max_model_len: 40 tokens" in suite.markdown(s)
+    assert s["partial"] and "not played: rollout.max_model_len: 40 tokens" in suite_table.markdown(s)
