@@ -87,8 +87,11 @@ class StepReport:
         state.stats["staleness_max"] = max(state.stats.get("staleness_max", 0.0), float(max(stale, default=0)))
         self.monitor.scalars(metrics, state.step - 1)
         n = len(stale)
-        did = (f"imitated (the control run: warm-start loss {stats.get('sft_loss', 0.0):.4f}); its rollout batch of "
-               f"{n} only measured" if control else f"trained on {len(self.usable)} of {n}")
+        if control:  # its rollout plays no training episode: no groups, no staleness, no queue to speak of
+            log.info("step %d/%d imitated (the control run: warm-start loss %.4f; %.2fs)", state.step, self.steps,
+                     stats.get("sft_loss", 0.0), dt)
+            return
+        did = f"trained on {len(self.usable)} of {n}"
         log.info("step %d/%d %s (%d groups, %d in uniform groups; staleness mean %.2f max %d; queue %d) loss %.6f "
                  "(%.2fs, waited %.2fs)", state.step, self.steps, did, len(self.groups), counts["dropped_uniform"],
                  metrics["pipeline/staleness_mean"], int(metrics["pipeline/staleness_max"]), q.depth,
