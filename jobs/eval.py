@@ -37,13 +37,11 @@ import signal
 import sys
 from pathlib import Path
 
-import yaml
-
 from agentrl.config import ConfigError, load_config
 from agentrl.evaluation.eval_job import add_slurm_arguments, eval_argv, job_of, render
 from agentrl.evaluation.evaluate import Settings, evaluate, evaluate_cross
 from agentrl.evaluation.runner import EvalScope
-from agentrl.evaluation.services import env_client, eval_config
+from agentrl.evaluation.services import env_client, eval_config, task_options
 from agentrl.evaluation.targets import Target, resolve
 from agentrl.rollout.agent_loop import EpisodeLimits
 from agentrl.rollout.collect import Retry
@@ -90,17 +88,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--progress", choices=("auto", "bars", "lines"), default="auto")
     add_slurm_arguments(ap)
     return ap.parse_intermixed_args(argv)  # overrides may come before or after the options
-
-
-def task_options(items: list[str]) -> dict[str, dict[str, object]]:
-    out: dict[str, dict[str, object]] = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        task, dot, opt = key.partition(".")
-        if not eq or not dot:
-            raise ValueError(f"--task-option {item!r}: write TASK.KEY=VALUE")
-        out.setdefault(task, {})[opt] = yaml.safe_load(value)
-    return out
 
 
 def slug(text: str) -> str:

@@ -30,12 +30,10 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import yaml
-
 from agentrl.config import ConfigError, load_config
 from agentrl.evaluation import suite, suite_plan, suite_table
 from agentrl.evaluation.evaluate import Settings
-from agentrl.evaluation.services import eval_config
+from agentrl.evaluation.services import eval_config, task_options
 from agentrl.evaluation.targets import resolve
 from agentrl.rollout.agent_loop import EpisodeLimits
 from agentrl.rollout.collect import Retry
@@ -78,17 +76,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dry-run", action="store_true", help="print the plan and its worst case, play nothing")
     ap.add_argument("--progress", choices=("auto", "bars", "lines"), default="auto")
     return ap.parse_intermixed_args(argv)
-
-
-def _options(items: list[str]) -> dict[str, dict[str, object]]:
-    out: dict[str, dict[str, object]] = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        task, dot, opt = key.partition(".")
-        if not eq or not dot:
-            raise ValueError(f"--task-option {item!r}: write TASK.KEY=VALUE")
-        out.setdefault(task, {})[opt] = yaml.safe_load(value)
-    return out
 
 
 def _pairs(items: list[str], chosen: list[str], flag: str, what: str) -> dict[str, str]:
@@ -136,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             args.overrides.append(f"model.path={target.model_dir}")
         base = load_config(preset, args.overrides, trains=False)
         families = _families(args.families, args.split, args.family_concurrency)
-        options = suite_plan.family_options(families, _options(args.task_option))
+        options = suite_plan.family_options(families, task_options(args.task_option))
         families = tuple(replace(f, options=options[f.name]) for f in families)
         name = suite_plan.out_name(target)
         out = (args.out or Path(base.run_root) / f"{name}-suite").resolve()

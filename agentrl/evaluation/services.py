@@ -13,6 +13,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from agentrl.config import RunConfig, dump_config
 from agentrl.tasks import get_task, get_task_class, task_name
 
@@ -27,6 +29,18 @@ def takes_protocol(spec: str) -> bool:
         return "protocol" in inspect.signature(get_task_class(spec)).parameters
     except (TypeError, ValueError):
         return False
+
+
+def task_options(items: list[str]) -> dict[str, dict[str, object]]:
+    """`--task-option TASK.KEY=VALUE` flags (each value read as YAML) as `{task: {key: value}}`."""
+    out: dict[str, dict[str, object]] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        task, dot, opt = key.partition(".")
+        if not eq or not dot:
+            raise ValueError(f"--task-option {item!r}: write TASK.KEY=VALUE")
+        out.setdefault(task, {})[opt] = yaml.safe_load(value)
+    return out
 
 
 def eval_config(base: RunConfig, name: str, run_root: str, tasks: Sequence[str], protocol: str,
