@@ -37,6 +37,11 @@ def _require_checkout(agentbench_dir: str | None, why: str) -> None:
         raise OptionError("agentbench_dir", f"{root} is not an AgentBench checkout (it has no data/ folder)")
 
 
+def _check_skill(skill: float) -> None:
+    if not 0.0 <= skill <= 1.0:
+        raise OptionError("expert_skill", f"must be in [0, 1], got {skill}")
+
+
 def _reader(source: str) -> str:
     return "source=agentbench" if source == "agentbench" else "protocol=faithful"
 
@@ -49,8 +54,7 @@ class SkillOptions:
     """Share of episodes the expert plays right (0.5 leaves RL something to learn beyond imitation)."""
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.expert_skill <= 1.0:
-            raise OptionError("expert_skill", f"must be in [0, 1], got {self.expert_skill}")
+        _check_skill(self.expert_skill)
 
     def per_call_limits(self) -> dict[str, float]:
         return {}
@@ -72,8 +76,12 @@ class OsOptions:
     example_state: Literal["start", "end"] | None = None
     """When a check's example script runs: start (before the agent) | end (after it, AgentBench's); None: end
     under the faithful protocol, else start."""
+    expert_skill: float = 1.0
+    """Share of samples the scripted expert plays right; the others it answers before it has looked
+    (`agentrl.tasks.shared.expert_skilled`). Below 1, imitation alone stops short of what the task allows."""
 
     def __post_init__(self) -> None:
+        _check_skill(self.expert_skill)
         if self.source == "agentbench" or self.protocol == "faithful":
             _require_checkout(self.agentbench_dir, _reader(self.source))
 
@@ -99,8 +107,12 @@ class DbOptions:
     data_dir: str | None = None
     protocol: Protocol | None = None
     database_mb: int = 256
+    expert_skill: float = 1.0
+    """Share of samples the scripted expert plays right; the others it answers before it has looked
+    (`agentrl.tasks.shared.expert_skilled`). Below 1, imitation alone stops short of what the task allows."""
 
     def __post_init__(self) -> None:
+        _check_skill(self.expert_skill)
         if self.statement_timeout_s <= 0:
             raise OptionError("statement_timeout_s", f"must be > 0, got {self.statement_timeout_s}")
         if self.database_mb < 1:
@@ -122,8 +134,12 @@ class KgOptions:
     agentbench_dir: str | None = None
     data_dir: str | None = None
     protocol: Protocol | None = None
+    expert_skill: float = 1.0
+    """Share of samples the scripted expert plays right; the others it answers before it has looked
+    (`agentrl.tasks.shared.expert_skilled`). Below 1, imitation alone stops short of what the task allows."""
 
     def __post_init__(self) -> None:
+        _check_skill(self.expert_skill)
         if self.source == "agentbench" and not (self.sparql_url or _from_env("AGENTRL_KG_SPARQL_URL")):
             raise OptionError("sparql_url", "source=agentbench needs a Freebase SPARQL endpoint: set it, or "
                                             "AGENTRL_KG_SPARQL_URL")
@@ -144,8 +160,12 @@ class WebShopOptions:
     agentbench_dir: str | None = None
     data_dir: str | None = None
     protocol: Protocol | None = None
+    expert_skill: float = 1.0
+    """Share of samples the scripted expert plays right; the others it answers before it has looked
+    (`agentrl.tasks.shared.expert_skilled`). Below 1, imitation alone stops short of what the task allows."""
 
     def __post_init__(self) -> None:
+        _check_skill(self.expert_skill)
         if self.source in ("webshop", "agentbench") and not (self.webshop_dir or _from_env("AGENTRL_WEBSHOP_DIR")):
             raise OptionError("webshop_dir", f"source={self.source} needs WebShop's data: set it, or "
                                              "AGENTRL_WEBSHOP_DIR")
@@ -166,8 +186,12 @@ class AlfworldOptions:
     agentbench_dir: str | None = None
     data_dir: str | None = None
     protocol: Protocol | None = None
+    expert_skill: float = 1.0
+    """Share of samples the scripted expert plays right; the others it answers before it has looked
+    (`agentrl.tasks.shared.expert_skilled`). Below 1, imitation alone stops short of what the task allows."""
 
     def __post_init__(self) -> None:
+        _check_skill(self.expert_skill)
         if self.source != "ours" and not (self.alfworld_data or _from_env("ALFWORLD_DATA")):
             raise OptionError("alfworld_data", f"source={self.source} needs ALFWorld's data: set it, or ALFWORLD_DATA")
         if self.protocol == "faithful":  # without a checkout ALFWorld's games run strict by default

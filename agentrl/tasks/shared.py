@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import random
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -50,6 +51,19 @@ def split_indices(task: str, split: str, sizes: dict[str, int]) -> list[str]:
     if split not in sizes:
         raise EnvError("bad_request", f"{task} has no split {split!r} (splits: {', '.join(sizes)})")
     return [f"{split}-{i}" for i in range(sizes[split])]
+
+
+def expert_skilled(task: str, index: str, skill: float) -> bool:
+    """Whether the scripted expert plays sample `index` right, at `skill` (the task option `expert_skill`).
+
+    The draw is fixed per (task, sample): a sample's demonstrations agree across runs, workers and retries, and
+    the share of skilled samples in a split is `skill` up to sampling. An unskilled expert of an AgentBench-FC
+    family makes that family's one mistake of its kind: it gives its final answer before it has gathered what the
+    answer needs (a guess, a commit without the query, a purchase without the search), a choice the prompt lets
+    the policy see through and the reward tells apart, so that RL has something to learn beyond imitation."""
+    if skill >= 1.0:
+        return True
+    return random.Random(f"{task}-expert:{index}").random() < skill
 
 
 def call_message(calls: list[tuple[str, dict[str, Any]]], turn: int, content: str = "") -> dict[str, Any]:

@@ -106,7 +106,11 @@ class DbTask:
                  mariadb_password: str = "", mariadb_shared_account: bool = False,
                  mariadb_sql_mode: str = MYSQL8_SQL_MODE, statement_timeout_s: float = 10.0,
                  sqlite_affinity: str = "text", source: str = "ours", agentbench_dir: str | Path | None = None,
-                 data_dir: str | Path | None = None, protocol: str | None = None, database_mb: int = 256) -> None:
+                 data_dir: str | Path | None = None, protocol: str | None = None, database_mb: int = 256,
+                 expert_skill: float = 1.0) -> None:
+        if not 0.0 <= float(expert_skill) <= 1.0:
+            raise ValueError(f"db: expert_skill must be in [0, 1], got {expert_skill!r}")
+        self.expert_skill = float(expert_skill)  # the share of samples its expert plays right (shared.expert_skilled)
         if backend not in ("sqlite", "mariadb"):
             raise ValueError(f"db: unknown backend {backend!r} (sqlite | mariadb)")
         if source not in ("ours", "agentbench"):

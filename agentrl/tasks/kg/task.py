@@ -82,7 +82,10 @@ class KGTask:
 
     def __init__(self, source: str = "ours", sparql_url: str | None = None,
                  agentbench_dir: str | Path | None = None, data_dir: str | Path | None = None,
-                 protocol: str | None = None) -> None:
+                 protocol: str | None = None, expert_skill: float = 1.0) -> None:
+        if not 0.0 <= float(expert_skill) <= 1.0:
+            raise ValueError(f"kg: expert_skill must be in [0, 1], got {expert_skill!r}")
+        self.expert_skill = float(expert_skill)  # the share of samples its expert plays right (shared.expert_skilled)
         if source not in ("ours", "agentbench"):
             raise ValueError(f"kg: unknown source {source!r} (ours | agentbench)")
         root = Path(data_dir) if data_dir else data_root()

@@ -444,7 +444,11 @@ class OsTask:
 
     def __init__(self, source: str = "ours", agentbench_dir: str | Path | None = None,
                  data_dir: str | Path | None = None, sandbox: SandboxConfig | dict[str, Any] | None = None,
-                 protocol: str | None = None, slots: int | None = None, example_state: str | None = None) -> None:
+                 protocol: str | None = None, slots: int | None = None, example_state: str | None = None,
+                 expert_skill: float = 1.0) -> None:
+        if not 0.0 <= float(expert_skill) <= 1.0:
+            raise ValueError(f"os: expert_skill must be in [0, 1], got {expert_skill!r}")
+        self.expert_skill = float(expert_skill)  # the share of samples its expert plays right (shared.expert_skilled)
         if source not in ("ours", "agentbench"):
             raise ValueError(f"os: unknown source {source!r} (ours | agentbench)")
         self.protocol = resolve_protocol(protocol, source == "agentbench", "os")

@@ -72,7 +72,10 @@ class WebShopTask:
 
     def __init__(self, source: str = "ours", webshop_dir: str | Path | None = None,
                  agentbench_dir: str | Path | None = None, data_dir: str | Path | None = None,
-                 protocol: str | None = None) -> None:
+                 protocol: str | None = None, expert_skill: float = 1.0) -> None:
+        if not 0.0 <= float(expert_skill) <= 1.0:
+            raise ValueError(f"webshop: expert_skill must be in [0, 1], got {expert_skill!r}")
+        self.expert_skill = float(expert_skill)  # the share of samples its expert plays right (shared.expert_skilled)
         checkout = Checkout.find(agentbench_dir)
         self.protocol = resolve_protocol(protocol, source == "agentbench", self.name)
         self.faithful: AgentBenchPrompts | None = None  # read from the checkout in the faithful protocol
