@@ -8,7 +8,7 @@ from typing import Any
 
 from agentrl.tasks.alfworld.games import TEXTWORLD, textworld
 from agentrl.tasks.api import Action, StepResult, tool_message
-from agentrl.tasks.shared import call_message
+from agentrl.tasks.shared import call_message, text_message
 from agentrl.types import Status
 
 MAX_ROUNDS = 20
@@ -26,6 +26,8 @@ Only the listed actions are valid: any other action does nothing, and the enviro
 
 
 ONE_CALL = "Error: only the first tool call of a message is executed; this one was not."
+HASTY_DONE = "I have completed the task."
+"""What the unskilled expert says after its one move: it holds the task done (`AlfworldEpisode._hasty_message`)."""
 NOISE = re.compile(r"Your score has just gone up|\*\*\* The End \*\*\*|You scored \d+ out of|Would you like to RESTART")
 
 
@@ -46,7 +48,8 @@ def available(commands: list[str]) -> str:
 
 
 class AlfworldEpisode:
-    def __init__(self, game: Path) -> None:
+    def __init__(self, game: Path, skilled: bool = True) -> None:
+        self.skilled = skilled  # False: the expert's first move is the walkthrough's last (`_hasty_message`)
         tw = textworld()
         infos = tw.EnvInfos(admissible_commands=True, won=True, lost=True, policy_commands=True, objective=True,
                             description=True)
@@ -95,7 +98,22 @@ class AlfworldEpisode:
     def expert_message(self) -> dict[str, Any]:
         """The first action of the game's walkthrough from where the game now is."""
         walkthrough = list(self.state.policy_commands or []) or self.commands[:1]
+        if not self.skilled:
+            return self._hasty_message(walkthrough)
         return call_message([("take_action", {"action": walkthrough[0]})], self.moves)
+
+    def _hasty_message(self, walkthrough: list[str]) -> dict[str, Any]:
+        """The unskilled expert: as its first move, the walkthrough's last action (put the object in place,
+        unlock the chest, ...) before any of the steps that lead to it, then a claim that the task is done.
+
+        Before those steps the action is not yet admissible in any of our games ("Nothing happens."; AgentBench-FC's
+        protocol plays the closest admissible one instead), and the game is not won. Neither our games nor
+        ALFWorld's can be lost or given up, and the claim calls no tool, so the episode runs to the round limit
+        (turn_limit, reward 0): the claim's answer is a line, where an idle move's would list the admissible
+        actions every turn. A walkthrough of one step has no step to skip: the claim comes without the move."""
+        if self.moves == 0 and len(walkthrough) > 1:
+            return call_message([("take_action", {"action": walkthrough[-1]})], self.moves)
+        return text_message(HASTY_DONE)
 
     def close(self) -> None:
         env, self.env = getattr(self, "env", None), None

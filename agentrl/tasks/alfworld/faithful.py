@@ -90,8 +90,8 @@ def process_ob(observation: str) -> str:
 class FaithfulAlfworldEpisode(AlfworldEpisode):
     call_policy = CallPolicy(first_call_only=True, lenient_arguments=True)
 
-    def __init__(self, game: Path, prompts: AgentBenchPrompts) -> None:
-        super().__init__(game)
+    def __init__(self, game: Path, prompts: AgentBenchPrompts, skilled: bool = True) -> None:
+        super().__init__(game, skilled)
         self.prompts = prompts
         self.outputs: list[str] = []  # the raw actions played (AgentBench's repeat check)
 

@@ -23,7 +23,10 @@ Protocol: "strict" (ours) or "faithful" (AgentBench-FC's loop and prompt, read f
 `faithful`), the default for AgentBench's games when a checkout is given.
 
 The scripted expert plays the game's own walkthrough from the current state (TextWorld's
-`policy_commands`), one action per turn.
+`policy_commands`), one action per turn. With `expert_skill` below 1, on a fixed share (1 - skill) of
+games (`shared.expert_skilled`) it plays the walkthrough's last action first, before the steps that lead
+to it, and then holds the task done: the game is not won and the episode ends at the round limit
+(turn_limit, reward 0; `AlfworldEpisode._hasty_message`).
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ from agentrl.tasks.alfworld.games import load_split, textworld, unpack_games
 from agentrl.tasks.api import EnvError
 from agentrl.tasks.options import AlfworldOptions
 from agentrl.tasks.protocol import resolve_protocol
-from agentrl.tasks.shared import data_root, env_path, split_index, split_indices
+from agentrl.tasks.shared import data_root, env_path, expert_skilled, split_index, split_indices
 
 # AgentBench's split files (data/alfworld/ of a checkout); configs/tasks/alfworld.yaml: alfworld-std reads
 # new_std, alfworld-env_train train_valid; standard.json is the older test set
@@ -113,9 +116,10 @@ class AlfworldTask:
         game = self.games[split][i]
         if not game.is_file():
             raise EnvError("env_error", f"alfworld: game file {game} is missing")
+        skilled = expert_skilled(self.name, index, self.expert_skill)
         if self.faithful is not None:
-            return FaithfulAlfworldEpisode(game, self.faithful)
-        return AlfworldEpisode(game)
+            return FaithfulAlfworldEpisode(game, self.faithful, skilled)
+        return AlfworldEpisode(game, skilled)
 
     def tools(self) -> list[dict[str, Any]]:
         return copy.deepcopy(self.faithful.tools if self.faithful else TOOLS)

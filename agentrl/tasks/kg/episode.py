@@ -69,6 +69,7 @@ PARAM_ORDER: dict[str, list[str]] = {
 FINAL_ANSWER = re.compile(r"(?:Find|Final) Answer: #(\d+)")
 MAX_VARIABLE_DIGITS = 9  # a variable number longer than this names none (and is never converted)
 ENTITY_ID = re.compile(r"^[a-z]\.[A-Za-z0-9_]+$")
+LOOKUPS = ("get_relations", "get_attributes")  # the tools that show something and make no variable
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def parse_action(action: str) -> tuple[str, dict[str, str]]:
 
 
 class KGEpisode:
-    def __init__(self, sample: KGSample, backend: KGBackend) -> None:
+    def __init__(self, sample: KGSample, backend: KGBackend, skilled: bool = True) -> None:
         self.sample = sample
         self.backend = backend
         self.variables: list[Variable] = []
@@ -109,6 +110,8 @@ class KGEpisode:
         self.shown_attributes: dict[Program, set[str]] = {}
         self.names = {eid: name for name, eid in sample.entities.items()}
         self.expert_done = 0  # how many of the sample's `actions` have run (the expert's place in them)
+        self.skilled = skilled  # False: the expert answers before it has what the answer needs (`_hasty_plan`)
+        self._hasty: tuple[int, str | None] | None = None
 
     def initial_messages(self) -> list[dict[str, Any]]:
         return [{"role": "system", "content": INSTRUCTIONS},
@@ -219,7 +222,60 @@ class KGEpisode:
     def expert_message(self) -> dict[str, Any]:
         """The next of the sample's actions, then 'Final Answer: #<last variable>'. A function of the
         episode's state (asking twice gives the same message)."""
+        if not self.skilled:
+            return self._hasty_message()
         nxt = self._expert_call(self.expert_done)
         if nxt is not None:
             return call_message([nxt], self.expert_done)
         return text_message(f"Final Answer: #{max(len(self.variables) - 1, 0)}")
+
+    def _hasty_message(self) -> dict[str, Any]:
+        """The unskilled expert: `_hasty_plan`'s calls, then 'Final Answer: #<last variable>' in the skilled
+        expert's words. A function of the episode's state, as `expert_message` is."""
+        played, relation = self._hasty_plan()
+        first = self._expert_call(0)
+        if relation is not None and first is not None and self.expert_done >= played and not self.variables:
+            hop = {"variable": first[1]["variable"], "relation": relation}
+            return call_message([("get_neighbors", hop)], self.expert_done)
+        nxt = self._expert_call(self.expert_done) if self.expert_done < played else None
+        if nxt is not None:
+            return call_message([nxt], self.expert_done)
+        return text_message(f"Final Answer: #{max(len(self.variables) - 1, 0)}")
+
+    def _hasty_plan(self) -> tuple[int, str | None]:
+        """(how many of the sample's actions the unskilled expert plays, the relation it then follows from the
+        question's first entity or None), worked out on a scratch episode when the expert is first asked (an
+        episode the policy plays never pays for its queries).
+
+        It stops at the first variable on the sample's way that is not the last one and not yet the answer. A
+        one-hop question has no such variable, nor does a superlative over one film: there it looks up the first
+        entity's relations and follows the first one that leads elsewhere than the answer, in as many actions as
+        a one-hop answer takes. The answer is then well formed (a variable) and wrong, never `invalid_action`. A
+        sample where both fail (no entity first, every relation leads to the answer) is played whole."""
+        if self._hasty is None:
+            self._hasty = self._find_hasty_plan()
+        return self._hasty
+
+    def _find_hasty_plan(self) -> tuple[int, str | None]:
+        actions = self.sample.actions
+        made = sum(parse_action(a)[0] not in LOOKUPS for a in actions)
+        scratch = KGEpisode(self.sample, self.backend)
+        for k in range(len(actions)):
+            before, call = len(scratch.variables), scratch._expert_call(k)
+            try:
+                if call is not None:
+                    scratch._run(*call)
+            except ValueError:  # a sample whose own actions fail: no early stop on its way
+                break
+            if before < len(scratch.variables) < made and not self._is_answer(scratch.variables[-1].program):
+                return k + 1, None
+        first = self._expert_call(0)
+        if first is not None and first[0] == "get_relations" and not first[1]["variable"].startswith("#"):
+            entity = ("ENT", self.sample.entities.get(first[1]["variable"], first[1]["variable"]))
+            for relation in self.backend.relations(entity):
+                if not self._is_answer(("JOIN", relation, entity)):
+                    return 1, relation
+        return len(actions), None
+
+    def _is_answer(self, program: Program) -> bool:
+        return set(self.backend.execute(program)) == self.sample.answer

@@ -64,8 +64,9 @@ class KGPrompts(AgentBenchPrompts):
 class FaithfulKGEpisode(KGEpisode):
     call_policy = CallPolicy(first_call_only=False, lenient_arguments=True)
 
-    def __init__(self, sample: KGSample, backend: KGBackend, prompts: KGPrompts, one_shot: bool) -> None:
-        super().__init__(sample, backend)
+    def __init__(self, sample: KGSample, backend: KGBackend, prompts: KGPrompts, one_shot: bool,
+                 skilled: bool = True) -> None:
+        super().__init__(sample, backend, skilled)
         self.prompts = prompts
         self.one_shot = one_shot
 

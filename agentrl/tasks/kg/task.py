@@ -30,7 +30,10 @@ files need the SPARQL backend (their entities are Freebase ids). `protocol="fait
 with `source="agentbench"`) runs AgentBench-FC's loop with its prompts read from the checkout
 (`faithful`). The scripted expert replays a
 sample's `actions` one per turn (an entity id of the question called by its name, as the model sees
-it), then answers with the last variable they made.
+it), then answers with the last variable they made. With `expert_skill` below 1, on a fixed share
+(1 - skill) of samples (`shared.expert_skilled`) it answers early instead: with the first variable on
+the way that is not yet the answer, or, where the sample has none (one hop), with the first other
+relation of the question's entity; well formed, graded 0 (`KGEpisode._hasty_plan`).
 """
 from __future__ import annotations
 
@@ -50,7 +53,7 @@ from agentrl.tasks.kg.samples import KGSample, load_samples
 from agentrl.tasks.kg.sparql import SparqlBackend
 from agentrl.tasks.options import KgOptions
 from agentrl.tasks.protocol import resolve_protocol
-from agentrl.tasks.shared import data_root, split_index, split_indices
+from agentrl.tasks.shared import data_root, expert_skilled, split_index, split_indices
 
 DEFAULT_FILES = {"train": "kg/train.json", "test": "kg/test.json"}
 # AgentBench's own paths (configs/tasks/kg.yaml: kg-env_train, kg-std)
@@ -147,7 +150,9 @@ class KGTask:
         split = index.rpartition("-")[0]
         samples = self.split(split) if split in self.files else []
         _, i = split_index(self.name, index, {split: len(samples)})
+        skilled = expert_skilled(self.name, index, self.expert_skill)
         if self.faithful is not None:
-            return FaithfulKGEpisode(samples[i], self.backend, self.faithful, split in self.faithful.one_shot_splits)
-        return KGEpisode(samples[i], self.backend)
+            return FaithfulKGEpisode(samples[i], self.backend, self.faithful, split in self.faithful.one_shot_splits,
+                                     skilled)
+        return KGEpisode(samples[i], self.backend, skilled)
 

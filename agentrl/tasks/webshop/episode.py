@@ -46,9 +46,10 @@ class Page:
 
 
 class WebShopEpisode:
-    def __init__(self, catalog: Catalog, goal: Goal) -> None:
+    def __init__(self, catalog: Catalog, goal: Goal, skilled: bool = True) -> None:
         self.catalog = catalog
         self.goal = goal
+        self.skilled = skilled  # False: the expert buys without looking (`_hasty_message`)
         self.page = Page("search")
         self.chosen: dict[str, str] = {}
         self.moves = 0
@@ -166,6 +167,8 @@ class WebShopEpisode:
     # ------------------------------------------------------------------------------------ expert
     def expert_message(self) -> dict[str, Any]:
         """A function of the page: search, page to the goal's product, pick its options, buy."""
+        if not self.skilled:
+            return self._hasty_message()
         p, target = self.page, self.goal.asin.lower()
         if p.kind == "search":
             return call_message([("search_action", {"keywords": self.goal.instruction})], self.moves)
@@ -184,5 +187,23 @@ class WebShopEpisode:
                 for name, values in options.items():
                     if want in values and self.chosen.get(name) != want:
                         return call_message([("click_action", {"value": want})], self.moves)
+            return call_message([("click_action", {"value": BUY.lower()})], self.moves)
+        return call_message([("click_action", {"value": PREV.lower()})], self.moves)
+
+    def _hasty_message(self) -> dict[str, Any]:
+        """The unskilled expert, also a function of the page: the same search, then the first result bought at
+        once, no option chosen, no page read. A goal that asks for an option is then never fully met; for one
+        that asks for none, it passes over the results that would fully meet it, so that it never succeeds."""
+        p = self.page
+        if p.kind == "search":
+            return call_message([("search_action", {"keywords": self.goal.instruction})], self.moves)
+        if p.kind == "results":
+            shown = self._shown()
+            goal_product = self.catalog.products[self.goal.asin]
+            pick = next((prod for prod in shown if reward(prod, self.goal, goal_product, {})[0] < 1.0),
+                        shown[0] if shown else None)
+            value = pick.asin.lower() if pick is not None else BACK.lower()
+            return call_message([("click_action", {"value": value})], self.moves)
+        if p.kind == "item":
             return call_message([("click_action", {"value": BUY.lower()})], self.moves)
         return call_message([("click_action", {"value": PREV.lower()})], self.moves)

@@ -47,8 +47,8 @@ def goal_ranges(checkout: Checkout) -> dict[str, tuple[int, int]]:
 class FaithfulWebShopEpisode(WebShopEpisode):
     call_policy = CallPolicy(first_call_only=True, lenient_arguments=True)
 
-    def __init__(self, catalog: Catalog, goal: Goal, prompts: AgentBenchPrompts) -> None:
-        super().__init__(catalog, goal)
+    def __init__(self, catalog: Catalog, goal: Goal, prompts: AgentBenchPrompts, skilled: bool = True) -> None:
+        super().__init__(catalog, goal, skilled)
         self.prompts = prompts
         self.last = self.observation()  # AgentBench's `observation`: shown again when an action does nothing
 

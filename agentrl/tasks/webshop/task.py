@@ -32,7 +32,10 @@ bound drawn as WebShop draws it, here from a per-goal seed), in WebShop's order 
 `protocol="faithful"`: AgentBench-FC's loop and prompt, read from the checkout (`faithful`).
 
 The scripted expert searches the instruction (without the price clause), pages through the results
-to the goal's product, clicks each goal option, then "Buy Now".
+to the goal's product, clicks each goal option, then "Buy Now". With `expert_skill` below 1, on a fixed
+share (1 - skill) of goals (`shared.expert_skilled`) it buys without looking: the first result, at
+once, no option chosen (`WebShopEpisode._hasty_message`); status "completed", success 0, and the
+reward WebShop's partial credit for what that product happens to match (its attributes, price, type).
 """
 from __future__ import annotations
 
@@ -45,7 +48,7 @@ from agentrl.tasks.agentbench import AgentBenchPrompts, Checkout
 from agentrl.tasks.api import EnvError
 from agentrl.tasks.options import WebShopOptions
 from agentrl.tasks.protocol import resolve_protocol
-from agentrl.tasks.shared import data_root
+from agentrl.tasks.shared import data_root, expert_skilled
 from agentrl.tasks.webshop.catalog import load_catalog
 from agentrl.tasks.webshop.episode import MAX_ROUNDS, TOOLS, WebShopEpisode
 from agentrl.tasks.webshop.faithful import PROMPTS, FaithfulWebShopEpisode, goal_ranges
@@ -125,9 +128,10 @@ class WebShopTask:
             lo, hi = self.ranges[split]
             if lo <= int(num) < hi:
                 goal = self.catalog.goals[int(num)]
+                skilled = expert_skilled(self.name, index, self.expert_skill)
                 if self.faithful is not None:
-                    return FaithfulWebShopEpisode(self.catalog, goal, self.faithful)
-                return WebShopEpisode(self.catalog, goal)
+                    return FaithfulWebShopEpisode(self.catalog, goal, self.faithful, skilled)
+                return WebShopEpisode(self.catalog, goal, skilled)
         raise EnvError("bad_request", f"webshop has no sample {index!r}")
 
 
