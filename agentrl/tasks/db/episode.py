@@ -55,10 +55,15 @@ class Databases(Protocol):
         ...
 
 
+GUESSES: tuple[list[str], ...] = ([], ["0"], ["unknown"])
+"""The unskilled expert's answers to a question it has not queried, tried in order until one is wrong."""
+
+
 class DbEpisode:
-    def __init__(self, sample: DbSample, task: Databases) -> None:
+    def __init__(self, sample: DbSample, task: Databases, skilled: bool = True) -> None:
         self.sample = sample
         self.task = task
+        self.skilled = skilled  # False: the expert commits before it has run any SQL (`shared.expert_skilled`)
         self.db = task.open_database(sample.tables, sample.sqlite_file)
         self.steps = 0  # steps taken so far: the expert's call ids
         self.ran_gold = False  # whether the gold SQL has been run (drives the expert)
@@ -91,6 +96,8 @@ class DbEpisode:
     def expert_message(self) -> dict[str, Any]:
         # A function of the episode's state, not of how often it is asked: asking twice gives one move.
         turn, s = self.steps, self.sample
+        if not self.skilled:
+            return call_message([("commit_final_answer", {"answers": self.guess()})], turn)
         if s.gold_sql and not self.ran_gold:
             return call_message([("execute_sql", {"query": s.gold_sql})], turn)
         if s.kind in MODIFY:
@@ -100,6 +107,20 @@ class DbEpisode:
         else:
             answers = self._first_column()
         return call_message([("commit_final_answer", {"answers": answers})], turn)
+
+    def guess(self) -> list[str]:
+        """The unskilled expert's commit: nothing for a change (the table is left as it was), a wrong answer
+        for a question. A guess the label would accept is skipped, so the mistake always costs the reward."""
+        s = self.sample
+        if s.kind in MODIFY:
+            return []
+        for answers in GUESSES:
+            try:
+                if not answers_match(answers, s.label, s.kind):
+                    return list(answers)
+            except Exception:  # a label grading cannot read: the faithful grader fails every answer
+                return list(answers)
+        raise ValueError(f"db: every guess of the unskilled expert matches the label {s.label!r}")
 
     def _first_column(self) -> list[str]:
         # The gold query's result, run again on a fresh copy so the agent's statements cannot change it.

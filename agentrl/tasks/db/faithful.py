@@ -40,8 +40,8 @@ PROMPTS = PromptSource(config="configs/tasks/dbbench.yaml", section="dbbench-std
 class FaithfulDbEpisode(DbEpisode):
     call_policy = CallPolicy(first_call_only=False, lenient_arguments=True)
 
-    def __init__(self, sample: DbSample, task: Databases, prompts: AgentBenchPrompts) -> None:
-        super().__init__(sample, task)
+    def __init__(self, sample: DbSample, task: Databases, prompts: AgentBenchPrompts, skilled: bool = True) -> None:
+        super().__init__(sample, task, skilled)
         self.prompts = prompts
 
     def initial_messages(self) -> list[dict[str, Any]]:

@@ -32,7 +32,9 @@ and tool descriptions read from the checkout; `faithful`), the default with `sou
 
 The scripted expert runs the sample's gold SQL, then commits: the known label for this project's
 samples; for AgentBench's, the first column of the gold query's result (a replay of the gold, so its
-success rate on "dev" is the gold pass rate of the backend).
+success rate on "dev" is the gold pass rate of the backend). With `expert_skill` below 1 it plays a share
+of the samples wrong (`shared.expert_skilled`): it commits at its first turn, before any SQL, a guess the
+label rejects for a question and nothing for a change, which leaves the table as it was.
 """
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ from agentrl.tasks.db.faithful import PROMPTS, FaithfulDbEpisode
 from agentrl.tasks.db.samples import DbSample, load_samples
 from agentrl.tasks.options import DbOptions
 from agentrl.tasks.protocol import resolve_protocol
-from agentrl.tasks.shared import data_root, split_index, split_indices
+from agentrl.tasks.shared import data_root, expert_skilled, split_index, split_indices
 
 log = logging.getLogger(__name__)
 
@@ -184,9 +186,10 @@ class DbTask:
         split = index.rpartition("-")[0]
         samples = self.split(split) if split in self.files else []
         _, i = split_index(self.name, index, {split: len(samples)})
+        skilled = expert_skilled(self.name, index, self.expert_skill)
         if self.faithful is not None:
-            return FaithfulDbEpisode(samples[i], self, self.faithful)
-        return DbEpisode(samples[i], self)
+            return FaithfulDbEpisode(samples[i], self, self.faithful, skilled)
+        return DbEpisode(samples[i], self, skilled)
 
     # ------------------------------------------------------------------------------ databases
     def open_database(self, tables: list[Table], sqlite_file: Path | None = None) -> SqliteDatabase | MariaDBDatabase:

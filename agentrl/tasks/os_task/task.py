@@ -39,8 +39,10 @@ from the checkout or from this project's copy in `data/agentbench/os_interaction
 
 The scripted expert runs the sample's example script (if it has one; stderr dropped, as a grader sees
 it), then answers: the expected string for a `match`, the example's output for an answer `check` or
-for a state check whose example printed something, else `finish_action`. Because the tasks block
-(sandbox processes), `blocking = True`.
+for a state check whose example printed something, else `finish_action`. With `expert_skill` below 1
+it plays a share of the samples wrong (`shared.expert_skilled`): at its first turn, before any command,
+it answers a question with a guess (one that a `match` rejects or that differs from the example's
+output) and declares an operation done. Because the tasks block (sandbox processes), `blocking = True`.
 """
 from __future__ import annotations
 
@@ -68,7 +70,7 @@ from agentrl.tasks.options import OsOptions
 from agentrl.tasks.os_task import faithful as ab
 from agentrl.tasks.os_task.problems import OsProblem, load_problems, parse_problem, script_argv, shell_command
 from agentrl.tasks.protocol import CallPolicy, resolve_protocol
-from agentrl.tasks.shared import call_message, data_root, env_path, split_index, split_indices
+from agentrl.tasks.shared import call_message, data_root, env_path, expert_skilled, split_index, split_indices
 from agentrl.types import Status
 
 __all__ = ["OsTask", "OsEpisode", "FaithfulOsEpisode", "format_output", "parse_problem", "script_argv"]
@@ -80,6 +82,7 @@ OUTPUT_LIMIT, OUTPUT_KEEP = 800, 780  # AgentBench's truncation of one command's
 SCRIPT_TIMEOUT_S = 60.0  # init-time example scripts (the reference answer)
 ONE_CALL = "Error: only the first tool call of a message is executed; this one was not."
 INIT_TIMEOUT_S = 300.0  # init scripts: AgentBench sets none, and some of its train samples `sleep 60`
+GUESSES = ("", "0", "none")  # the unskilled expert's answers to a question it has not looked into, in order
 
 TOOLS: list[dict[str, Any]] = [
     {"type": "function", "function": {
@@ -160,7 +163,7 @@ class OsEpisode:
 
 
     def __init__(self, problem: OsProblem, sandbox: SandboxConfig, budget: SessionBudget | None = None,
-                 example_state: str = "start") -> None:
+                 example_state: str = "start", skilled: bool = True) -> None:
         if example_state not in EXAMPLE_STATES:
             raise ValueError(f"os: unknown example_state {example_state!r} ({' | '.join(EXAMPLE_STATES)})")
         self.problem = problem
@@ -181,6 +184,8 @@ class OsEpisode:
         # (e.g. `find /` over /proc) is not.
         self.example = f"{{ {shell_command(problem.example)}\n}} 2>/dev/null" if problem.example else None
         self.ran_example = False  # whether the example script has run in the shell (drives the expert)
+        self.skilled = skilled  # False: the expert answers before it has run a command (`shared.expert_skilled`)
+        self._guess: str | None = None  # the unskilled expert's answer, chosen once
 
     @property
     def shell(self) -> Shell:
@@ -323,6 +328,8 @@ class OsEpisode:
     def expert_message(self) -> dict[str, Any]:
         # A function of the episode's state, not of how often it is asked: asking twice gives one move.
         turn, p = self.steps, self.problem
+        if not self.skilled:
+            return self._unskilled(turn)
         if self.example is not None and not self.ran_example:
             return call_message([("bash_action", {"script": self.example})], turn)
         if p.match is not None and "answer" in p.match:
@@ -332,6 +339,36 @@ class OsEpisode:
         if self.ran_example and self.last_output.strip():  # an operation whose check also reads an answer
             return call_message([("answer_action", {"answer": self.last_output.strip()})], turn)
         return call_message([("finish_action", {"thought": "The operation is done."})], turn)
+
+    def _unskilled(self, turn: int) -> dict[str, Any]:
+        """The unskilled expert's only move: a question answered by a guess, an operation declared done, both
+        before any command, so that the sample's state is as its setup left it."""
+        p = self.problem
+        _ = self.shell  # made here, not in the answer's step: a slow setup must not spend the grader's time
+        if p.match is None and not (p.check and None in p.check):
+            return call_message([("finish_action", {"thought": "The operation is done."})], turn)
+        if self._guess is None:
+            self._guess = self.guess()
+        return call_message([("answer_action", {"answer": self._guess})], turn)
+
+    def guess(self) -> str:
+        """A wrong answer: the first of `GUESSES` that a `match` rejects, or that differs from the example's
+        output on the untouched sample (a guess equal to it would pass any check that compares the two)."""
+        p = self.problem
+        if p.match is not None:
+            strip = bool(p.match.get("strip"))
+            wrong = [a for a in GUESSES if not self._match(a.strip() if strip else a)]
+        else:
+            reference = self.reference
+            if reference is None and p.example is not None and self.setup_error is None:
+                # example_state "end": the grader runs it after the answer, on this same untouched state
+                reference = self.shell.run_independent(script_argv(p.example, []), timeout=SCRIPT_TIMEOUT_S,
+                                                       freeze=True)
+            output = reference.output.strip() if reference is not None else None
+            wrong = [a for a in GUESSES if a != output]
+        if not wrong:
+            raise ValueError(f"os: every guess of the unskilled expert is the sample's answer ({GUESSES})")
+        return wrong[0]
 
     def close(self) -> None:
         if self.closed:
@@ -350,8 +387,8 @@ class FaithfulOsEpisode(OsEpisode):
     call_policy = CallPolicy(first_call_only=True, lenient_arguments=True)
 
     def __init__(self, problem: OsProblem, sandbox: SandboxConfig, prompts: ab.OsPrompts,
-                 budget: SessionBudget | None = None, example_state: str = "end") -> None:
-        super().__init__(problem, sandbox, budget, example_state)
+                 budget: SessionBudget | None = None, example_state: str = "end", skilled: bool = True) -> None:
+        super().__init__(problem, sandbox, budget, example_state, skilled)
         self.prompts = prompts
 
     def initial_messages(self) -> list[dict[str, Any]]:
@@ -507,10 +544,11 @@ class OsTask:
 
     def start(self, index: str) -> OsEpisode:
         split, i = split_index(self.name, index, self.sizes)
+        skilled = expert_skilled(self.name, index, self.expert_skill)
         if self.prompts is not None:
             return FaithfulOsEpisode(self.problems[split][i], self.sandbox, self.prompts, self.budget,
-                                     self.example_state)
-        return OsEpisode(self.problems[split][i], self.sandbox, self.budget, self.example_state)
+                                     self.example_state, skilled)
+        return OsEpisode(self.problems[split][i], self.sandbox, self.budget, self.example_state, skilled)
 
 
 def _load_globs(checkout: Path, patterns: list[tuple[str, str]]) -> list[OsProblem]:
