@@ -14,8 +14,10 @@ model's config (the run's config.yaml or --preset; --max-new-tokens, --max-model
 --sampled-runs K runs at the rollout's temperature. AgentBench's families need a checkout:
 AGENTRL_AGENTBENCH_DIR=/path/to/AgentBench.
 
-Before playing, each family's worst case in generated tokens is printed; --budget-min M stops the suite after M
-minutes of wall time, the episodes left counted as unfinished and the table marked partial. Results go to
+Every family and mode plays at the same time on the one engine (at most --concurrency episodes in flight across
+them, each family at most its own: db 4), or one after another with --sequential. Before playing, each family's
+worst case in generated tokens is printed; --budget-min M stops the suite after M minutes of wall time, the
+episodes left counted as unfinished and the table marked partial. Results go to
 OUT/<family>/ as jobs.eval writes them (the same command resumes them; --fresh replaces them) and the table to
 OUT/suite.json and OUT/suite.md.
 """
@@ -64,9 +66,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--bfcl-context", type=int, default=suite_plan.BFCL_CONTEXT,
                     help="BFCL's context (never below --max-model-len; at most the model's own)")
     ap.add_argument("--budget-min", type=float, default=0.0, help="stop after this many minutes (0: no budget)")
-    ap.add_argument("--concurrency", type=int, help="episodes at once (default: rollout.concurrency)")
+    ap.add_argument("--concurrency", type=int,
+                    help="episodes at once across the families playing together (default: rollout.concurrency)")
+    ap.add_argument("--sequential", action="store_true",
+                    help="one family and mode after another instead of all at once on the one engine: slower "
+                         "where a family is capped low (db: 4 at once leaves the rest of the batch idle), but a "
+                         "tight --budget-min then completes families in order rather than leaving every one "
+                         "partial (a partial family's finished episodes lean toward its short ones)")
     ap.add_argument("--family-concurrency", action="append", default=[], metavar="FAMILY=N",
-                    help="at most N of a family's episodes at once (db on MariaDB: 4 by default)")
+                    help="at most N of a family's episodes at once, its modes together (db on MariaDB: 4 by "
+                         "default)")
     ap.add_argument("--dtype", default="float32", help="a local model's vLLM dtype (bfloat16 on a GPU)")
     ap.add_argument("--env-retries", type=int)
     ap.add_argument("--inprocess", action="store_true", help="tasks in this process (no controller, no workers)")
@@ -74,7 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, help="default: runs/<name>-suite")
     ap.add_argument("--fresh", action="store_true", help="replace this suite's earlier results in OUT")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and its worst case, play nothing")
-    ap.add_argument("--progress", choices=("auto", "bars", "lines"), default="auto")
+    ap.add_argument("--progress", choices=("auto", "bars", "lines"), default="auto",
+                    help="bars on a terminal (auto); families playing at once print lines, each named with its mode")
     return ap.parse_intermixed_args(argv)
 
 
@@ -149,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         engine_options=(("dtype", args.dtype),))
     temperature = args.temperature if args.temperature is not None else r.temperature
     spec_ = suite_plan.SuiteSpec(families, args.samples, args.sampled_runs, temperature, 1.0,
-                                 args.budget_min * 60, args.concurrency or r.concurrency, bfcl)
+                                 args.budget_min * 60, args.concurrency or r.concurrency, bfcl, args.sequential)
     label = args.label or target.label
     scale = suite_plan.scale_line(target, suite_plan.model_params(target.model_dir),
                                   suite_plan.device_line(target, args.dtype))

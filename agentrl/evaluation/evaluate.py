@@ -148,18 +148,20 @@ async def player_of(client: Any, target: Target, settings: Settings, scope: Eval
 
 
 async def score_into(player: Any, keys: list, path: Path, fingerprint: dict[str, Any], concurrency: int,
-                     progress: bool | None, **extra: object) -> ResultsFile:
+                     progress: bool | None, shared: contextlib.AbstractAsyncContextManager[Any] | None = None,
+                     label: str = "", **extra: object) -> ResultsFile:
     """Score the keys not yet in the results file at `path`, their transcripts beside it; returns the (closed)
-    results file with every episode."""
+    results file with every episode. `shared` and `label`: `runner.score`'s and `runner.progress_for`'s (other
+    evaluations at once: a slot they share, the lines told apart)."""
     check_resumable(path.with_suffix(".meta.json"), fingerprint)
     with ResultsFile(path) as rf, TranscriptFile(transcripts_path(path)) as tf:
         already = len([k for k in keys if k in rf.done])
         if already:
             log.info("%s: %d of %d episodes already scored; scoring the other %d", path, already, len(keys),
                      len(keys) - already)
-        bar = progress_for(keys, rf, bars=progress)
+        bar = progress_for(keys, rf, label, bars=progress)
         try:
-            await score(player, keys, rf, concurrency, bar, tf, **extra)
+            await score(player, keys, rf, concurrency, bar, tf, shared, **extra)
         finally:
             bar.close()
     return rf

@@ -15,6 +15,7 @@ in its denominator and the tables report their rate.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,20 +50,24 @@ async def scope_keys(client: Any, scope: EvalScope) -> list[Key]:
 
 
 async def score(player: Player, keys: Sequence[Key], results: ResultsFile, concurrency: int,
-                progress: Progress | None = None, transcripts: TranscriptFile | None = None, **extra: object) -> int:
+                progress: Progress | None = None, transcripts: TranscriptFile | None = None,
+                shared: contextlib.AbstractAsyncContextManager[Any] | None = None, **extra: object) -> int:
     """Play every key not yet in `results` and append each as it ends (its conversation to `transcripts` first,
     where given); returns how many were scored now.
 
+    `shared`: a slot each episode also holds while it plays, taken after one of its own `concurrency` (e.g. an
+    `asyncio.Semaphore` several evaluations share, so that together they stay within one engine's batch).
     `extra` goes into every line's `extra` (e.g. the cross-sampling arm). A fatal env error (a misconfigured
     run) cancels the episodes in flight and raises; what was scored before it stays in the file."""
     todo = [k for k in keys if k not in results.done]
     sem = asyncio.Semaphore(concurrency)
+    slot = shared if shared is not None else contextlib.nullcontext()
     scored = 0
 
     async def one(key: Key) -> None:
         nonlocal scored
         task, split, index, sample = key
-        async with sem:
+        async with sem, slot:
             played = await player.play(task, index, f"eval-{task}-{index}-{sample}")
         ep = played.scored(task, split, index, sample, **extra)
         if transcripts is not None and key not in results.done:
@@ -80,8 +85,14 @@ async def score(player: Player, keys: Sequence[Key], results: ResultsFile, concu
     return scored
 
 
-def progress_for(keys: Sequence[Key], results: ResultsFile, **kwargs: Any) -> Progress:
-    """A `Progress` over `keys`, started at the episodes `results` already holds."""
+def progress_for(keys: Sequence[Key], results: ResultsFile, label: str = "", **kwargs: Any) -> Progress:
+    """A `Progress` over `keys`, started at the episodes `results` already holds; `label` after each task's name
+    in its plain lines (evaluations printing at once, e.g. a task's greedy and sampled runs, told apart; a bar
+    keeps its name)."""
     totals = Counter(k[0] for k in keys)
     done = Counter(k[0] for k in keys if k in results.done)
-    return Progress(totals, done, **kwargs)
+    progress = Progress(totals, done, **kwargs)
+    if label:
+        for p in progress.tasks.values():
+            p.desc = f"{p.desc} {label}"
+    return progress

@@ -98,7 +98,8 @@ class Mode:
 @dataclass(frozen=True)
 class SuiteSpec:
     """What one suite plays: `families`, the first `samples` indices of each (0: whole splits), greedy plus
-    `sampled_runs` sampled runs, at most `budget_s` of wall time (0: none), `concurrency` episodes at once."""
+    `sampled_runs` sampled runs, at most `budget_s` of wall time (0: none), `concurrency` episodes at once
+    across the suite (the engine's batch), every family and mode at the same time unless `sequential`."""
 
     families: tuple[Family, ...] = FAMILIES
     samples: int = 0
@@ -108,6 +109,9 @@ class SuiteSpec:
     budget_s: float = 0.0
     concurrency: int = 32
     bfcl_context: int = BFCL_CONTEXT
+    sequential: bool = False
+    """One family and mode after another (a tight budget then completes families in order, rather than leaving
+    each one partial); otherwise all at once, so that a family capped low (db) does not leave the engine idle."""
 
     @property
     def modes(self) -> tuple[Mode, ...]:

@@ -32,7 +32,8 @@ def _rate(successes: int, n: int) -> dict[str, Any]:
 
 def mode_result(target: Target, plan_: FamilyPlan, mode: Mode, out: Path) -> dict[str, Any]:
     """One family and mode from its files: success over the episodes scored (Wilson 95%, binomial s.e.), the
-    unfinished ones counted beside them with the range they leave, statuses, tokens and measured wall time."""
+    unfinished ones counted beside them with the range they leave, statuses, tokens and measured wall time
+    (`shared`: some of it was spent beside other families on the same engine, so its tokens/s is its share)."""
     path = out / plan_.family.name / f"{stem_of(target, plan_.family, mode)}.jsonl"
     keys = plan_.keys.get(mode.name, [])
     in_scope = set(keys)
@@ -55,7 +56,8 @@ def mode_result(target: Target, plan_: FamilyPlan, mode: Mode, out: Path) -> dic
         "status": status, "runs": mode.runs, "temperature": mode.temperature,
         "turns": sum(e.turns for e in eps) / n if n else None, "tokens": tokens,
         "wall_s": round(wall, 1), "tokens_per_s": round(tokens / wall, 1) if wall > 0 else None,
-        "sessions": len(sessions), "worst_case": plan_.worst_case(mode.name),
+        "sessions": len(sessions), "shared": any(s.get("alongside") for s in sessions),
+        "worst_case": plan_.worst_case(mode.name),
     }
     if n and mode.runs > 1:
         runs = aggregate_task(eps, ks=range(1, mode.runs + 1)).success
@@ -93,7 +95,8 @@ def summarize(target: Target, spec: SuiteSpec, plans: Sequence[FamilyPlan], out:
     return {"label": label, "target": target.describe(), "scale": scale, "command": command, "protocol": protocol,
             "partial": partial or spec.samples > 0, "partial_reason": "; ".join(reason),
             "samples": spec.samples, "budget_min": spec.budget_s / 60 if spec.budget_s else None,
-            "modes": [m.__dict__ for m in spec.modes], "wall_s": round(wall_s, 1),
+            "modes": [m.__dict__ for m in spec.modes], "concurrency": spec.concurrency,
+            "sequential": spec.sequential, "wall_s": round(wall_s, 1),
             "engine_start_s": round(engine_s, 1), "families": families,
             "average": {m.name: _average(families, m.name) for m in spec.modes}}
 
@@ -125,8 +128,11 @@ def markdown(s: Mapping[str, Any]) -> str:
     head = ["model", *[t for _, t in AGENTBENCH_COLUMNS], "Avg", "BFCL"]
     lines = [f"# {s['label']}: AgentBench-FC's five families and BFCL", "", s["scale"], ""]
     if s["partial"]:
+        cut = any(d.get(m, {}).get("unfinished") for d in fam.values() for m in modes)
         lines += [f"**Partial**: {s['partial_reason'] or 'some episodes are unfinished'}. Success is over the "
-                  "episodes scored; the unfinished ones are counted in `ended`, never as failures.", ""]
+                  "episodes scored; the unfinished ones are counted in `ended`, never as failures"
+                  + (" (where a family was cut short, the episodes it finished lean toward its shorter ones, "
+                     "and its rate with them)" if cut else "") + ".", ""]
     ours = "; ".join(f"{n}: {d['data']}" for n, d in fam.items())
     lines += [f"Success % [Wilson 95%]. Ours ({s.get('protocol', 'faithful')} protocol for AgentBench's families): "
               f"{ours}. The paper's rows are AgentBench-FC's test set (`eval_tables.PUBLISHED`, which holds no BFCL "
@@ -156,9 +162,14 @@ def markdown(s: Mapping[str, Any]) -> str:
             tokens = f"{r['tokens']:,} ({worst:,})" if worst is not None else f"{r['tokens']:,} (?)"
             turns = f"{r['turns']:.1f}" if r["turns"] is not None else "-"
             lines.append(f"| {name} | {d['split']} | {mode} | {r['episodes']} of {r['planned']} | {_cell(r)} | {se} | "
-                         f"{bounds} | {ended} | {turns} | {tokens} | {_minutes(r['wall_s'])} |")
+                         f"{bounds} | {ended} | {turns} | {tokens} | {_minutes(r['wall_s'])}"
+                         f"{' (shared)' if r.get('shared') else ''} |")
+    shared = any(d.get(m, {}).get("shared") for d in fam.values() for m in modes)
     lines += ["", f"Wall time: {_minutes(s['wall_s'])} for this command (engine start {s['engine_start_s']:.0f} s); "
-                  "a family's is summed over the commands that played it. `ended` counts episodes (completed; "
+                  "a family's is summed over the commands that played it"
+                  + (f"; (shared): played at the same time as other families on one engine, at most "
+                     f"{s.get('concurrency')} episodes in flight across them, so these overlap and add up to more "
+                     "than the command's" if shared else "") + ". `ended` counts episodes (completed; "
                   "turn_limit: the task's own round limit; context_limit: the token limit; env_error: counted as a "
                   "failure; unfinished: not played, the budget ran out or the command was stopped).", "",
               "| family | data | turn limit | context | max_new_tokens | at once | task options |",
