@@ -3,19 +3,18 @@ a fixed share of samples, it gives its final answer at its first turn, before an
 that episode ends `completed` with nothing, in the strict and the faithful protocol alike."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from agentbench_checkout import build_checkout
+from env_helpers import moves, transcript
 from os_fixtures import agentbench_checkout
 from sandbox_helpers import require_sandbox
 
 from agentrl.checks.expert import play
 from agentrl.config import ConfigError, load_config
 from agentrl.serving.session import Session
-from agentrl.serving.wire_types import InteractResult
 from agentrl.tasks import get_task
 from agentrl.tasks.db import MODIFY, DbEpisode, DbSample, DbTask
 from agentrl.tasks.os_task import FaithfulOsEpisode, OsEpisode, OsTask, parse_problem
@@ -24,28 +23,6 @@ from agentrl.types import Status
 
 SANDBOX = {"backend": "bwrap", "command_timeout_s": 3.0}
 FINAL = {"commit_final_answer", "answer_action", "finish_action"}
-
-
-def transcript(task: Any, index: str) -> tuple[list[dict[str, Any]], InteractResult]:
-    """The expert's episode on `index`: the prompt, each move and its observations, in order; and its end."""
-    session = Session(task, index)
-    messages = list(session.messages)
-    try:
-        for _ in range(task.max_turns):
-            move = session.expert_message()
-            result = session.interact(move)
-            messages += [move, *result.messages]
-            if result.done:
-                return messages, result
-    finally:
-        session.close()
-    raise AssertionError(f"{task.name} {index}: the expert did not end the episode")
-
-
-def moves(messages: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
-    """The (tool, arguments) of every call the expert made."""
-    return [(c["function"]["name"], json.loads(c["function"]["arguments"]))
-            for m in messages if m["role"] == "assistant" for c in m.get("tool_calls") or []]
 
 
 def assert_answered_at_once(task: Any, index: str) -> tuple[str, dict[str, Any]]:

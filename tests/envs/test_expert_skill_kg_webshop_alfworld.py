@@ -4,7 +4,6 @@ fails without an error: kg answers with a variable on the way, webshop buys the 
 plays the walkthrough's last action first. The strict and the faithful protocol alike."""
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,12 +11,10 @@ from typing import Any
 
 import pytest
 from agentbench_checkout import build_checkout
+from env_helpers import moves, transcript
 
 from agentrl.checks.expert import play
 from agentrl.config import ConfigError, load_config
-from agentrl.serving.session import Session
-from agentrl.serving.wire_types import InteractResult
-from agentrl.tasks.api import Task
 from agentrl.tasks.kg import KGTask, parse_action
 from agentrl.tasks.shared import expert_skilled
 from agentrl.tasks.webshop import WebShopTask
@@ -25,28 +22,6 @@ from agentrl.types import Status
 
 PROTOCOLS = ["strict", "faithful"]
 Make = Callable[..., Any]
-
-
-def transcript(task: Task, index: str) -> tuple[list[dict[str, Any]], InteractResult]:
-    """The expert's episode on `index`: the prompt, each move and its observations, in order; and its end."""
-    session = Session(task, index)
-    messages = list(session.messages)
-    try:
-        for _ in range(task.max_turns):
-            move = session.expert_message()
-            result = session.interact(move)
-            messages += [move, *result.messages]
-            if result.done:
-                return messages, result
-    finally:
-        session.close()
-    raise AssertionError(f"{task.name} {index}: the expert did not end the episode")
-
-
-def moves(messages: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
-    """The (tool, arguments) of every call the expert made."""
-    return [(c["function"]["name"], json.loads(c["function"]["arguments"]))
-            for m in messages if m["role"] == "assistant" for c in m.get("tool_calls") or []]
 
 
 def near_half(wins: int, n: int) -> bool:
