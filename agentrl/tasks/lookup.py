@@ -32,6 +32,7 @@ from typing import Any
 
 from agentrl.tasks.api import Action, EnvError, StepResult, tool_message
 from agentrl.tasks.options import SkillOptions
+from agentrl.tasks.shared import checked_skill
 from agentrl.types import Status
 
 # 48 pseudo-words of two consonant+vowel syllables: short, distinct, and few BPE merges apart.
@@ -131,9 +132,7 @@ class LookupTask:
     isolation = "thread"  # bounded dictionary look-ups: no process per session (agentrl.serving.isolation)
 
     def __init__(self, expert_skill: float = 1.0) -> None:
-        if not 0.0 <= float(expert_skill) <= 1.0:
-            raise ValueError(f"lookup: expert_skill must be in [0, 1], got {expert_skill!r}")
-        self.expert_skill = float(expert_skill)
+        self.expert_skill = checked_skill("lookup", expert_skill)
 
     def tools(self) -> list[dict[str, Any]]:
         return copy.deepcopy(TOOLS)  # callers may mutate their copy, never the schemas

@@ -53,6 +53,13 @@ def split_indices(task: str, split: str, sizes: dict[str, int]) -> list[str]:
     return [f"{split}-{i}" for i in range(sizes[split])]
 
 
+def checked_skill(task: str, skill: float) -> float:
+    """The task option `expert_skill` as a float, or the ValueError that names the task and the bound."""
+    if not 0.0 <= float(skill) <= 1.0:
+        raise ValueError(f"{task}: expert_skill must be in [0, 1], got {skill!r}")
+    return float(skill)
+
+
 def expert_skilled(task: str, index: str, skill: float) -> bool:
     """Whether the scripted expert plays sample `index` right, at `skill` (the task option `expert_skill`).
 

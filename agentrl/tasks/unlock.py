@@ -23,6 +23,7 @@ from typing import Any
 
 from agentrl.tasks.api import Action, EnvError, StepResult, tool_message
 from agentrl.tasks.options import SkillOptions
+from agentrl.tasks.shared import checked_skill
 from agentrl.types import Status
 
 WORDS: tuple[str, ...] = ("red", "blue", "green", "black", "white", "pink", "gold", "gray",
@@ -92,9 +93,7 @@ class UnlockTask:
     isolation = "thread"  # bounded look-ups: no process per session (agentrl.serving.isolation)
 
     def __init__(self, expert_skill: float = 1.0) -> None:
-        if not 0.0 <= float(expert_skill) <= 1.0:
-            raise ValueError(f"unlock: expert_skill must be in [0, 1], got {expert_skill!r}")
-        self.expert_skill = float(expert_skill)
+        self.expert_skill = checked_skill("unlock", expert_skill)
 
     def tools(self) -> list[dict[str, Any]]:
         return copy.deepcopy(TOOLS)

@@ -42,7 +42,7 @@ from agentrl.tasks.alfworld.games import load_split, textworld, unpack_games
 from agentrl.tasks.api import EnvError
 from agentrl.tasks.options import AlfworldOptions
 from agentrl.tasks.protocol import resolve_protocol
-from agentrl.tasks.shared import data_root, env_path, expert_skilled, split_index, split_indices
+from agentrl.tasks.shared import checked_skill, data_root, env_path, expert_skilled, split_index, split_indices
 
 # AgentBench's split files (data/alfworld/ of a checkout); configs/tasks/alfworld.yaml: alfworld-std reads
 # new_std, alfworld-env_train train_valid; standard.json is the older test set
@@ -71,9 +71,7 @@ class AlfworldTask:
     def __init__(self, source: str = "ours", alfworld_data: str | Path | None = None,
                  agentbench_dir: str | Path | None = None, data_dir: str | Path | None = None,
                  protocol: str | None = None, expert_skill: float = 1.0) -> None:
-        if not 0.0 <= float(expert_skill) <= 1.0:
-            raise ValueError(f"alfworld: expert_skill must be in [0, 1], got {expert_skill!r}")
-        self.expert_skill = float(expert_skill)  # the share of samples its expert plays right (shared.expert_skilled)
+        self.expert_skill = checked_skill("alfworld", expert_skill)
         textworld()
         root = Path(data_dir) if data_dir else data_root()
         checkout = Checkout.find(agentbench_dir)

@@ -63,7 +63,7 @@ from agentrl.tasks.db.faithful import PROMPTS, FaithfulDbEpisode
 from agentrl.tasks.db.samples import DbSample, load_samples
 from agentrl.tasks.options import DbOptions
 from agentrl.tasks.protocol import resolve_protocol
-from agentrl.tasks.shared import data_root, expert_skilled, split_index, split_indices
+from agentrl.tasks.shared import checked_skill, data_root, expert_skilled, split_index, split_indices
 
 log = logging.getLogger(__name__)
 
@@ -110,9 +110,7 @@ class DbTask:
                  sqlite_affinity: str = "text", source: str = "ours", agentbench_dir: str | Path | None = None,
                  data_dir: str | Path | None = None, protocol: str | None = None, database_mb: int = 256,
                  expert_skill: float = 1.0) -> None:
-        if not 0.0 <= float(expert_skill) <= 1.0:
-            raise ValueError(f"db: expert_skill must be in [0, 1], got {expert_skill!r}")
-        self.expert_skill = float(expert_skill)  # the share of samples its expert plays right (shared.expert_skilled)
+        self.expert_skill = checked_skill("db", expert_skill)
         if backend not in ("sqlite", "mariadb"):
             raise ValueError(f"db: unknown backend {backend!r} (sqlite | mariadb)")
         if source not in ("ours", "agentbench"):

@@ -53,7 +53,7 @@ from agentrl.tasks.kg.samples import KGSample, load_samples
 from agentrl.tasks.kg.sparql import SparqlBackend
 from agentrl.tasks.options import KgOptions
 from agentrl.tasks.protocol import resolve_protocol
-from agentrl.tasks.shared import data_root, expert_skilled, split_index, split_indices
+from agentrl.tasks.shared import checked_skill, data_root, expert_skilled, split_index, split_indices
 
 DEFAULT_FILES = {"train": "kg/train.json", "test": "kg/test.json"}
 # AgentBench's own paths (configs/tasks/kg.yaml: kg-env_train, kg-std)
@@ -86,9 +86,7 @@ class KGTask:
     def __init__(self, source: str = "ours", sparql_url: str | None = None,
                  agentbench_dir: str | Path | None = None, data_dir: str | Path | None = None,
                  protocol: str | None = None, expert_skill: float = 1.0) -> None:
-        if not 0.0 <= float(expert_skill) <= 1.0:
-            raise ValueError(f"kg: expert_skill must be in [0, 1], got {expert_skill!r}")
-        self.expert_skill = float(expert_skill)  # the share of samples its expert plays right (shared.expert_skilled)
+        self.expert_skill = checked_skill("kg", expert_skill)
         if source not in ("ours", "agentbench"):
             raise ValueError(f"kg: unknown source {source!r} (ours | agentbench)")
         root = Path(data_dir) if data_dir else data_root()

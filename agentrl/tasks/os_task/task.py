@@ -70,7 +70,15 @@ from agentrl.tasks.options import OsOptions
 from agentrl.tasks.os_task import faithful as ab
 from agentrl.tasks.os_task.problems import OsProblem, load_problems, parse_problem, script_argv, shell_command
 from agentrl.tasks.protocol import CallPolicy, resolve_protocol
-from agentrl.tasks.shared import call_message, data_root, env_path, expert_skilled, split_index, split_indices
+from agentrl.tasks.shared import (
+    call_message,
+    checked_skill,
+    data_root,
+    env_path,
+    expert_skilled,
+    split_index,
+    split_indices,
+)
 from agentrl.types import Status
 
 __all__ = ["OsTask", "OsEpisode", "FaithfulOsEpisode", "format_output", "parse_problem", "script_argv"]
@@ -483,9 +491,7 @@ class OsTask:
                  data_dir: str | Path | None = None, sandbox: SandboxConfig | dict[str, Any] | None = None,
                  protocol: str | None = None, slots: int | None = None, example_state: str | None = None,
                  expert_skill: float = 1.0) -> None:
-        if not 0.0 <= float(expert_skill) <= 1.0:
-            raise ValueError(f"os: expert_skill must be in [0, 1], got {expert_skill!r}")
-        self.expert_skill = float(expert_skill)  # the share of samples its expert plays right (shared.expert_skilled)
+        self.expert_skill = checked_skill("os", expert_skill)
         if source not in ("ours", "agentbench"):
             raise ValueError(f"os: unknown source {source!r} (ours | agentbench)")
         self.protocol = resolve_protocol(protocol, source == "agentbench", "os")

@@ -48,7 +48,7 @@ from agentrl.tasks.agentbench import AgentBenchPrompts, Checkout
 from agentrl.tasks.api import EnvError
 from agentrl.tasks.options import WebShopOptions
 from agentrl.tasks.protocol import resolve_protocol
-from agentrl.tasks.shared import data_root, expert_skilled
+from agentrl.tasks.shared import checked_skill, data_root, expert_skilled
 from agentrl.tasks.webshop.catalog import load_catalog
 from agentrl.tasks.webshop.episode import MAX_ROUNDS, TOOLS, WebShopEpisode
 from agentrl.tasks.webshop.faithful import PROMPTS, FaithfulWebShopEpisode, goal_ranges
@@ -76,9 +76,7 @@ class WebShopTask:
     def __init__(self, source: str = "ours", webshop_dir: str | Path | None = None,
                  agentbench_dir: str | Path | None = None, data_dir: str | Path | None = None,
                  protocol: str | None = None, expert_skill: float = 1.0) -> None:
-        if not 0.0 <= float(expert_skill) <= 1.0:
-            raise ValueError(f"webshop: expert_skill must be in [0, 1], got {expert_skill!r}")
-        self.expert_skill = float(expert_skill)  # the share of samples its expert plays right (shared.expert_skilled)
+        self.expert_skill = checked_skill("webshop", expert_skill)
         checkout = Checkout.find(agentbench_dir)
         self.protocol = resolve_protocol(protocol, source == "agentbench", self.name)
         self.faithful: AgentBenchPrompts | None = None  # read from the checkout in the faithful protocol
